@@ -1,0 +1,78 @@
+# cnibox — see README.md. `make test` and `make demo` work on a fresh Debian 12 machine as root:
+# they install what they need (apt packages, a venv, the project) themselves.
+SHELL := /bin/bash
+.ONESHELL:
+.SHELLFLAGS := -euo pipefail -c
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+# Oracles and rigs used by tests (iptables-save, nsenter, libcni + reference plugins, skopeo,
+# umoci) and what the build needs (patchelf, musl-gcc, ccache, libxtables, glibc locale).
+APT_PACKAGES := iptables nftables util-linux iproute2 containernetworking-plugins golang-go \
+	golang-github-appc-cni-dev patchelf ccache hyperfine libxtables-dev musl-tools time strace \
+	skopeo umoci libc-bin
+
+.PHONY: deps apt venv lint type unit test test-source test-binary build zipapp demo bench clean
+
+deps: apt venv
+
+apt:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done)
+	if [ -n "$$missing" ]; then
+	  echo "apt: installing $$missing"
+	  export DEBIAN_FRONTEND=noninteractive
+	  apt-get update -qq
+	  apt-get install -y -qq --no-install-recommends $$missing >/dev/null
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+type: venv
+	$(VENV)/bin/mypy
+
+# pytest's exit code 5 means "no tests collected": a run that tested nothing is a failure.
+define run_pytest
+	rc=0; $(PY) -m pytest $(1) $(PYTEST_ARGS) || rc=$$?
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi
+	exit $$rc
+endef
+
+unit: venv
+	$(call run_pytest,tests/unit -q)
+
+test-source: deps
+	$(call run_pytest,tests)
+
+test-binary: deps build
+	CNIBOX=$(CURDIR)/dist/cnibox $(call run_pytest,tests -m "binary or not netns or netns")
+
+test: deps lint type test-source
+
+build: dist/cnibox
+
+dist/cnibox: deps
+	@echo "build: not yet available"; exit 1
+
+zipapp: deps
+	@echo "zipapp: not yet available"; exit 1
+
+demo: deps
+	$(PY) -m tests.demo
+
+bench: deps
+	@echo "bench: not yet available"; exit 1
+
+clean:
+	rm -rf dist build/out .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,7 @@
+"""`python -m multicall` behaves like the `cnibox` binary."""
+
+import sys
+
+from multicall.dispatch import main
+
+sys.exit(main())

@@ -1,0 +1,2 @@
+"""Pure functions over values: no os, subprocess, socket, ctypes or multicall.effects here
+(tests/unit/test_layering.py enforces it)."""

@@ -1,0 +1,176 @@
+"""usage: cnibox [--list | --install [-s] DIR | --help | --version | APPLET [ARGS...]]
+
+cnibox is a multi-call binary: it runs the applet named by the name it was invoked as
+(a symlink or hard link named `linkerd-cni`, `netns-exec`, `nsenter`, ...), or by its first
+argument when invoked as `cnibox`.
+
+  --list            print every applet name, one per line
+  --install [-s] DIR
+                    create a link named after every applet in DIR (hard links, or
+                    symbolic links with -s); existing names are left alone
+  --help            this text, or `cnibox APPLET --help` for an applet's own
+  --version         print the version
+
+Rules of this module: it is the only exit-code boundary for plain applets (the CNI applet
+prints CNI error JSON itself); nothing raised by an applet reaches the user as a traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import BinaryIO
+
+from multicall import __version__
+from multicall.applet import AppletSpec, write_text
+from multicall.applets import REGISTRY, all_names, find_applet
+from multicall.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    CniboxError,
+)
+
+MULTIPLEXER_NAMES = frozenset({"cnibox", "cnibox.bin", "multicall", "__main__.py"})
+
+
+def invocation_name() -> str:
+    """argv[0] as the caller spelled it.
+
+    Nuitka replaces sys.argv[0] with the resolved binary path; the name the binary was
+    invoked by survives only in `__compiled__.original_argv0`.
+    """
+    compiled = globals().get("__compiled__")
+    original = getattr(compiled, "original_argv0", None)
+    if isinstance(original, str) and original:
+        return original
+    return sys.argv[0] if sys.argv else "cnibox"
+
+
+def applet_name(argv0: str) -> str:
+    """The applet an argv[0] names: basename, one leading '-' stripped (login-shell style)."""
+    name = os.path.basename(argv0)
+    if name.startswith("-"):
+        name = name[1:]
+    return name.removesuffix(".pyz")
+
+
+def is_multiplexer(name: str) -> bool:
+    return name in MULTIPLEXER_NAMES
+
+
+def format_list() -> str:
+    return "".join(f"{name}\n" for name in all_names())
+
+
+def format_help() -> str:
+    assert __doc__ is not None
+    lines = __doc__.split("\n\nRules of this module")[0].rstrip()
+    table = "\n".join(f"  {spec.name:<18}{spec.summary}" for spec in REGISTRY)
+    return f"{lines}\n\nApplets:\n{table}\n"
+
+
+def suggest(name: str) -> str:
+    close = difflib.get_close_matches(name, all_names(), n=1)
+    return f"did you mean '{close[0]}'?\n" if close else ""
+
+
+def run_applet(
+    spec: AppletSpec,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    streams: tuple[BinaryIO, BinaryIO, BinaryIO],
+) -> int:
+    """Run one applet and map whatever it raises to an exit code (the one boundary)."""
+    stdin, stdout, stderr = streams
+    prog = applet_name(argv[0]) if argv else spec.name
+    try:
+        return spec.main(argv, env, stdin, stdout, stderr)
+    except KeyboardInterrupt:
+        # An uncaught KeyboardInterrupt segfaults Nuitka binaries at exit.
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return 141
+    except CniboxError as exc:
+        write_text(stderr, f"{prog}: {exc.message}\n")
+        if exc.hint:
+            write_text(stderr, f"{prog}: hint: {exc.hint}\n")
+        return exc.exit_code
+    except Exception as exc:  # the boundary: a bug must not print a traceback
+        if env.get("CNIBOX_DEBUG"):
+            raise
+        write_text(stderr, f"{prog}: internal error: {type(exc).__name__}: {exc}\n")
+        return EXIT_INTERNAL
+
+
+def _silence_stdout() -> None:
+    # Later flushes of a closed pipe would raise again at interpreter exit.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def run_multiplexer(
+    args: Sequence[str],
+    env: Mapping[str, str],
+    streams: tuple[BinaryIO, BinaryIO, BinaryIO],
+) -> int:
+    """`cnibox ...`: its own options, or `cnibox APPLET ARGS...`."""
+    _, stdout, stderr = streams
+    if not args or args[0] in ("--help", "-h"):
+        write_text(stdout if args else stderr, format_help())
+        return EXIT_OK if args else EXIT_USAGE
+    first = args[0]
+    if first == "--version":
+        write_text(stdout, f"cnibox {__version__}\n")
+        return EXIT_OK
+    if first == "--list":
+        write_text(stdout, format_list())
+        return EXIT_OK
+    if first == "--install":
+        return _install(args[1:], stdout, stderr)
+    spec = find_applet(applet_name(first))
+    if spec is None:
+        write_text(stderr, f"{first}: applet not found\n{suggest(first)}")
+        return EXIT_NOT_FOUND
+    return run_applet(spec, list(args), env, streams)
+
+
+def _install(args: Sequence[str], stdout: BinaryIO, stderr: BinaryIO) -> int:
+    from multicall.effects.links import install_links
+
+    symbolic = bool(args) and args[0] == "-s"
+    rest = list(args[1:] if symbolic else args)
+    if len(rest) != 1:
+        write_text(stderr, "usage: cnibox --install [-s] DIR\n")
+        return EXIT_USAGE
+    try:
+        report = install_links(rest[0], all_names(), symbolic=symbolic)
+    except CniboxError as exc:
+        write_text(stderr, f"cnibox: {exc.message}\n")
+        return exc.exit_code
+    write_text(stdout, report)
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the binary, the console script and `python -m multicall`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    argv0 = invocation_name()
+    env = os.environ
+    streams = (sys.stdin.buffer, sys.stdout.buffer, sys.stderr.buffer)
+    try:
+        name = applet_name(argv0)
+        if is_multiplexer(name):
+            return run_multiplexer(args, env, streams)
+        spec = find_applet(name)
+        if spec is None:
+            write_text(streams[2], f"{name}: applet not found\n")
+            return EXIT_NOT_FOUND
+        return run_applet(spec, [argv0, *args], env, streams)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED

@@ -1,0 +1,136 @@
+"""The one error hierarchy of cnibox, and where each error ends up.
+
+Rules of this module:
+1. Every failure an applet expects is a `CniboxError` subclass carrying keyword-only context.
+2. Exit codes are decided here, by the class (`exit_code`), and applied in one place:
+   `multicall.dispatch.run_applet`. The CNI applet is the one other boundary: it turns
+   errors into CNI error JSON via `cni_code`.
+3. Anything that is not a `CniboxError` is a bug: the dispatcher reports it in one line
+   (never a traceback, unless CNIBOX_DEBUG is set) and exits with `EXIT_INTERNAL`.
+
+    CniboxError                      exit 1   generic failure of the applet
+     ├── UsageError                  exit 2   bad command line (applets may override)
+     ├── ConfigError                 exit 1   bad input document; CNI code 6/7
+     ├── NetnsError                  exit 1   a namespace cannot be opened or entered
+     │    └── NetnsNotFound                   DEL treats it as success
+     ├── FirewallError               exit 1   the kernel refused a rule set
+     ├── KubeError                   exit 1   the Kubernetes API failed or refused
+     ├── RulesetMismatch             exit 1   verifier: actual differs from expected
+     ├── CommandFailed               exit 1   a child process failed (argv, rc, stderr)
+     └── CniError                    exit 1   a CNI protocol error with an explicit code
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug, not the user's fault
+EXIT_CANNOT_EXEC = 126
+EXIT_NOT_FOUND = 127
+EXIT_INTERRUPTED = 130
+
+# CNI spec error codes (SPEC.md "Error"), plus upstream's "internal" code.
+CNI_INCOMPATIBLE_VERSION = 1
+CNI_UNSUPPORTED_FIELD = 2
+CNI_UNKNOWN_CONTAINER = 3
+CNI_INVALID_ENV = 4
+CNI_IO_FAILURE = 5
+CNI_DECODING_FAILURE = 6
+CNI_INVALID_NETWORK_CONFIG = 7
+CNI_INVALID_NETNS = 8
+CNI_TRY_AGAIN = 11
+CNI_NOT_READY = 50
+CNI_INTERNAL = 999
+
+
+class CniboxError(Exception):
+    """Base of every expected failure; `str()` is the user-facing message."""
+
+    exit_code: ClassVar[int] = EXIT_FAILURE
+    cni_code: ClassVar[int] = CNI_INTERNAL
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        path: str | None = None,
+        netns: str | None = None,
+        table: str | None = None,
+        chain: str | None = None,
+        errno: int | None = None,
+        details: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.path = path
+        self.netns = netns
+        self.table = table
+        self.chain = chain
+        self.errno = errno
+        self.details = details
+
+
+class UsageError(CniboxError):
+    """The command line is wrong; the applet's usage text should follow."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(CniboxError):
+    """An input document (network config, kubeconfig, pod, save text) is invalid."""
+
+    cni_code = CNI_DECODING_FAILURE
+
+
+class NetnsError(CniboxError):
+    """A namespace could not be opened, entered or left."""
+
+    cni_code = CNI_INVALID_NETNS
+
+
+class NetnsNotFound(NetnsError):
+    """The namespace path does not exist (DEL treats this as success)."""
+
+
+class FirewallError(CniboxError):
+    """The kernel (or a backend) refused a rule set or a dump."""
+
+
+class KubeError(CniboxError):
+    """The Kubernetes API could not be reached, timed out, or answered with an error."""
+
+
+class RulesetMismatch(CniboxError):
+    """The actual rules differ from the expected ones; `details` holds the readable diff."""
+
+
+class CommandFailed(CniboxError):
+    """A child process failed."""
+
+    def __init__(self, argv: list[str], returncode: int, stderr: str) -> None:
+        super().__init__(f"{argv[0]} exited with status {returncode}", details=stderr)
+        self.argv = argv
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+class CniError(CniboxError):
+    """A CNI protocol error whose code is chosen by the raiser, not by the class."""
+
+    def __init__(self, code: int, message: str, details: str = "") -> None:
+        super().__init__(message, details=details)
+        self.code = code
+
+
+def cni_code_of(exc: BaseException) -> int:
+    """The CNI error code an exception maps to (999 for anything unexpected)."""
+    if isinstance(exc, CniError):
+        return exc.code
+    if isinstance(exc, CniboxError):
+        return exc.cni_code
+    return CNI_INTERNAL
