@@ -17,6 +17,8 @@ Rules of this module:
      ├── KubeError                   exit 1   the Kubernetes API failed or refused
      ├── RulesetMismatch             exit 1   verifier: actual differs from expected
      ├── CommandFailed               exit 1   a child process failed (argv, rc, stderr)
+     ├── ExecFailed                  exit 126 a program could not be executed
+     │    └── ExecNotFound           exit 127 ... because it does not exist
      └── CniError                    exit 1   a CNI protocol error with an explicit code
 """
 
@@ -117,6 +119,18 @@ class CommandFailed(CniboxError):
         self.argv = argv
         self.returncode = returncode
         self.stderr = stderr
+
+
+class ExecFailed(CniboxError):
+    """exec of a program failed (util-linux/POSIX shell convention: 126)."""
+
+    exit_code = EXIT_CANNOT_EXEC
+
+
+class ExecNotFound(ExecFailed):
+    """exec failed because the program does not exist (ENOENT: 127)."""
+
+    exit_code = EXIT_NOT_FOUND
 
 
 class CniError(CniboxError):
