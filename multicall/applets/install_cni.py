@@ -1,0 +1,538 @@
+"""usage: install-cni [--once | --uninstall] [--link-nsenter] [-v]
+
+Install cnibox as Linkerd's chained CNI plugin on this node and keep it installed: put the
+binary into the host's CNI bin dir (or link to the node's own cnibox from the Talos
+extension) with `linkerd-cni` as a symlink to it, write the plugin's kubeconfig, append the
+linkerd entry to every CNI network config, then watch the config dir and the service-account
+token and re-patch / rewrite on change. SIGTERM or SIGINT undoes everything and exits 0.
+
+  --once          install and patch, then exit without watching or undoing
+  --uninstall     stop a running installer (SIGTERM via its pid file), then remove linkerd
+                  from every config, the kubeconfig and the installed binary and links
+                  (the DaemonSet's preStop hook; the image has no shell)
+  --link-nsenter  also link `nsenter` to cnibox in the bin dir (never done otherwise)
+  -v              log every event
+
+Environment (empty means unset): DEST_CNI_NET_DIR (/etc/cni/net.d), DEST_CNI_BIN_DIR
+(/opt/cni/bin), CONTAINER_MOUNT_PREFIX (/host), CNI_NETWORK_CONFIG, CNI_NETWORK_CONFIG_FILE,
+KUBECONFIG_FILE_NAME (ZZZ-linkerd-cni-kubeconfig), KUBERNETES_SERVICE_HOST,
+KUBERNETES_SERVICE_PORT, KUBE_CA_FILE (ca.crt beside the token), SERVICE_ACCOUNT_DIR
+(/var/run/secrets/kubernetes.io/serviceaccount), CNI_CONF_NAME (only this file),
+CNIBOX_HOST_BINARY (/usr/local/lib/cnibox/cnibox), INSTALL_CNI_PID_FILE (/tmp/install-cni.pid).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import select
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from multicall.applet import AppletSpec, write_text
+from multicall.core import conflist
+from multicall.core.installer_config import (
+    InstallerConfig,
+    SourceRead,
+    choose_network_config,
+    parse_environment,
+    render_kubeconfig,
+    source_names,
+)
+from multicall.effects import fs
+from multicall.errors import EXIT_OK, CniboxError, ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from multicall.effects.inotify import Event
+
+PROG = "install-cni"
+COPY_NAME = "cnibox"
+PLUGIN_LINK = "linkerd-cni"
+NSENTER_LINK = "nsenter"
+KUBECONFIG_MODE = 0o600
+UNINSTALL_WAIT_SECONDS = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    mode: str = "watch"  # watch | once | uninstall
+    link_nsenter: bool = False
+    verbose: bool = False
+
+
+def parse_args(args: Sequence[str]) -> Options:
+    mode, link_nsenter, verbose = "watch", False, False
+    for arg in args:
+        if arg in ("--once", "--uninstall"):
+            if mode != "watch":
+                raise UsageError("--once and --uninstall exclude each other")
+            mode = arg[2:]
+        elif arg == "--link-nsenter":
+            link_nsenter = True
+        elif arg == "-v":
+            verbose = True
+        else:
+            raise UsageError(f"unknown argument {arg!r}", hint="see install-cni --help")
+    return Options(mode, link_nsenter, verbose)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Log:
+    def __init__(self, stream: BinaryIO, verbose: bool) -> None:
+        self.stream = stream
+        self.verbose = verbose
+
+    def info(self, message: str) -> None:
+        write_text(self.stream, f"{PROG}: {message}\n")
+
+    def debug(self, message: str) -> None:
+        if self.verbose:
+            self.info(message)
+
+
+@dataclass(frozen=True, slots=True)
+class Original:
+    """What a patched file held before: restored on undo if nobody touched our version."""
+
+    path: str
+    data: bytes
+    mode: int
+
+
+@dataclass(slots=True)
+class State:
+    """What this run wrote, for recognising its own events and for undo."""
+
+    written: dict[str, str] = field(default_factory=dict)  # path -> sha256 of our bytes
+    originals: dict[str, Original] = field(default_factory=dict)  # patched path -> before
+    links: dict[str, str] = field(default_factory=dict)  # link path -> its target
+    copied: dict[str, str] = field(default_factory=dict)  # copied binary -> sha256
+    kubeconfig: str = ""
+
+
+class Installer:
+    def __init__(self, config: InstallerConfig, options: Options, log: Log, binary: str) -> None:
+        self.config = config
+        self.options = options
+        self.log = log
+        self.binary = binary
+        self.state = State()
+        self.network_config = b""
+
+    # --- setup -----------------------------------------------------------------------------
+
+    def load_network_config(self) -> None:
+        reads = [SourceRead(name, self._read_source(name)) for name in source_names(self.config)]
+        data = choose_network_config(reads, self.config.plugin_kubeconfig_path)
+        plugin = conflist.parse_document(data, "the linkerd network config")
+        if not conflist.is_linkerd(plugin):
+            raise ConfigError("the linkerd network config must have type linkerd-cni")
+        self.network_config = data
+
+    def _read_source(self, name: str) -> bytes | None:
+        kind, _, value = name.partition(":")
+        if kind == "env":
+            return self.config.network_config_env.encode() or None
+        return fs.read_bytes(value) if value else None
+
+    def install_binaries(self) -> None:
+        bin_dir = self.config.host_bin_dir
+        if not os.path.isdir(bin_dir):
+            raise CniboxError(f"{bin_dir}: the host CNI bin dir does not exist")
+        fs.remove_stale_temps(bin_dir)
+        target = self._binary_target(bin_dir)
+        names = [PLUGIN_LINK, NSENTER_LINK] if self.options.link_nsenter else [PLUGIN_LINK]
+        for name in names:
+            self._link(os.path.join(bin_dir, name), target)
+
+    def _binary_target(self, bin_dir: str) -> str:
+        on_node = self.config.host_binary_in_container
+        if os.path.isfile(on_node) and os.access(on_node, os.X_OK):
+            self.log.info(f"using the node's cnibox at {self.config.host_binary}")
+            return self.config.host_binary
+        dest = os.path.join(bin_dir, COPY_NAME)
+        digest = fs.sha256_file(self.binary)
+        if digest is None:
+            raise CniboxError(f"{self.binary}: cannot read the cnibox binary to install")
+        if fs.sha256_file(dest) != digest:
+            fs.copy_atomic(self.binary, dest, 0o755)
+            self.log.info(f"installed {dest}")
+        self.state.copied[dest] = digest
+        return COPY_NAME
+
+    def _link(self, path: str, target: str) -> None:
+        is_ours = os.path.islink(path) and self._is_cnibox_link(os.readlink(path))
+        if os.path.basename(path) == NSENTER_LINK and os.path.lexists(path) and not is_ours:
+            self.log.info(f"{path} exists and is not cnibox: left alone")
+            return
+        if not (os.path.islink(path) and os.readlink(path) == target):
+            fs.symlink_atomic(target, path)
+            self.log.info(f"linked {path} -> {target}")
+        self.state.links[path] = target
+
+    def _is_cnibox_link(self, target: str) -> bool:
+        return target in (COPY_NAME, self.config.host_binary)
+
+    # --- kubeconfig ------------------------------------------------------------------------
+
+    def write_kubeconfig(self) -> None:
+        token = self._read_required(self.config.token_file)
+        ca = self._read_required(self.config.ca_file)
+        text = render_kubeconfig(token, ca, self.config.service_host, self.config.service_port)
+        path = self.config.kubeconfig_path
+        self.state.kubeconfig = path
+        if fs.read_bytes(path) == text and fs.file_mode(path) == KUBECONFIG_MODE:
+            return
+        fs.write_atomic(path, text, KUBECONFIG_MODE)
+        self.log.info(f"wrote {path}")
+
+    @staticmethod
+    def _read_required(path: str) -> bytes:
+        data = fs.read_bytes(path)
+        if data is None:
+            raise ConfigError(f"open {path}: no such file or directory", path=path)
+        return data
+
+    # --- CNI network configs ---------------------------------------------------------------
+
+    def wanted(self, name: str) -> bool:
+        if fs.is_temp_name(name) or not conflist.is_cni_config_name(name):
+            return False
+        wanted = self.config.conf_name
+        return not wanted or name in (wanted, conflist.upgraded_name(wanted))
+
+    def config_names(self) -> list[str]:
+        try:
+            names = sorted(os.listdir(self.config.host_net_dir))
+        except FileNotFoundError:
+            return []
+        return [n for n in names if self.wanted(n)]
+
+    def patch_all(self) -> None:
+        fs.remove_stale_temps(self.config.host_net_dir)
+        names = self.config_names()
+        if not names:
+            self.log.info("no CNI network config yet; waiting for the primary CNI")
+        for name in names:
+            self.patch(name)
+
+    def patch(self, name: str) -> None:
+        path = os.path.join(self.config.host_net_dir, name)
+        if os.path.islink(path) or not os.path.isfile(path):
+            return
+        data = fs.read_bytes(path)
+        if data is None:
+            self.log.debug(f"{path}: gone before it could be read")
+            return
+        if self.state.written.get(path) == sha256(data):
+            self.log.debug(f"{path}: our own write, ignored")
+            return
+        try:
+            merged = conflist.insert_linkerd(data, self.network_config)
+            original = self._original_of(data)
+        except ConfigError as exc:
+            self.log.info(f"{path}: left alone: {exc.message}")
+            return
+        self._write_patched(path, data, merged, original)
+
+    @staticmethod
+    def _original_of(data: bytes) -> bytes:
+        """What to restore on undo: the file as the primary CNI wrote it, minus linkerd."""
+        if "type" in conflist.parse_document(data):
+            return data
+        return conflist.remove_linkerd(data) or data
+
+    def _write_patched(self, path: str, data: bytes, merged: bytes, original: bytes) -> None:
+        target = conflist.upgraded_name(path)
+        mode = fs.file_mode(path)
+        if target != path or merged != data:
+            fs.write_atomic(target, merged, mode)
+            self.log.info(f"patched {target}")
+        self.state.written[target] = sha256(merged)
+        self.state.originals[target] = Original(path, original, mode)
+        if target != path:
+            fs.remove_durably(path)
+            self.state.written.pop(path, None)
+
+    # --- undo ------------------------------------------------------------------------------
+
+    def undo(self) -> list[str]:
+        """Put the node back as it was; returns the errors met (undo goes on after each)."""
+        errors: list[str] = []
+        for step in (self._restore_configs, self._sweep_configs, self._remove_files):
+            try:
+                step()
+            except (OSError, CniboxError) as exc:
+                errors.append(str(exc))
+        return errors
+
+    def _restore_configs(self) -> None:
+        for target, original in list(self.state.originals.items()):
+            current = fs.read_bytes(target)
+            if current is None:
+                continue
+            if sha256(current) != self.state.written.get(target):
+                continue  # changed since: the sweep removes linkerd from it
+            if original.path != target:
+                fs.write_atomic(original.path, original.data, original.mode)
+                fs.remove_durably(target)
+            else:
+                fs.write_atomic(target, original.data, original.mode)
+            self.log.info(f"restored {original.path}")
+        self.state.originals.clear()
+
+    def _sweep_configs(self) -> None:
+        for name in self.config_names():
+            path = os.path.join(self.config.host_net_dir, name)
+            data = fs.read_bytes(path)
+            if data is None or os.path.islink(path):
+                continue
+            try:
+                stripped = conflist.remove_linkerd(data)
+            except ConfigError:
+                continue
+            if stripped is not None:
+                fs.write_atomic(path, stripped, fs.file_mode(path))
+                self.log.info(f"removed linkerd from {path}")
+
+    def _remove_files(self) -> None:
+        kubeconfig = self.state.kubeconfig or self.config.kubeconfig_path
+        if fs.remove_durably(kubeconfig):
+            self.log.info(f"removed {kubeconfig}")
+        bin_dir = self.config.host_bin_dir
+        for name in (PLUGIN_LINK, NSENTER_LINK):
+            path = os.path.join(bin_dir, name)
+            if os.path.islink(path) and self._is_cnibox_link(os.readlink(path)):
+                fs.remove_durably(path)
+                self.log.info(f"removed {path}")
+        copy = os.path.join(bin_dir, COPY_NAME)
+        expected = self.state.copied.get(copy)
+        if os.path.isfile(copy) and (expected is None or fs.sha256_file(copy) == expected):
+            fs.remove_durably(copy)
+            self.log.info(f"removed {copy}")
+
+
+# --- the watch loop --------------------------------------------------------------------------
+
+
+class Stop:
+    """Signal bookkeeping: handlers only record; the loop wakes on the wake-up pipe."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.previous: dict[int, Any] = {}
+        self.previous_wakeup = -1
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.signum = self.signum or signum
+
+    def install(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self.previous[signum] = signal.signal(signum, self._handle)
+        self.previous_wakeup = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
+
+    def restore(self) -> None:
+        signal.set_wakeup_fd(self.previous_wakeup)
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        os.close(self.read_fd)
+        os.close(self.write_fd)
+
+    def drain(self) -> None:
+        try:
+            while os.read(self.read_fd, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+
+def watch(installer: Installer, stop: Stop) -> None:
+    """Install, then react to inotify events until a signal arrives."""
+    from multicall.effects import inotify
+
+    config = installer.config
+    with inotify.Inotify() as ino:
+        net_mask = inotify.IN_CREATE | inotify.IN_MODIFY | inotify.IN_CLOSE_WRITE
+        net_wd = ino.add_watch(config.host_net_dir, net_mask | inotify.IN_MOVED_TO)
+        sa_wd = ino.add_watch(config.service_account_dir, inotify.IN_CREATE | inotify.IN_MOVED_TO)
+        # Watches exist before the first scan, so a config landing in between is not missed.
+        install(installer, stop)
+        while True:
+            if stop.signum:
+                return
+            select.select([ino.fileno(), stop.read_fd], [], [])
+            stop.drain()
+            _dispatch(installer, ino.read_events(), net_wd, sa_wd)
+
+
+def _dispatch(installer: Installer, events: Sequence[Event], net_wd: int, sa_wd: int) -> None:
+    from multicall.effects.inotify import IN_IGNORED
+
+    names: dict[str, None] = {}
+    token_swapped = False
+    for event in events:
+        installer.log.debug(f"event wd={event.wd} mask={event.mask:#x} name={event.name}")
+        if event.overflowed:
+            names.update(dict.fromkeys(installer.config_names()))
+        elif event.wd == net_wd and event.mask & IN_IGNORED:
+            raise CniboxError(f"{installer.config.host_net_dir}: the watched dir went away")
+        elif event.wd == net_wd and installer.wanted(event.name):
+            names[event.name] = None
+        elif event.wd == sa_wd and event.name == "..data":
+            token_swapped = True
+    if token_swapped:
+        _rewrite_kubeconfig(installer)
+    for name in names:
+        installer.patch(name)
+
+
+def _rewrite_kubeconfig(installer: Installer) -> None:
+    try:
+        installer.write_kubeconfig()
+    except (OSError, CniboxError) as exc:
+        # kubelet swaps ..data atomically, so a failure here is transient or fixed by the
+        # next swap; the old kubeconfig stays in place meanwhile.
+        installer.log.info(f"kubeconfig not rewritten: {exc}")
+
+
+def install(installer: Installer, stop: Stop | None = None) -> None:
+    """Binary, kubeconfig, then configs: the plugin is never chained before it can run."""
+    installer.load_network_config()
+    for step in (installer.install_binaries, installer.write_kubeconfig, installer.patch_all):
+        if stop is not None and stop.signum:
+            return
+        step()
+
+
+# --- pid file and --uninstall ---------------------------------------------------------------
+
+
+def _start_time(pid: int) -> str | None:
+    data = fs.read_bytes(f"/proc/{pid}/stat")
+    if data is None:
+        return None
+    # Field 22 (starttime) counted after the ')' closing comm, which may hold spaces.
+    return data.rsplit(b")", 1)[-1].split()[19].decode()
+
+
+def write_pid_file(path: str) -> None:
+    pid = os.getpid()
+    fs.write_atomic(path, f"{pid} {_start_time(pid)}\n".encode(), 0o644)
+
+
+def running_installer(path: str) -> int | None:
+    """The pid the pid file names, if that very process (same start time) still runs."""
+    data = fs.read_bytes(path)
+    try:
+        pid_text, start = (data or b"").decode().split()
+        pid = int(pid_text)
+    except ValueError:
+        return None
+    if pid == os.getpid() or _start_time(pid) != start:
+        return None
+    return pid
+
+
+def stop_running_installer(path: str, log: Log) -> None:
+    pid = running_installer(path)
+    if pid is None:
+        return
+    log.info(f"stopping the installer (pid {pid})")
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+        select.select([pidfd], [], [], UNINSTALL_WAIT_SECONDS)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(pidfd)
+
+
+# --- entry point -------------------------------------------------------------------------------
+
+
+def resolve_binary(env: Mapping[str, str]) -> str:
+    exe = env.get("CNIBOX_EXE")
+    if exe:
+        return exe
+    from multicall.effects.links import self_executable
+
+    return self_executable()
+
+
+def main(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    stdin: BinaryIO,
+    stdout: BinaryIO,
+    stderr: BinaryIO,
+) -> int:
+    args = list(argv[1:])
+    if "--help" in args or "-h" in args:
+        write_text(stdout, __doc__ or "")
+        return EXIT_OK
+    options = parse_args(args)
+    config = parse_environment(env)
+    log = Log(stderr, options.verbose)
+    if options.mode == "uninstall":
+        return uninstall(config, options, log)
+    installer = Installer(config, options, log, resolve_binary(env))
+    if options.mode == "once":
+        install(installer)
+        return EXIT_OK
+    return run_watch(installer)
+
+
+def uninstall(config: InstallerConfig, options: Options, log: Log) -> int:
+    stop_running_installer(config.pid_file, log)
+    errors = Installer(config, options, log, binary="").undo()
+    for error in errors:
+        log.info(f"undo: {error}")
+    return 1 if errors else EXIT_OK
+
+
+def run_watch(installer: Installer) -> int:
+    stop = Stop()
+    stop.install()
+    pid_file = installer.config.pid_file
+    try:
+        write_pid_file(pid_file)
+    except OSError as exc:
+        installer.log.info(f"{pid_file}: {exc.strerror}; --uninstall will not find this run")
+    try:
+        watch(installer, stop)
+    except BaseException:
+        _undo_and_log(installer)
+        raise
+    finally:
+        stop.restore()
+        if running_installer(pid_file) is None:
+            fs.remove_durably(pid_file)
+    installer.log.info(f"signal {stop.signum}: undoing the installation")
+    errors = _undo_and_log(installer)
+    return 1 if errors else EXIT_OK
+
+
+def _undo_and_log(installer: Installer) -> list[str]:
+    errors = installer.undo()
+    for error in errors:
+        installer.log.info(f"undo: {error}")
+    return errors
+
+
+SPEC = AppletSpec(
+    name="install-cni",
+    summary="install and keep Linkerd's CNI plugin chained on this node (DaemonSet)",
+    help=__doc__ or "",
+    main=main,
+    needs_root="writes the host's CNI bin and config dirs through hostPath mounts",
+)

@@ -1,0 +1,195 @@
+"""What `install-cni` is told by its environment, and the texts it derives from it.
+
+Rules of this module:
+1. Variables, defaults and path joining follow the Go installer (`internal/cni/paths.go`):
+   an empty variable counts as unset; paths are joined and cleaned like Go's `path.Join`, so
+   `CONTAINER_MOUNT_PREFIX=/host` + `DEST_CNI_NET_DIR=/etc/cni/net.d` is `/host/etc/cni/net.d`.
+2. cnibox additions: `SERVICE_ACCOUNT_DIR` (the token's directory, fixed in upstream),
+   `CNI_CONF_NAME` (patch only that file name), `CNIBOX_HOST_BINARY` (where a Talos
+   extension puts cnibox on the host) and `INSTALL_CNI_PID_FILE` (how `--uninstall` finds the
+   running installer).
+3. The network config is the first source that reads and is non-empty after replacing
+   `__KUBECONFIG_FILEPATH__`; the environment wins over the file, as in Go.
+4. The kubeconfig text is the Go template's, token and CA trimmed, CA base64-encoded, plus a
+   final newline (the upstream expected files end with one). An IPv6 service host is put in
+   brackets so the URL stays valid.
+"""
+
+from __future__ import annotations
+
+import base64
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from multicall.errors import ConfigError
+
+KUBECONFIG_PLACEHOLDER = b"__KUBECONFIG_FILEPATH__"
+
+DEFAULTS: dict[str, str] = {
+    "DEST_CNI_BIN_DIR": "/opt/cni/bin",
+    "DEST_CNI_NET_DIR": "/etc/cni/net.d",
+    "CNI_NETWORK_CONFIG_FILE": "",
+    "CONTAINER_MOUNT_PREFIX": "/host",
+    "KUBE_CA_FILE": "",
+    "KUBECONFIG_FILE_NAME": "ZZZ-linkerd-cni-kubeconfig",
+    "KUBERNETES_SERVICE_HOST": "",
+    "KUBERNETES_SERVICE_PORT": "",
+    "SERVICE_ACCOUNT_DIR": "/var/run/secrets/kubernetes.io/serviceaccount",
+    "CNI_CONF_NAME": "",
+    "CNIBOX_HOST_BINARY": "/usr/local/lib/cnibox/cnibox",
+    "INSTALL_CNI_PID_FILE": "/tmp/install-cni.pid",
+}
+
+KUBECONFIG_TEMPLATE = """\
+# kubeconfig file for linkerd.io/cni-plugin
+apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster:
+    server: https://{host}:{port}
+    certificate-authority-data: {ca}
+users:
+- name: linkerd-cni
+  user:
+    token: {token}
+contexts:
+- name: linkerd-cni-context
+  context:
+    cluster: local
+    user: linkerd-cni
+current-context: linkerd-cni-context
+"""
+
+
+def go_path_join(*parts: str) -> str:
+    """Go's path.Join: join the non-empty parts with '/', then clean."""
+    joined = "/".join(p for p in parts if p)
+    if not joined:
+        return ""
+    cleaned = posixpath.normpath(joined)
+    # POSIX keeps a leading '//', Go's Clean does not.
+    return "/" + cleaned.lstrip("/") if cleaned.startswith("//") else cleaned
+
+
+@dataclass(frozen=True, slots=True)
+class InstallerConfig:
+    """The installer's settings; `host_*` paths are as the container sees the host."""
+
+    net_dir: str
+    bin_dir: str
+    mount_prefix: str
+    kubeconfig_name: str
+    network_config_env: str
+    network_config_file: str
+    service_account_dir: str
+    kube_ca_file: str
+    service_host: str
+    service_port: str
+    conf_name: str
+    host_binary: str
+    pid_file: str
+
+    @property
+    def host_net_dir(self) -> str:
+        return go_path_join(self.mount_prefix, self.net_dir)
+
+    @property
+    def host_bin_dir(self) -> str:
+        return go_path_join(self.mount_prefix, self.bin_dir)
+
+    @property
+    def kubeconfig_path(self) -> str:
+        """Where the installer writes the kubeconfig (container view)."""
+        return go_path_join(self.mount_prefix, self.net_dir, self.kubeconfig_name)
+
+    @property
+    def plugin_kubeconfig_path(self) -> str:
+        """Where the plugin reads it (host view): what replaces the placeholder."""
+        return go_path_join(self.net_dir, self.kubeconfig_name)
+
+    @property
+    def token_file(self) -> str:
+        return go_path_join(self.service_account_dir, "token")
+
+    @property
+    def ca_file(self) -> str:
+        return self.kube_ca_file or go_path_join(self.service_account_dir, "ca.crt")
+
+    @property
+    def host_binary_in_container(self) -> str:
+        """The extension's cnibox as seen through the host mount."""
+        return go_path_join(self.mount_prefix, self.host_binary)
+
+
+def parse_environment(env: Mapping[str, str]) -> InstallerConfig:
+    def get(key: str) -> str:
+        return env.get(key) or DEFAULTS[key]
+
+    return InstallerConfig(
+        net_dir=get("DEST_CNI_NET_DIR"),
+        bin_dir=get("DEST_CNI_BIN_DIR"),
+        mount_prefix=get("CONTAINER_MOUNT_PREFIX"),
+        kubeconfig_name=get("KUBECONFIG_FILE_NAME"),
+        network_config_env=env.get("CNI_NETWORK_CONFIG", ""),
+        network_config_file=get("CNI_NETWORK_CONFIG_FILE"),
+        service_account_dir=get("SERVICE_ACCOUNT_DIR"),
+        kube_ca_file=get("KUBE_CA_FILE"),
+        service_host=get("KUBERNETES_SERVICE_HOST"),
+        service_port=get("KUBERNETES_SERVICE_PORT"),
+        conf_name=get("CNI_CONF_NAME"),
+        host_binary=get("CNIBOX_HOST_BINARY"),
+        pid_file=get("INSTALL_CNI_PID_FILE"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRead:
+    """One network-config source and what reading it gave (None: it could not be read)."""
+
+    name: str
+    data: bytes | None
+
+
+def source_names(config: InstallerConfig) -> tuple[str, str]:
+    """The sources in Go's order: `env:CNI_NETWORK_CONFIG`, then `file:<path>`."""
+    return ("env:CNI_NETWORK_CONFIG", f"file:{config.network_config_file}")
+
+
+def substitute(data: bytes, plugin_kubeconfig_path: str) -> bytes:
+    return data.replace(KUBECONFIG_PLACEHOLDER, plugin_kubeconfig_path.encode())
+
+
+def choose_network_config(reads: Sequence[SourceRead], plugin_kubeconfig_path: str) -> bytes:
+    """The first readable, non-empty source after substitution."""
+    for read in reads:
+        if read.data is None:
+            continue
+        data = substitute(read.data, plugin_kubeconfig_path)
+        if data:
+            return data
+    raise ConfigError("cannot build configuration from any known source")
+
+
+def server_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def render_kubeconfig(token: bytes, ca: bytes, host: str, port: str) -> bytes:
+    """The plugin's kubeconfig, with the Go installer's checks in its order."""
+    if not token:
+        raise ConfigError("token-data is zero-length")
+    if not ca:
+        raise ConfigError("certificate authority data is zero-length")
+    if not host:
+        raise ConfigError("service-host is zero length")
+    if not port:
+        raise ConfigError("service-port is zero length")
+    text = KUBECONFIG_TEMPLATE.format(
+        host=server_host(host),
+        port=port,
+        ca=base64.b64encode(ca.strip()).decode("ascii"),
+        token=token.strip().decode("utf-8", "replace"),
+    )
+    return text.encode("utf-8")
