@@ -160,24 +160,28 @@ def parse_args(args: list[str] | tuple[str, ...]) -> Parsed:
         found = _long(args, index) if arg.startswith("--") else _short(args, index)
         if isinstance(found, ArgError):
             return state.finish(found)
-        index = found[0]
-        for option, value in found[1]:
-            stop = state.apply(option, value)
+        index, hits = found
+        for hit in hits:
+            # getopt hands over one letter at a time: -h5 shows help before seeing '5'.
+            stop = hit if isinstance(hit, ArgError) else state.apply(*hit)
             if stop is not None:
                 return state.finish(stop)
     return state.finish(state.invocation(tuple(args[index:])))
 
 
-def _short(args: list[str] | tuple[str, ...], index: int) -> tuple[int, list[_Hit]] | ArgError:
+def _short(
+    args: list[str] | tuple[str, ...], index: int
+) -> tuple[int, list[_Hit | ArgError]] | ArgError:
     """One `-abc` cluster: options without argument, until one that takes the rest."""
     cluster = args[index]
-    hits: list[_Hit] = []
+    hits: list[_Hit | ArgError] = []
     pos = 1
     while pos < len(cluster):
         letter = cluster[pos]
         option = SHORT.get(letter)
         if option is None:
-            return ArgError(f"invalid option -- '{letter}'", getopt=True)
+            hits.append(ArgError(f"invalid option -- '{letter}'", getopt=True))
+            return index + 1, hits
         rest = cluster[pos + 1 :]
         if option.arg is ArgKind.NONE:
             hits.append((option, None))
@@ -187,13 +191,16 @@ def _short(args: list[str] | tuple[str, ...], index: int) -> tuple[int, list[_Hi
             hits.append((option, rest or None))
             return index + 1, hits
         if index + 1 >= len(args):
-            return ArgError(f"option requires an argument -- '{letter}'", getopt=True)
+            hits.append(ArgError(f"option requires an argument -- '{letter}'", getopt=True))
+            return index + 1, hits
         hits.append((option, args[index + 1]))
         return index + 2, hits
     return index + 1, hits
 
 
-def _long(args: list[str] | tuple[str, ...], index: int) -> tuple[int, list[_Hit]] | ArgError:
+def _long(
+    args: list[str] | tuple[str, ...], index: int
+) -> tuple[int, list[_Hit | ArgError]] | ArgError:
     body = args[index][2:]
     name, eq, value = body.partition("=")
     option = _match_long(name, body)
