@@ -681,8 +681,6 @@ def _parse_target(flag: str, name: str, toks: _Tokens) -> TargetSpec:
         return _parse_redirect(toks)
     if not name or (flag == "-g" and name in VERDICT_CODES) or len(name) > 28:
         raise FirewallError(f"invalid target {flag} {name}")
-    if toks.peek() is not None:
-        raise FirewallError(f"unsupported option {toks.peek()} after {flag} {name}")
     return Verdict(name, goto=flag == "-g")
 
 
@@ -697,8 +695,6 @@ def _parse_redirect(toks: _Tokens) -> Redirect:
             random = True
         else:
             raise FirewallError(f"unsupported option {opt} for -j REDIRECT")
-    if toks.peek() is not None:
-        raise FirewallError(f"unexpected {toks.peek()} after -j REDIRECT")
     return Redirect(ports, random)
 
 
