@@ -1,0 +1,248 @@
+"""A minimal Kubernetes API client on `http.client` + `ssl`: three GETs, bounded in time.
+
+Rules of this module:
+1. Every request has one deadline (`timeout` seconds for connect + TLS + response); a server
+   that never answers costs at most that, never client-go's unbounded wait (linkerd2 #2875).
+2. Errors read like client-go's: the API's `Status.message` (`Unauthorized`,
+   `pods "x" not found`), or `Get "URL": dial tcp ...: connect: connection refused`.
+3. One keep-alive connection serves all GETs of an invocation; `ssl` and `http.client` are
+   imported on first use only (start-up time of DEL/VERSION/skipped pods stays low).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import quote, urlsplit
+
+from multicall.core.k8s import Namespace, Pod, Service, parse_namespace, parse_pod, parse_service
+from multicall.core.kubeconfig import KubeConfig, parse_kubeconfig
+from multicall.errors import ConfigError, KubeError
+
+if TYPE_CHECKING:
+    import http.client
+    import ssl
+
+DEFAULT_TIMEOUT = 5.0
+TIMEOUT_ENV = "CNIBOX_KUBE_TIMEOUT"
+
+
+def timeout_from_env(env: Mapping[str, str]) -> float:
+    """`CNIBOX_KUBE_TIMEOUT` seconds (positive number), else the default."""
+    try:
+        value = float(env.get(TIMEOUT_ENV, ""))
+    except ValueError:
+        return DEFAULT_TIMEOUT
+    return value if value > 0 else DEFAULT_TIMEOUT
+
+
+def read_kubeconfig(path: str) -> KubeConfig:
+    """The kubeconfig at `path` (client-go's ExplicitPath); KubeError when it cannot be used."""
+    if not path:
+        raise KubeError(
+            "invalid configuration: no configuration has been provided, try setting "
+            "KUBERNETES_MASTER environment variable"
+        )
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise KubeError(f"stat {path}: no such file or directory", path=path) from None
+    except OSError as exc:
+        raise KubeError(f"open {path}: {(exc.strerror or '').lower()}", path=path) from None
+    try:
+        return parse_kubeconfig(text)
+    except ConfigError as exc:
+        raise KubeError(exc.message, path=path) from None
+
+
+@dataclass(frozen=True, slots=True)
+class _Endpoint:
+    scheme: str
+    host: str
+    port: int
+    prefix: str
+
+    @property
+    def hostport(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def _endpoint(server: str) -> _Endpoint:
+    parts = urlsplit(server)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise KubeError(f"invalid configuration: host must be a URL, got {server!r}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return _Endpoint(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+
+
+class KubeClient:
+    """GET pods, namespaces and services with a bearer token; one connection, one deadline."""
+
+    def __init__(self, config: KubeConfig, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.config = config
+        self.timeout = timeout
+        self.endpoint = _endpoint(config.server)
+        self._token = _token(config)
+        self._conn: http.client.HTTPConnection | None = None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def get_pod(self, namespace: str, name: str) -> Pod:
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
+        return parse_pod(self._get(path, ("pods", name)))
+
+    def get_namespace(self, name: str) -> Namespace:
+        return parse_namespace(
+            self._get(f"/api/v1/namespaces/{quote(name, safe='')}", ("namespaces", name))
+        )
+
+    def get_service(self, namespace: str, name: str) -> Service:
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/services/{quote(name, safe='')}"
+        return parse_service(self._get(path, ("services", name)))
+
+    def _url(self, path: str) -> str:
+        return f"{self.endpoint.scheme}://{self.endpoint.hostport}{self.endpoint.prefix}{path}"
+
+    def _get(self, path: str, what: tuple[str, str]) -> Mapping[str, object]:
+        url = self._url(path)
+        deadline = time.monotonic() + self.timeout
+        status, body = self._request(self.endpoint.prefix + path, url, deadline)
+        if status >= 400:
+            raise KubeError(_status_message(status, body, what))
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise KubeError(f"{url}: the server answered with invalid JSON") from None
+        if not isinstance(doc, dict):
+            raise KubeError(f"{url}: the server answered with a non-object")
+        return doc
+
+    def _request(self, path: str, url: str, deadline: float) -> tuple[int, bytes]:
+        import ssl
+
+        headers = {"Accept": "application/json", "User-Agent": "cnibox/linkerd-cni"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        connected = False
+        try:
+            conn = self._connection(deadline)
+            if conn.sock is None:
+                conn.connect()
+            connected = True
+            _set_deadline(conn, deadline)
+            conn.request("GET", path, headers=headers)
+            response = conn.getresponse()
+            return response.status, response.read()
+        except ssl.SSLCertVerificationError as exc:
+            self.close()
+            raise KubeError(
+                f'Get "{url}": tls: failed to verify certificate: x509: {_x509(exc)}'
+            ) from None
+        except TimeoutError:
+            self.close()
+            if connected:
+                detail = (
+                    "context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
+                )
+            else:
+                detail = f"dial tcp {self.endpoint.hostport}: i/o timeout"
+            raise KubeError(f'Get "{url}": {detail}') from None
+        except ConnectionRefusedError:
+            self.close()
+            raise KubeError(
+                f'Get "{url}": dial tcp {self.endpoint.hostport}: connect: connection refused'
+            ) from None
+        except OSError as exc:
+            self.close()
+            reason = (exc.strerror or str(exc) or type(exc).__name__).lower()
+            raise KubeError(f'Get "{url}": {reason}') from None
+
+    def _connection(self, deadline: float) -> http.client.HTTPConnection:
+        import http.client
+
+        if self._conn is not None:
+            return self._conn
+        remaining = max(deadline - time.monotonic(), 0.001)
+        ep = self.endpoint
+        if ep.scheme == "https":
+            self._conn = http.client.HTTPSConnection(
+                ep.host, ep.port, timeout=remaining, context=_tls_context(self.config)
+            )
+        else:
+            self._conn = http.client.HTTPConnection(ep.host, ep.port, timeout=remaining)
+        return self._conn
+
+
+def _set_deadline(conn: http.client.HTTPConnection, deadline: float) -> None:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError
+    if conn.sock is not None:
+        conn.sock.settimeout(remaining)
+
+
+def _token(config: KubeConfig) -> str:
+    if config.token or not config.token_file:
+        return config.token.strip()
+    try:
+        with open(config.token_file, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError as exc:
+        raise KubeError(f"open {config.token_file}: {(exc.strerror or '').lower()}") from None
+
+
+def _tls_context(config: KubeConfig) -> ssl.SSLContext:
+    import ssl
+
+    if config.insecure_skip_tls_verify:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+    try:
+        if config.ca_data:
+            return ssl.create_default_context(cadata=config.ca_data.decode("ascii", "replace"))
+        if config.ca_file:
+            return ssl.create_default_context(cafile=config.ca_file)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise KubeError(f"unable to load root certificates: {exc}") from None
+    return ssl.create_default_context()
+
+
+def _x509(exc: ssl.SSLCertVerificationError) -> str:
+    if exc.verify_code in (18, 19, 20, 21):
+        return "certificate signed by unknown authority"
+    return str(exc.verify_message or exc.reason or exc)
+
+
+def _status_message(status: int, body: bytes, what: tuple[str, str]) -> str:
+    """client-go's error text: the Status object's message, else its generic wording."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and doc.get("kind") == "Status":
+        message = doc.get("message")
+        if isinstance(message, str) and message:
+            return message
+    resource, name = what
+    generic = {
+        401: "Unauthorized",
+        403: "Forbidden",
+        404: f"the server could not find the requested resource (get {resource} {name})",
+    }
+    if status in generic:
+        return generic[status]
+    text = body.decode("utf-8", "replace").strip()
+    return (
+        f'an error on the server ("{text}") has prevented the request from succeeding '
+        f"(get {resource} {name})"
+    )
