@@ -144,6 +144,7 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     stdin: str = ""
     exact: bool = True  # False: only the exit status must agree (help, version)
+    unset: tuple[str, ...] = ()  # environment variables to remove
 
 
 def ns(netns: Netns) -> str:
@@ -181,6 +182,20 @@ CASES = [
     Case("directory-program", lambda w: [f"--net={ns(w.a)}", str(w.tmp)]),
     Case("not-executable-no-fork", lambda w: ["-F", f"--net={ns(w.a)}", str(w.tmp / "plain.txt")]),
     Case("exit-status", lambda w: [f"--net={ns(w.a)}", "sh", "-c", "echo out; exit 3"]),
+    # $PATH search as glibc's execvp: EACCES is remembered, later entries still tried.
+    Case(
+        "path-skips-non-executable",
+        lambda w: [f"-n{ns(w.a)}", "cbxprog", "arg"],
+        env={"PATH": "/nonexistent:{tmp}/path1:{tmp}/path2"},
+    ),
+    Case(
+        "path-only-non-executable",
+        lambda w: [f"-n{ns(w.a)}", "cbxprog"],
+        env={"PATH": "{tmp}/path1:/nonexistent"},
+    ),
+    Case("path-unset-default", lambda w: [f"-n{ns(w.a)}", "true"], unset=("PATH",)),
+    Case("path-empty-is-cwd", lambda w: [f"-n{ns(w.a)}", "noshebang", "x"], env={"PATH": ""}),
+    Case("script-without-shebang", lambda w: [f"-n{ns(w.a)}", str(w.tmp / "noshebang"), "y"]),
     # Bad namespace files.
     Case("bad-path", lambda _: ["--net=/nonexistent/netns", "true"]),
     Case("bad-path-before-bad-option", lambda _: ["-n/nonexistent", "-x"]),
@@ -278,11 +293,20 @@ def world(rig: Rig, tmp_path: Path) -> Iterator[World]:
     b = rig.netns("b")
     (tmp_path / "plain.txt").write_text("not a program\n")
     (tmp_path / "empty").mkdir()
+    write_program(tmp_path / "path1" / "cbxprog", '#!/bin/sh\necho one "$@"\n', 0o644)
+    write_program(tmp_path / "path2" / "cbxprog", '#!/bin/sh\necho two "$@"\n', 0o755)
+    write_program(tmp_path / "noshebang", 'echo "no #! line:" "$0" "$@"\n', 0o755)
     w = World(rig, tmp_path, a, b)
     try:
         yield w
     finally:
         w.stop()
+
+
+def write_program(path: Path, text: str, mode: int) -> None:
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
 
 
 @pytest.fixture(scope="module")
@@ -309,9 +333,9 @@ def test_same_as_util_linux(case: Case, world: World, nsenter_link: Path) -> Non
     """cnibox behaves like util-linux nsenter: status, stdout, stderr (name normalised)."""
     require_root()
     args = case.args(world)
-    env = {**BASE_ENV, **case.env}
-    if "SHELL" not in case.env:
-        env.pop("SHELL", None)
+    env = {**BASE_ENV, **{k: v.format(tmp=world.tmp) for k, v in case.env.items()}}
+    for name in case.unset:
+        env.pop(name, None)
     results = {
         name: run_argv([*prefix, *args], env, case.stdin, world.tmp)
         for name, prefix in implementations(nsenter_link).items()
