@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
+from multicall.applets import netns_exec
 from multicall.core import nsenter_args as na
 from multicall.core.nsenter_args import ArgError, FileOpen, Invocation, NsenterError, Show
+from multicall.dispatch import run_applet
 
 NET = "/var/run/netns/pod"
 
@@ -290,3 +294,45 @@ def test_version_names_the_invoked_program() -> None:
     assert na.format_version("nsenter", "1.2") == (
         "nsenter from cnibox 1.2 (util-linux 2.38.1 compatible)\n"
     )
+
+
+class TestAppletWithoutExec:
+    """The applet's answers that come before any namespace is entered (no root needed)."""
+
+    @staticmethod
+    def run(*argv: str) -> tuple[int, str, str]:
+        out, err = io.BytesIO(), io.BytesIO()
+        rc = run_applet(netns_exec.SPEC, list(argv), {}, (io.BytesIO(), out, err))
+        return rc, out.getvalue().decode(), err.getvalue().decode()
+
+    def test_help_uses_the_invoked_name(self) -> None:
+        """--help prints the usage under the name it was called by, exit 0."""
+        rc, out, _ = self.run("/usr/local/bin/nsenter", "--help")
+        assert rc == 0
+        assert out.startswith("usage: nsenter [options]")
+
+    def test_getopt_error_names_argv0_and_points_to_help(self) -> None:
+        """glibc getopt errors name argv[0] as given; the hint names the short name."""
+        rc, out, err = self.run("/usr/local/bin/nsenter", "-x")
+        assert (rc, out) == (1, "")
+        assert err == (
+            "/usr/local/bin/nsenter: invalid option -- 'x'\n"
+            "Try 'nsenter --help' for more information.\n"
+        )
+
+    @pytest.mark.parametrize(
+        ("argv", "message"),
+        [
+            (["-t", "abc"], "failed to parse pid: 'abc'"),
+            (
+                ["--net=/nonexistent/x", "true"],
+                "cannot open /nonexistent/x: No such file or directory",
+            ),
+            (["-n", "/bin/true"], "neither filename nor target pid supplied for ns/net"),
+            (["-a"], "no target PID specified for --all"),
+        ],
+    )
+    def test_own_errors_exit_1(self, argv: list[str], message: str) -> None:
+        """nsenter's own errors: one `NAME: message` line and exit status 1."""
+        rc, out, err = self.run("nsenter", *argv)
+        assert (rc, out, err) == (1, "", f"nsenter: {message}\n")
