@@ -128,8 +128,10 @@ def all_namespaces(invocation: Invocation, parsed: na.Parsed) -> frozenset[str]:
     for namespace in na.all_candidates(parsed):
         try:
             mine = process.inode(f"/proc/{process.own_pid()}/{namespace.slot}")
-        except FileNotFoundError:
+        except FileNotFoundError:  # the kernel lacks this namespace type
             continue
+        except OSError:  # util-linux then compares against inode 0
+            mine = 0
         if namespace.slot == "ns/user" and mine == target_inode(invocation, namespace.slot):
             continue
         chosen.add(namespace.slot)
