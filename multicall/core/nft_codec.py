@@ -1441,7 +1441,9 @@ def plan_batch_ops(
             ops.append((NFT_MSG_NEWCHAIN, NLM_F_CREATE, chain_attrs, f"-N {name}"))
             made |= {name}
         elif name in change.flush_chains and name in existing:
-            ops.append((NFT_MSG_DELRULE, 0, chain_attrs, f"-F {name}"))
+            # A DELRULE without NFTA_RULE_CHAIN would flush the whole table.
+            scope = attr_str(NFTA_RULE_TABLE, table) + attr_str(NFTA_RULE_CHAIN, name)
+            ops.append((NFT_MSG_DELRULE, 0, scope, f"-F {name}"))
     for rule in change.append:
         body = _rule_body(table, rule, family)
         ops.append((NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, body, render_rule(rule)))

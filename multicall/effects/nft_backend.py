@@ -162,6 +162,19 @@ def _commit(sock: _Socket, batch: codec.Batch) -> None:
         )
 
 
+def read_rules(family: Family, table: str | None = None) -> list[codec.RuleInfo]:
+    """The raw rules (expressions as the kernel holds them) of one family, or one table."""
+    with _netlink() as sock:
+        for _ in range(ATTEMPTS):
+            try:
+                return [
+                    codec.parse_rule(m) for m in _dump(sock, codec.NFT_MSG_GETRULE, family, table)
+                ]
+            except _Interrupted:
+                continue
+    raise FirewallError("the ruleset kept changing while being read")
+
+
 class NftBackend:
     """iptables-nft-compatible rules in the `ip`/`ip6` nf_tables families (FirewallBackend)."""
 
@@ -193,13 +206,7 @@ class NftBackend:
         )
 
     def has_rules(self, family: Family) -> bool:
-        with _netlink() as sock:
-            for _ in range(ATTEMPTS):
-                try:
-                    return bool(_dump(sock, codec.NFT_MSG_GETRULE, family, None))
-                except _Interrupted:
-                    continue
-        raise FirewallError("the ruleset kept changing while being read")
+        return bool(read_rules(family))
 
     def available(self) -> bool:
         """Whether this kernel speaks nf_tables here (for `plain` mode detection)."""

@@ -333,6 +333,8 @@ class TestBatch:
             (c.NFT_MSG_DELRULE, "-F PROXY_INIT_REDIRECT"),
             (c.NFT_MSG_NEWRULE, "-A PROXY_INIT_OUTPUT -o lo -j RETURN"),
         ]
+        flush = c.attr_map(ops[1][2])
+        assert flush == {c.NFTA_RULE_TABLE: b"nat\0", c.NFTA_RULE_CHAIN: b"PROXY_INIT_REDIRECT\0"}
 
     def test_rule_message_round_trips(self) -> None:
         """A NEWRULE message parses back to its table, chain and expressions."""

@@ -1,0 +1,242 @@
+"""NftBackend in throwaway netns, with Debian's iptables-nft-save as the oracle.
+
+Every test programs only namespaces made by the rig. The oracle is the real
+`iptables-nft-save` / `ip6tables-nft-save`; the reverse direction uses the real
+`iptables-nft-restore` as the writer and our dump as the reader.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from multicall.core import nft_codec as c
+from multicall.core.firewall import Family, ProxyInitOptions, TableChange
+from multicall.core.proxy_init import expected_table, plan_change, strip_counters
+from multicall.core.ruleset import Rule, Table, render_table
+from multicall.effects.nft_backend import NftBackend, read_rules
+from multicall.effects.ns import entered_netns
+from multicall.errors import FirewallError
+from tests.conftest import FIXTURES, REPO, require_root, require_tool
+from tests.rig import Netns, Rig
+from tests.unit.test_nft_codec import family_of, rule_specs, save_rules
+from tests.unit.test_proxy_init import (
+    OK_NAMES,
+    fixture_body,
+    scenario_family,
+    scenario_options,
+    times_applied,
+)
+
+pytestmark = pytest.mark.netns
+
+SCENARIOS = FIXTURES / "derived" / "linkerd-iptables"
+CANON = FIXTURES / "derived" / "iptables-canonicalization"
+V4, V6 = Family.IPV4, Family.IPV6
+SAVE = {V4: "iptables-nft-save", V6: "ip6tables-nft-save"}
+RESTORE = {V4: "iptables-nft-restore", V6: "ip6tables-nft-restore"}
+BACKEND = NftBackend()
+
+
+def oracle(ns: Netns, family: Family) -> list[str]:
+    """The `*nat` block the real iptables-nft-save prints, without `#` lines."""
+    text = ns.exec([require_tool(SAVE[family]), "-t", "nat"])
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def apply(ns: Netns, family: Family, change: TableChange) -> None:
+    with entered_netns(ns.path, allow_own=False):
+        BACKEND.apply(family, change)
+
+
+def dump(ns: Netns, family: Family) -> Table:
+    with entered_netns(ns.path, allow_own=False):
+        return BACKEND.dump(family)
+
+
+def run_scenario(ns: Netns, options: ProxyInitOptions, family: Family) -> None:
+    """One upstream run: plan against the live dump, then apply it."""
+    apply(ns, family, plan_change(dump(ns, family), options, family, backend="nft"))
+
+
+def lines(table: Table) -> list[str]:
+    return render_table(table).splitlines()
+
+
+class TestScenarios:
+    @pytest.mark.parametrize("name", OK_NAMES)
+    def test_oracle_prints_the_fixture(self, rig: Rig, name: str) -> None:
+        """Applied (as often as the scenario says), iptables-nft-save prints the fixture."""
+        ns, family, options = rig.netns(), scenario_family(name), scenario_options(name)
+        for _ in range(times_applied(name)):
+            run_scenario(ns, options, family)
+        assert oracle(ns, family) == fixture_body(name)
+        expected = expected_table(options, family, backend="nft")
+        assert strip_counters(dump(ns, family)) == strip_counters(expected)
+
+    def test_a_then_b_replaces_the_chains(self, rig: Rig) -> None:
+        """New options replace the chains' contents and keep one jump each."""
+        ns = rig.netns()
+        run_scenario(ns, scenario_options("default-nft"), V4)
+        before = dump(ns, V4)
+        options_b = scenario_options("control-plane-nft")
+        run_scenario(ns, options_b, V4)
+        after = expected_table(options_b, V4, before, backend="nft")
+        assert oracle(ns, V4) == lines(after)
+        assert oracle(ns, V4) == fixture_body("control-plane-nft")
+
+    def test_flush_and_refill_twice(self, rig: Rig) -> None:
+        """The same flush+append change applied twice leaves one copy of each rule."""
+        ns = rig.netns()
+        rules = tuple(save_rules(SCENARIOS / "full-legacy-wait.iptables-save.txt"))
+        chains = ("PROXY_INIT_OUTPUT", "PROXY_INIT_REDIRECT")
+        user_rules = tuple(r for r in rules if r.chain in chains)
+        apply(ns, V4, TableChange("nat", chains, (), rules))
+        first = oracle(ns, V4)
+        apply(ns, V4, TableChange("nat", (), chains, user_rules))
+        assert oracle(ns, V4) == first
+        assert dump(ns, V4).rules == rules
+
+
+class TestAtomicity:
+    def test_kernel_refusal_leaves_the_table(self, rig: Rig) -> None:
+        """A jump to a missing chain fails the batch; the earlier flush is rolled back."""
+        ns = rig.netns()
+        run_scenario(ns, scenario_options("default-nft"), V4)
+        before = oracle(ns, V4)
+        bad = Rule("PROXY_INIT_OUTPUT", ("-j", "NO_SUCH_CHAIN"))
+        change = TableChange("nat", ("NEW_CHAIN",), ("PROXY_INIT_OUTPUT",), (bad,))
+        with pytest.raises(FirewallError, match="-A PROXY_INIT_OUTPUT -j NO_SUCH_CHAIN") as err:
+            apply(ns, V4, change)
+        assert err.value.errno is not None
+        assert oracle(ns, V4) == before
+
+    def test_hook_validation_rolls_back_earlier_messages(self, rig: Rig) -> None:
+        """A REDIRECT chain jumped to from nat INPUT is refused; the chain made before goes too."""
+        ns = rig.netns()
+        run_scenario(ns, scenario_options("default-nft"), V4)
+        before = oracle(ns, V4)
+        redirect = Rule("U", ("-p", "tcp", "-j", "REDIRECT", "--to-ports", "1"))
+        change = TableChange("nat", ("U",), (), (redirect, Rule("INPUT", ("-j", "U"))))
+        with pytest.raises(FirewallError, match="nf_tables refused -A INPUT -j U: Invalid"):
+            apply(ns, V4, change)
+        assert oracle(ns, V4) == before
+
+    def test_unencodable_rule_sends_nothing(self, rig: Rig) -> None:
+        """Upstream's empty --dports fails with iptables' message before the kernel is asked."""
+        ns = rig.netns()
+        run_scenario(ns, scenario_options("default-nft"), V4)
+        before = oracle(ns, V4)
+        empty = ("-p", "tcp", "-m", "multiport", "--dports", "", "-j", "RETURN")
+        change = TableChange("nat", (), ("PROXY_INIT_OUTPUT",), (Rule("PROXY_INIT_OUTPUT", empty),))
+        with pytest.raises(FirewallError, match="invalid port/service `' specified"):
+            apply(ns, V4, change)
+        assert oracle(ns, V4) == before
+
+    def test_ipv4_subnet_in_ipv6(self, rig: Rig) -> None:
+        """An IPv4 CIDR fails the IPv6 pass with ip6tables' message; nothing is created."""
+        ns = rig.netns()
+        rule = Rule("PROXY_INIT_REDIRECT", ("-s", "10.0.0.0/8", "-j", "RETURN"))
+        with pytest.raises(FirewallError, match=r"host/network `10\.0\.0\.0' not found"):
+            apply(ns, V6, TableChange("nat", ("PROXY_INIT_REDIRECT",), (), (rule,)))
+        assert dump(ns, V6) == Table("nat", ())
+
+
+def restore_files() -> list[Path]:
+    named = sorted(SCENARIOS.glob("*.iptables-save.txt"))
+    return [p for p in named if "twice" not in p.name] + sorted(CANON.glob("save-*.nft.txt"))
+
+
+class TestReadingIptablesNft:
+    @pytest.mark.parametrize("path", restore_files(), ids=lambda p: p.name)
+    def test_dump_of_real_iptables_nft(self, rig: Rig, path: Path) -> None:
+        """Rules written by iptables-nft-restore dump to the fixture's rules, expression-exact."""
+        ns, family = rig.netns(), family_of(path)
+        body = "\n".join(line for line in path.read_text().splitlines() if line[:1] != "#")
+        ns.exec([require_tool(RESTORE[family])], input_=body + "\n")
+        table = dump(ns, family)
+        assert table.rules == tuple(save_rules(path))
+        assert lines(table) == oracle(ns, family)
+        with entered_netns(ns.path, allow_own=False):
+            raw = read_rules(family, "nat")
+        for info, rule in zip(raw, table.rules, strict=True):
+            assert info.exprs == c.encode_rule_tokens(rule.spec, family).exprs
+
+    def test_foreign_expressions_are_named(self, rig: Rig) -> None:
+        """A nat rule iptables-nft would never write is refused by name, not misprinted."""
+        ns = rig.netns()
+        script = (
+            "add table ip nat\n"
+            "add chain ip nat OUTPUT { type nat hook output priority -100; }\n"
+            "add rule ip nat OUTPUT ct state established accept\n"
+        )
+        ns.exec([require_tool("nft"), "-f", "-"], input_=script)
+        with pytest.raises(FirewallError, match=r"unsupported expression ct .*chain OUTPUT"):
+            dump(ns, V4)
+
+
+class TestDetection:
+    def test_has_rules(self, rig: Rig) -> None:
+        """has_rules sees rules per family, and nothing in a fresh netns."""
+        ns = rig.netns()
+        with entered_netns(ns.path, allow_own=False):
+            assert BACKEND.available()
+            assert not BACKEND.has_rules(V4)
+            BACKEND.apply(V4, TableChange("nat", ("X",), (), (Rule("X", ("-j", "RETURN")),)))
+            assert BACKEND.has_rules(V4)
+            assert not BACKEND.has_rules(V6)
+
+    def test_dump_of_missing_table(self, rig: Rig) -> None:
+        """No nat table: an empty table, no error."""
+        assert dump(rig.netns(), V6) == Table("nat", ())
+
+
+class TestNoHostBinaries:
+    def test_apply_with_empty_path(self, rig: Rig) -> None:
+        """The backend needs no executable: it applies with PATH pointing at an empty dir."""
+        ns = rig.netns()
+        script = (
+            "import sys\n"
+            "from multicall.core.firewall import Family, TableChange\n"
+            "from multicall.core.ruleset import Rule\n"
+            "from multicall.effects.ns import entered_netns\n"
+            "from multicall.effects.nft_backend import NftBackend\n"
+            "rule = Rule('PREROUTING', ('-p', 'tcp', '-j', 'REDIRECT', '--to-ports', '4143'))\n"
+            "with entered_netns(sys.argv[1]):\n"
+            "    NftBackend().apply(Family.IPV4, TableChange('nat', (), (), (rule,)))\n"
+        )
+        with tempfile.TemporaryDirectory() as empty:
+            env = {"PATH": empty, "PYTHONPATH": str(REPO)}
+            subprocess.run([sys.executable, "-c", script, ns.path], env=env, check=True)
+            assert os.listdir(empty) == []
+        assert "-A PREROUTING -p tcp -j REDIRECT --to-ports 4143" in oracle(ns, V4)
+
+
+class TestRoundTrip:
+    @settings(
+        max_examples=15,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(case=rule_specs())
+    def test_apply_dump_and_oracle_agree(self, case: tuple[Family, c.RuleSpec]) -> None:
+        """Random rules: dump(apply(x)) == x, and iptables-nft-save prints x."""
+        require_root()
+        family, spec = case
+        rule = Rule("T", c.render_spec_tokens(spec))
+        rig = Rig()
+        try:
+            ns = rig.netns()
+            apply(ns, family, TableChange("nat", ("T", "X"), (), (rule,)))
+            assert dump(ns, family).rules_of("T") == (rule,)
+            assert [line for line in oracle(ns, family) if line.startswith("-A T ")] == [
+                lines(Table("nat", (), (rule,)))[1]
+            ]
+        finally:
+            rig.cleanup()
