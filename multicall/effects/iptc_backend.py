@@ -6,9 +6,10 @@ Rules of this module:
    are looked up in the bundle and the usual directories only), no deprecation noise.
 2. Its per-process caches are bypassed: a libiptc handle owns a socket of the netns it was
    opened in, so every call opens fresh handles in the current netns and closes them.
-3. `apply` edits one handle (create, flush, append) and commits once: the kernel swaps the
+3. Each operation runs in a forked child (`run_isolated`): see there why.
+4. `apply` edits one handle (create, flush, append) and commits once: the kernel swaps the
    whole table or nothing. Errors before the commit leave the table untouched.
-4. `dump` prints rules the way `iptables-legacy-save` does (`print_rule4`/`print_rule6` of
+5. `dump` prints rules the way `iptables-legacy-save` does (`print_rule4`/`print_rule6` of
    iptables 1.8.9): address part in C order, then `-m NAME` plus each extension's own save
    output, then the target, tokenised into canonical `Rule.spec`s.
 """
@@ -19,6 +20,7 @@ import contextlib
 import ctypes as ct
 import io
 import os
+import pickle
 import socket
 import struct
 import subprocess
@@ -26,7 +28,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from functools import cache
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 from multicall.core.firewall import Family, TableChange
 from multicall.core.ruleset import Chain, Counters, Rule, Table
@@ -34,6 +36,7 @@ from multicall.effects import bundle
 from multicall.effects.ns import libc
 from multicall.errors import FirewallError
 
+T = TypeVar("T")
 NAME = "legacy"
 STANDARD_VERDICTS = frozenset({"ACCEPT", "DROP", "QUEUE", "RETURN"})
 # iptables' xtables_chain_protos: the names used when /etc/protocols has none.
@@ -442,6 +445,57 @@ def _make_target(handle: Any, rule: Any, name: str, *, goto: bool) -> Any:
     return target
 
 
+# ----------------------------------------------------------------------------- isolation
+
+
+def run_isolated(work: Callable[[], T]) -> T:
+    """Run `work` in a forked child (same netns, same thread state) and return its result.
+
+    libxtables keeps one process-wide registry that registers an extension's IPv4 or IPv6
+    half only for the family active at its first load, and it calls exit() on some errors.
+    Each x_tables operation therefore runs in a child that serves one family and dies;
+    the caller gets the value back, or the child's FirewallError, or a FirewallError
+    saying how the child died.
+    """
+    iptc()  # import once in the parent; children share it copy-on-write
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child's coverage is not collected
+        os.close(read_end)
+        _child(work, write_end)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        data = reader.read()
+    _, status = os.waitpid(pid, 0)
+    value: T = _outcome(data, status)
+    return value
+
+
+def _child(work: Callable[[], object], write_end: int) -> NoReturn:  # pragma: no cover
+    try:
+        result: tuple[str, object] = ("ok", work())
+    except FirewallError as exc:
+        result = ("error", (exc.message, exc.details, exc.table))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        result = ("crash", f"{type(exc).__name__}: {exc}")
+    with contextlib.suppress(OSError), os.fdopen(write_end, "wb") as writer:
+        writer.write(pickle.dumps(result))
+    os._exit(0)
+
+
+def _outcome(data: bytes, status: int) -> Any:
+    if not data:
+        code = os.waitstatus_to_exitcode(status)
+        raise FirewallError(f"libiptc worker died (status {code})")
+    kind, value = pickle.loads(data)  # noqa: S301 - our own child, over our own pipe
+    if kind == "ok":
+        return value
+    if kind == "error":
+        message, details, table = value
+        raise FirewallError(message, details=details, table=table)
+    raise FirewallError(f"libiptc worker failed: {value}")
+
+
 # ----------------------------------------------------------------------------- backend
 
 
@@ -470,10 +524,13 @@ class IptcBackend:
         return NAME
 
     def dump(self, family: Family, table: str = "nat") -> Table:
-        return dump_table(family, table)
+        return run_isolated(lambda: dump_table(family, table))
 
     def apply(self, family: Family, change: TableChange) -> None:
-        apply_change(family, change)
+        run_isolated(lambda: apply_change(family, change))
 
     def has_rules(self, family: Family) -> bool:
-        return any(table_has_rules(family, t) for t in tables_present(family))
+        present = tables_present(family)
+        return bool(present) and run_isolated(
+            lambda: any(table_has_rules(family, t) for t in present)
+        )

@@ -1,0 +1,210 @@
+"""The firewall engine in throwaway netns, judged by Debian's real `*-save` tools.
+
+Every scenario of fixtures/derived/linkerd-iptables runs through both backends (the nft
+fixtures' bodies equal the legacy ones), IPv4 and IPv6, and the oracle's `*nat` body must
+equal the fixture line for line.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from multicall.core.firewall import OUTPUT_CHAIN, REDIRECT_CHAIN, Family, Mode, ProxyInitOptions
+from multicall.core.proxy_init import build_run_argv, expected_table, strip_counters
+from multicall.core.ruleset import render_table
+from multicall.effects.firewall import apply_proxy_init, dump_nat
+from multicall.errors import FirewallError, NetnsError
+from tests.conftest import REPO, require_tool
+from tests.rig import Netns, Rig
+from tests.unit.test_proxy_init import (
+    ERROR_NAMES,
+    OK_NAMES,
+    fixture_body,
+    fixture_error,
+    save_body,
+    scenario_family,
+    scenario_options,
+    times_applied,
+)
+
+pytestmark = pytest.mark.netns
+
+MODES = [Mode.LEGACY, Mode.NFT]
+DEFAULT = ProxyInitOptions(inbound_ports_to_ignore=("4191", "4190"))
+
+
+def save_tool(mode: Mode, family: Family) -> str:
+    prefix = "iptables" if family is Family.IPV4 else "ip6tables"
+    flavour = "legacy" if mode is Mode.LEGACY else "nft"
+    return require_tool(f"{prefix}-{flavour}-save")
+
+
+def oracle(ns: Netns, mode: Mode, family: Family) -> list[str]:
+    """The `*nat` body the real save tool prints inside `ns`."""
+    return save_body(ns.exec([save_tool(mode, family), "-t", "nat"]))
+
+
+def apply(ns: Netns, options: ProxyInitOptions, mode: Mode, *, ipv6: bool = False) -> None:
+    apply_proxy_init(ns.path, options, mode=mode, ipv6=ipv6)
+
+
+def model_body(options: ProxyInitOptions, family: Family) -> list[str]:
+    return render_table(expected_table(options, family)).splitlines()
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+class TestScenarios:
+    @pytest.mark.parametrize("name", OK_NAMES)
+    def test_oracle_equals_fixture(self, rig: Rig, mode: Mode, name: str) -> None:
+        """Applied N times, the real save tool prints the fixture's body."""
+        pod = rig.netns("p")
+        options, family = scenario_options(name), scenario_family(name)
+        for _ in range(times_applied(name)):
+            apply(pod, options, mode, ipv6=family is Family.IPV6)
+        assert oracle(pod, mode, family) == fixture_body(name)
+
+    @pytest.mark.parametrize("name", OK_NAMES)
+    def test_dump_equals_model(self, rig: Rig, mode: Mode, name: str) -> None:
+        """The backend's own dump is the rule model that produced it."""
+        pod = rig.netns("p")
+        options, family = scenario_options(name), scenario_family(name)
+        apply(pod, options, mode, ipv6=family is Family.IPV6)
+        dumped = dump_nat(pod.path, mode=mode, family=family)
+        assert strip_counters(dumped) == strip_counters(expected_table(options, family))
+
+    @pytest.mark.parametrize("name", ERROR_NAMES)
+    def test_error_leaves_tables_unchanged(self, rig: Rig, mode: Mode, name: str) -> None:
+        """Error scenarios fail with iptables' message and change neither family."""
+        pod = rig.netns("p")
+        apply(pod, DEFAULT, mode, ipv6=True)
+        before = [oracle(pod, mode, f) for f in Family]
+        options = scenario_options(name)
+        with pytest.raises(FirewallError) as info:
+            apply(pod, options, mode, ipv6=True)
+        expected = fixture_error(name)
+        if mode is Mode.LEGACY:
+            expected = expected.replace("(nf_tables)", "(legacy)")
+        assert str(info.value) == expected
+        assert [oracle(pod, mode, f) for f in Family] == before
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+class TestReapply:
+    def test_twice(self, rig: Rig, mode: Mode) -> None:
+        """Applying twice leaves exactly one jump per built-in chain."""
+        pod = rig.netns("p")
+        apply(pod, DEFAULT, mode)
+        apply(pod, DEFAULT, mode)
+        body = oracle(pod, mode, Family.IPV4)
+        assert body == model_body(DEFAULT, Family.IPV4)
+        assert sum(line.startswith("-A PREROUTING") for line in body) == 1
+
+    def test_a_then_b(self, rig: Rig, mode: Mode) -> None:
+        """B over A gives B's rules (chains replaced, jumps not repeated)."""
+        pod = rig.netns("p")
+        a = ProxyInitOptions(proxy_gid=3, subnets_to_ignore=("10.0.0.0/8",), ports_to_redirect=(1,))
+        b = ProxyInitOptions(outbound_ports_to_ignore=("443", "6443"), use_wait_flag=True)
+        apply(pod, a, mode)
+        apply(pod, b, mode)
+        assert oracle(pod, mode, Family.IPV4) == model_body(b, Family.IPV4)
+
+    def test_foreign_rules_survive(self, rig: Rig, mode: Mode) -> None:
+        """Rules another tool put in the nat table stay where they were."""
+        pod = rig.netns("p")
+        tool = save_tool(mode, Family.IPV4).removesuffix("-save")
+        pod.exec([tool, "-t", "nat", "-A", "POSTROUTING", "-o", "lo", "-j", "ACCEPT"])
+        apply(pod, DEFAULT, mode)
+        body = oracle(pod, mode, Family.IPV4)
+        assert "-A POSTROUTING -o lo -j ACCEPT" in body
+        assert f":{REDIRECT_CHAIN} - [0:0]" in body
+
+
+class TestSafety:
+    def test_simulate_logs_and_changes_nothing(self, rig: Rig) -> None:
+        """Simulate mode logs upstream's command lines and touches no table."""
+        pod = rig.netns("p")
+        lines: list[str] = []
+        apply_proxy_init(
+            pod.path, DEFAULT, mode=Mode.NFT, ipv6=True, simulate=True, log=lines.append
+        )
+        expected = [
+            " ".join(argv)
+            for family in Family
+            for argv in build_run_argv(DEFAULT, family, mode=Mode.NFT, netns=pod.path)
+        ]
+        assert lines == expected
+        for mode in MODES:
+            assert not any("PROXY_INIT" in line for line in oracle(pod, mode, Family.IPV4))
+
+    def test_refuses_own_netns(self, rig: Rig) -> None:
+        """From inside a netns, programming that same netns is refused unless allowed."""
+        pod = rig.netns("p")
+        script = textwrap.dedent(
+            """
+            from multicall.core.firewall import Mode, ProxyInitOptions
+            from multicall.effects.firewall import apply_proxy_init
+            from multicall.errors import NetnsError
+            own = "/proc/self/ns/net"
+            try:
+                apply_proxy_init(own, ProxyInitOptions(), mode=Mode.LEGACY, ipv6=False)
+            except NetnsError as exc:
+                print("refused:", exc)
+            apply_proxy_init(
+                own, ProxyInitOptions(), mode=Mode.LEGACY, ipv6=False, allow_own_netns=True
+            )
+            """
+        )
+        out = pod.exec([sys.executable, "-c", script])
+        assert out.startswith("refused: /proc/self/ns/net is the caller's own network namespace")
+        assert f":{OUTPUT_CHAIN} - [0:0]" in oracle(pod, Mode.LEGACY, Family.IPV4)
+
+    def test_missing_netns(self) -> None:
+        """A netns path that does not exist is a NetnsError, before anything else."""
+        with pytest.raises(NetnsError, match="no such network namespace"):
+            apply_proxy_init("/run/netns/cbx-absent", DEFAULT, mode=Mode.LEGACY, ipv6=False)
+
+    @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+    def test_no_host_binary(self, rig: Rig, mode: Mode, tmp_path: Path) -> None:
+        """With PATH empty and every exec traced, the apply runs no program at all."""
+        strace = require_tool("strace")
+        pod = rig.netns("p")
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        trace = tmp_path / "trace"
+        script = (
+            "from multicall.core.firewall import Mode, ProxyInitOptions;"
+            "from multicall.effects.firewall import apply_proxy_init;"
+            f"apply_proxy_init({pod.path!r}, ProxyInitOptions(), mode=Mode.{mode.name}, ipv6=True)"
+        )
+        argv = [strace, "-f", "-qq", "-e", "trace=execve,execveat", "-o", str(trace)]
+        argv += [sys.executable, "-c", script]
+        env = {"PATH": str(empty), "PYTHONPATH": str(REPO)}
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stderr
+        execs = [line for line in trace.read_text().splitlines() if "execve" in line]
+        assert len(execs) == 1, execs  # the interpreter itself
+        assert oracle(pod, mode, Family.IPV6) == model_body(ProxyInitOptions(), Family.IPV6)
+
+
+class TestPlainDetection:
+    def test_prefers_legacy_with_rules(self, rig: Rig) -> None:
+        """`plain` picks legacy when legacy already holds rules in the netns."""
+        pod = rig.netns("p")
+        pod.exec([require_tool("iptables-legacy"), "-t", "filter", "-A", "INPUT", "-j", "ACCEPT"])
+        log: list[str] = []
+        apply_proxy_init(pod.path, DEFAULT, mode=Mode.PLAIN, ipv6=False, log=log.append)
+        assert any("using legacy" in line for line in log)
+        assert oracle(pod, Mode.LEGACY, Family.IPV4) == model_body(DEFAULT, Family.IPV4)
+
+    def test_otherwise_nft(self, rig: Rig) -> None:
+        """Without legacy rules, `plain` uses nf_tables."""
+        pod = rig.netns("p")
+        log: list[str] = []
+        apply_proxy_init(pod.path, DEFAULT, mode=Mode.PLAIN, ipv6=False, log=log.append)
+        assert any("using nft" in line for line in log)
+        assert oracle(pod, Mode.NFT, Family.IPV4) == model_body(DEFAULT, Family.IPV4)
