@@ -41,6 +41,8 @@ class Chain:
     name: str
     policy: str | None = None
     counters: Counters | None = None
+    # Where a parser found it (1-based), for messages; never part of equality.
+    line: int | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,8 @@ class Rule:
     chain: str
     spec: tuple[str, ...]
     counters: Counters | None = None
+    # Where a parser found it (1-based), for messages; never part of equality.
+    line: int | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
