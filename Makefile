@@ -74,5 +74,12 @@ demo: deps
 bench: deps
 	@echo "bench: not yet available"; exit 1
 
+# The Talos system extension and the DaemonSet image (OCI layout dirs + oci-archive tars) from
+# the built single file; tests build them from a stand-in file instead (tests/unit/test_packaging.py).
+.PHONY: images
+images: dist/cnibox
+	$(PY) packaging/build.py --binary dist/cnibox --out dist/images
+	$(PY) packaging/kubernetes/generate.py --check
+
 clean:
 	rm -rf dist build/out .pytest_cache .mypy_cache .ruff_cache
