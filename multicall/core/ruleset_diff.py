@@ -1,0 +1,696 @@
+"""Canonical form of iptables rules, and the expected-vs-actual comparison of a table.
+
+Rules of this module:
+1. Two rules compare equal when their canonical forms do. The canonical form undoes what the
+   kernel and iptables-save change (ecosystem-notes §0.3): option spellings (`--match`,
+   `--protocol`, `--destination-port`, unambiguous prefixes such as `--to-port`), `/32` and
+   `/128` on bare addresses, `-p all`, the implicit protocol match (`-p tcp --dport` ==
+   `-p tcp -m tcp --dport`), the position of `! -d` and `-o`, and the order of matches.
+2. Order is kept where it changes meaning: rules within a chain, and matches around a stateful
+   match (limit, recent, quota, ...), whose state depends on what was matched before it. Each
+   option stays attached to the match (`-m`) or target (`-j`) that owns it, as iptables
+   attributes it (target first, then the first match that knows the option, then the protocol's
+   implicit match, else the most recent `-m`/`-j`).
+3. What is not understood is compared as written (never equal by accident).
+4. By default only the chains named with the owned prefix (`PROXY_INIT_`) and the rules jumping
+   to them are compared; `strict` compares the whole table. Counters never count.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from multicall.core.ruleset import BUILTIN_CHAINS, Rule, Table, render_rule, render_spec
+
+OWNED_PREFIX = "PROXY_INIT_"
+JSON_SCHEMA = "cnibox.iptables-verify.diff/v1"
+
+# Short and long spellings of iptables' own (non-extension) options -> canonical short form.
+_BASE = {
+    "-p": "-p", "--protocol": "-p",
+    "-s": "-s", "--source": "-s", "--src": "-s",
+    "-d": "-d", "--destination": "-d", "--dst": "-d",
+    "-i": "-i", "--in-interface": "-i",
+    "-o": "-o", "--out-interface": "-o",
+    "-f": "-f", "--fragment": "-f",
+    "-m": "-m", "--match": "-m",
+    "-j": "-j", "--jump": "-j",
+    "-g": "-g", "--goto": "-g",
+    "-c": "-c", "--set-counters": "-c",
+    "-4": "-4", "--ipv4": "-4",
+    "-6": "-6", "--ipv6": "-6",
+}  # fmt: skip
+_BASE_ARITY = {"-p": 1, "-s": 1, "-d": 1, "-i": 1, "-o": 1, "-f": 0, "-c": 2, "-4": 0, "-6": 0}
+
+_PROTOCOLS = {
+    "all": 0, "icmp": 1, "igmp": 2, "tcp": 6, "udp": 17, "gre": 47, "esp": 50, "ah": 51,
+    "icmpv6": 58, "ipv6-icmp": 58, "mh": 135, "ipv6-mh": 135, "sctp": 132, "udplite": 136,
+    "dccp": 33,
+}  # fmt: skip
+# How iptables-save prints protocol numbers.
+_PROTOCOL_NAMES = {
+    1: "icmp", 2: "igmp", 6: "tcp", 17: "udp", 33: "dccp", 47: "gre", 50: "esp", 51: "ah",
+    58: "ipv6-icmp", 132: "sctp", 135: "mh", 136: "udplite",
+}  # fmt: skip
+# The match iptables loads implicitly for `-p PROTO` when an option needs it.
+_IMPLICIT_MATCH = {6: "tcp", 17: "udp", 1: "icmp", 58: "icmp6", 132: "sctp", 33: "dccp"}
+_PORTS = ("--sport", "--source-port", "--dport", "--destination-port")
+_MATCH_OPTIONS: dict[str, tuple[str, ...]] = {
+    "tcp": (*_PORTS, "--tcp-flags", "--syn", "--tcp-option"),
+    "udp": _PORTS,
+    "sctp": (*_PORTS, "--chunk-types"),
+    "dccp": (*_PORTS, "--dccp-types", "--dccp-option"),
+    "icmp": ("--icmp-type",),
+    "icmp6": ("--icmpv6-type",),
+    "multiport": ("--sports", "--source-ports", "--dports", "--destination-ports", "--ports"),
+    "owner": ("--uid-owner", "--gid-owner", "--socket-exists", "--suppl-groups"),
+    "comment": ("--comment",),
+    "state": ("--state",),
+    "conntrack": (
+        "--ctstate", "--ctproto", "--ctorigsrc", "--ctorigdst", "--ctreplsrc", "--ctrepldst",
+        "--ctorigsrcport", "--ctorigdstport", "--ctreplsrcport", "--ctrepldstport",
+        "--ctstatus", "--ctexpire", "--ctdir",
+    ),
+    "mark": ("--mark",),
+    "addrtype": ("--src-type", "--dst-type", "--limit-iface-in", "--limit-iface-out"),
+    "iprange": ("--src-range", "--dst-range"),
+    "mac": ("--mac-source",),
+}  # fmt: skip
+_TARGET_OPTIONS: dict[str, tuple[str, ...]] = {
+    "REDIRECT": ("--to-ports", "--random"),
+    "MASQUERADE": ("--to-ports", "--random", "--random-fully"),
+    "DNAT": ("--to-destination", "--random", "--persistent"),
+    "SNAT": ("--to-source", "--random", "--random-fully", "--persistent"),
+    "TPROXY": ("--on-port", "--on-ip", "--tproxy-mark"),
+    "REJECT": ("--reject-with",),
+    "LOG": (
+        "--log-level", "--log-prefix", "--log-tcp-sequence", "--log-tcp-options",
+        "--log-ip-options", "--log-uid", "--log-macdecode",
+    ),
+    "MARK": ("--set-xmark", "--set-mark", "--and-mark", "--or-mark", "--xor-mark"),
+    "ACCEPT": (), "DROP": (), "RETURN": (), "QUEUE": (),
+}  # fmt: skip
+_ALIASES = {
+    "--source-port": "--sport",
+    "--destination-port": "--dport",
+    "--source-ports": "--sports",
+    "--destination-ports": "--dports",
+}
+# Options that take exactly one value, even one starting with '-'.
+_SINGLE_VALUE = frozenset({"--comment", "--log-prefix", "--nflog-prefix"})
+_SET_VALUED = frozenset({"--state", "--ctstate", "--ctstatus"})
+_SYN = ("FIN,SYN,RST,ACK", "SYN")
+# Matches that only look at the packet (and conntrack, read-only): their order is irrelevant.
+# Any other match (limit, recent, quota, statistic, unknown ones) may keep state, so its
+# position relative to the others is kept.
+STATELESS_MATCHES = frozenset(
+    {
+        "tcp", "udp", "icmp", "icmp6", "sctp", "dccp", "multiport", "owner", "comment", "state",
+        "conntrack", "mark", "addrtype", "iprange", "mac", "set", "physdev", "pkttype", "length",
+        "ttl", "hl", "tos", "dscp", "ecn", "u32", "string", "connmark", "helper", "devgroup",
+        "cgroup", "socket", "policy", "rpfilter", "realm", "cpu", "esp", "ah", "frag", "hbh",
+        "dst", "rt", "ipv6header", "mh", "tcpmss", "connbytes", "time", "bpf", "ipvs", "",
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Option:
+    name: str
+    negated: bool
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Match:
+    module: str
+    options: tuple[Option, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CanonicalRule:
+    """The comparison key of a rule: equal keys mean the kernel holds the same rule."""
+
+    base: tuple[Option, ...]
+    matches: tuple[Match, ...]
+    verdict: str  # "-j", "-g" or "" (no target)
+    target: str
+    target_options: tuple[Option, ...]
+
+    @property
+    def spec(self) -> tuple[str, ...]:
+        """The canonical form as an iptables-save-like spec (for display)."""
+        out: list[str] = []
+        for opt in self.base:
+            out += _option_tokens(opt)
+        for match in self.matches:
+            out += ["-m", match.module]
+            for opt in match.options:
+                out += _option_tokens(opt)
+        if self.verdict:
+            out += [self.verdict, self.target]
+            for opt in self.target_options:
+                out += _option_tokens(opt)
+        return tuple(out)
+
+
+def _option_tokens(opt: Option) -> list[str]:
+    return [*(["!"] if opt.negated else []), opt.name, *opt.values]
+
+
+# ---------------------------------------------------------------------------------------------
+# Canonicalisation
+
+
+@dataclass(slots=True)
+class _Owner:
+    module: str
+    known: tuple[str, ...] | None  # None: an extension this module does not know
+    options: list[Option] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _RuleBuilder:
+    base: list[Option] = field(default_factory=list)
+    matches: list[_Owner] = field(default_factory=list)
+    verdict: str = ""
+    target: _Owner | None = None
+    last: _Owner | None = None
+    protocol: int | None = None
+
+    def owner_of(self, name: str) -> tuple[_Owner, str]:
+        """Who takes `--name`, and the option's full spelling (iptables' attribution order)."""
+        candidates = [self.target] if self.target else []
+        candidates += self.matches
+        for owner in candidates:
+            if owner is not None and owner.known is not None:
+                full = _resolve(name, owner.known)
+                if full is not None:
+                    return owner, full
+        implicit = _IMPLICIT_MATCH.get(self.protocol or -1)
+        if implicit is not None:
+            full = _resolve(name, _MATCH_OPTIONS[implicit])
+            if full is not None:
+                owner = _Owner(implicit, _MATCH_OPTIONS[implicit])
+                self.matches.append(owner)
+                return owner, full
+        if self.last is None:
+            self.last = _Owner("", None)
+            self.matches.append(self.last)
+        return self.last, name
+
+    def finish(self) -> CanonicalRule:
+        target = self.target or _Owner("", ())
+        return CanonicalRule(
+            base=tuple(sorted(self.base)),
+            matches=_order_matches(self.matches),
+            verdict=self.verdict,
+            target=target.module,
+            target_options=tuple(sorted(target.options)),
+        )
+
+
+def _resolve(name: str, known: Sequence[str]) -> str | None:
+    """getopt_long's matching: an exact name, or a prefix of exactly one known option."""
+    if name in known:
+        return _ALIASES.get(name, name)
+    hits = {_ALIASES.get(k, k) for k in known if k.startswith(name)}
+    return hits.pop() if len(hits) == 1 else None
+
+
+def _order_matches(owners: Sequence[_Owner]) -> tuple[Match, ...]:
+    """Sort matches, except that a stateful match keeps its place relative to all others."""
+    out: list[Match] = []
+    run: list[Match] = []
+    for owner in owners:
+        match = Match(owner.module, tuple(sorted(owner.options)))
+        if owner.module not in STATELESS_MATCHES:
+            out += sorted(run)
+            out.append(match)
+            run = []
+        else:
+            run.append(match)
+    return (*out, *sorted(run))
+
+
+def canonical(spec: Sequence[str]) -> CanonicalRule:
+    """The canonical form of a rule spec (the tokens after `-A CHAIN`)."""
+    rule = _RuleBuilder()
+    tokens = list(spec)
+    i = 0
+    negated = False
+    while i < len(tokens):
+        word = tokens[i]
+        if word == "!":
+            negated = True
+            i += 1
+            continue
+        base = _BASE.get(word)
+        if base is not None:
+            i = _take_base(rule, base, tokens, i + 1, negated)
+        elif word.startswith("--"):
+            i = _take_option(rule, word, tokens, i + 1, negated)
+        else:  # a stray word: keep it, in place, so it can never compare equal by accident
+            _stray(rule, word, negated)
+            i += 1
+        negated = False
+    return rule.finish()
+
+
+def _stray(rule: _RuleBuilder, token: str, negated: bool) -> None:
+    if rule.last is None:
+        rule.last = _Owner("", None)
+        rule.matches.append(rule.last)
+    rule.last.options.append(Option(token, negated, ()))
+
+
+def _take_base(rule: _RuleBuilder, name: str, tokens: list[str], i: int, negated: bool) -> int:
+    if name in ("-m", "-j", "-g"):
+        value = tokens[i] if i < len(tokens) else ""
+        if name == "-m":
+            owner = _Owner(value, _MATCH_OPTIONS.get(value))
+            rule.matches.append(owner)
+        else:
+            owner = _Owner(value, _TARGET_OPTIONS.get(value))
+            rule.target, rule.verdict = owner, name
+        rule.last = owner
+        return i + 1
+    arity = _BASE_ARITY[name]
+    if name in ("-c", "-4", "-6"):
+        return i + arity
+    if arity and tokens[i : i + 1] == ["!"]:  # `-d ! 1.2.3.4`, the pre-1.4.3 syntax
+        negated, i = True, i + 1
+    values = tuple(tokens[i : i + arity])
+    rule.base.extend(_base_option(rule, name, negated, values))
+    return i + arity
+
+
+def _base_option(
+    rule: _RuleBuilder, name: str, negated: bool, values: tuple[str, ...]
+) -> list[Option]:
+    if name == "-p" and values:
+        number = _protocol_number(values[0])
+        if number is None:
+            return [Option(name, negated, values)]
+        if not negated:
+            rule.protocol = number
+        if number == 0 and not negated:
+            return []
+        return [Option(name, negated, (_PROTOCOL_NAMES.get(number, str(number)),))]
+    if name in ("-s", "-d") and values:
+        return [Option(name, negated, (_address(values[0]),))]
+    return [Option(name, negated, values)]
+
+
+def _protocol_number(value: str) -> int | None:
+    lowered = value.lower()
+    if lowered in _PROTOCOLS:
+        return _PROTOCOLS[lowered]
+    if lowered.isascii() and lowered.isdigit() and int(lowered) < 256:
+        return int(lowered)
+    return None
+
+
+def _address(value: str) -> str:
+    """`10.0.0.1` -> `10.0.0.1/32`, `10.1.2.3/255.0.0.0` -> `10.0.0.0/8`, `::1` -> `::1/128`."""
+    try:
+        return str(ipaddress.ip_network(value, strict=False))
+    except ValueError:
+        return value  # a hostname, a list or a non-contiguous mask: compared as written
+
+
+def _take_option(rule: _RuleBuilder, name: str, tokens: list[str], i: int, negated: bool) -> int:
+    owner, full = rule.owner_of(name)
+    values, i = _option_values(full, tokens, i)
+    if values[:1] == ("!",) and len(values) > 1:
+        negated, values = True, values[1:]
+    if full == "--syn" and owner.module == "tcp":
+        full, values = "--tcp-flags", _SYN
+    if full in _SET_VALUED:
+        values = tuple(",".join(sorted(v.split(","))) for v in values)
+    owner.options.append(Option(full, negated, values))
+    return i
+
+
+def _option_values(name: str, tokens: list[str], i: int) -> tuple[tuple[str, ...], int]:
+    if name in _SINGLE_VALUE:
+        return tuple(tokens[i : i + 1]), i + 1
+    start = i
+    if i < len(tokens) and tokens[i] == "!" and i + 1 < len(tokens):
+        i += 1  # old-style `--dport ! 80`
+    while i < len(tokens) and not _is_option(tokens, i):
+        i += 1
+    return tuple(tokens[start:i]), i
+
+
+def _is_option(tokens: list[str], i: int) -> bool:
+    word = tokens[i]
+    if word == "!":
+        return i + 1 < len(tokens) and tokens[i + 1].startswith("-")
+    return len(word) > 1 and word.startswith("-") and not word[1:2].isdigit()
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparison
+
+
+class RuleProblem(Enum):
+    MISSING = "missing"
+    UNEXPECTED = "unexpected"
+    OUT_OF_ORDER = "out-of-order"
+
+
+class ChainProblem(Enum):
+    MISSING = "missing-chain"
+    UNEXPECTED = "unexpected-chain"
+    POLICY = "wrong-policy"
+
+
+@dataclass(frozen=True, slots=True)
+class RuleDelta:
+    problem: RuleProblem
+    chain: str
+    rule: Rule  # the expected rule (missing, out-of-order) or the actual one (unexpected)
+    expected_position: int | None  # 1-based within the compared rules of the chain
+    actual_position: int | None
+    duplicate: bool = False  # unexpected, but an identical rule is also present
+
+    @property
+    def text(self) -> str:
+        return render_rule(self.rule)
+
+
+@dataclass(frozen=True, slots=True)
+class ChainDelta:
+    problem: ChainProblem
+    chain: str
+    expected_policy: str | None = None
+    actual_policy: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DiffLine:
+    """One line of the unified-diff view: ' ' same, '-' expected only, '+' actual only."""
+
+    op: str
+    rule: Rule
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ChainHunk:
+    chain: str
+    lines: tuple[DiffLine, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RulesetDiff:
+    table: str
+    strict: bool
+    prefix: str
+    chains: tuple[ChainDelta, ...] = ()
+    rules: tuple[RuleDelta, ...] = ()
+    hunks: tuple[ChainHunk, ...] = ()
+    compared_rules: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.chains and not self.rules
+
+    def _of(self, problem: RuleProblem) -> tuple[RuleDelta, ...]:
+        return tuple(d for d in self.rules if d.problem is problem)
+
+    @property
+    def missing(self) -> tuple[RuleDelta, ...]:
+        return self._of(RuleProblem.MISSING)
+
+    @property
+    def unexpected(self) -> tuple[RuleDelta, ...]:
+        return self._of(RuleProblem.UNEXPECTED)
+
+    @property
+    def out_of_order(self) -> tuple[RuleDelta, ...]:
+        return self._of(RuleProblem.OUT_OF_ORDER)
+
+
+def diff_tables(
+    expected: Table, actual: Table, *, strict: bool = False, prefix: str = OWNED_PREFIX
+) -> RulesetDiff:
+    """Compare two dumps of one table (see the module rules for what counts)."""
+    chains: list[ChainDelta] = []
+    rules: list[RuleDelta] = []
+    hunks: list[ChainHunk] = []
+    compared = 0
+    for name in _chain_names(expected, actual):
+        chains += _chain_deltas(expected, actual, name, strict, prefix)
+        owned = strict or name.startswith(prefix)
+        exp = _scoped(expected.rules_of(name), owned, prefix)
+        act = _scoped(actual.rules_of(name), owned, prefix)
+        compared += len(exp)
+        deltas, hunk = _diff_chain(name, exp, act)
+        rules += deltas
+        if hunk is not None:
+            hunks.append(hunk)
+    return RulesetDiff(
+        expected.name, strict, prefix, tuple(chains), tuple(rules), tuple(hunks), compared
+    )
+
+
+def _declared(table: Table) -> dict[str, str | None]:
+    names: dict[str, str | None] = {c.name: c.policy for c in table.chains}
+    for rule in table.rules:
+        names.setdefault(rule.chain, None)
+    return names
+
+
+def _chain_names(expected: Table, actual: Table) -> list[str]:
+    """Every chain either side has; outside owned chains only jumps into them are compared."""
+    names = set(_declared(expected)) | set(_declared(actual))
+    builtins = BUILTIN_CHAINS.get(expected.name, ())
+    return [n for n in builtins if n in names] + sorted(names - set(builtins))
+
+
+def _chain_deltas(
+    expected: Table, actual: Table, name: str, strict: bool, prefix: str
+) -> list[ChainDelta]:
+    exp, act = _declared(expected), _declared(actual)
+    builtin = name in BUILTIN_CHAINS.get(expected.name, ())
+    if builtin:
+        # Built-in chains always exist; a restore file may leave them undeclared (None).
+        e, a = exp.get(name), act.get(name)
+        if strict and e is not None and a is not None and e != a:
+            return [ChainDelta(ChainProblem.POLICY, name, e, a)]
+        return []
+    if not strict and not name.startswith(prefix):
+        return []
+    if name in exp and name not in act:
+        return [ChainDelta(ChainProblem.MISSING, name)]
+    if name in act and name not in exp:
+        return [ChainDelta(ChainProblem.UNEXPECTED, name)]
+    return []
+
+
+def _scoped(rules: Iterable[Rule], owned: bool, prefix: str) -> list[tuple[CanonicalRule, Rule]]:
+    keyed = [(canonical(r.spec), r) for r in rules]
+    if owned:
+        return keyed
+    return [(k, r) for k, r in keyed if k.verdict and k.target.startswith(prefix)]
+
+
+def _diff_chain(
+    chain: str,
+    expected: list[tuple[CanonicalRule, Rule]],
+    actual: list[tuple[CanonicalRule, Rule]],
+) -> tuple[list[RuleDelta], ChainHunk | None]:
+    exp_keys = [k for k, _ in expected]
+    act_keys = [k for k, _ in actual]
+    if exp_keys == act_keys:
+        return [], None
+    matcher = difflib.SequenceMatcher(None, exp_keys, act_keys, autojunk=False)
+    removed: list[int] = []
+    added: list[int] = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag in ("delete", "replace"):
+            removed += range(i1, i2)
+        if tag in ("insert", "replace"):
+            added += range(j1, j2)
+    moved = _moves(removed, added, exp_keys, act_keys)
+    deltas = _deltas(chain, expected, actual, removed=removed, added=added, moved=moved)
+    return deltas, _hunk(chain, matcher, expected, actual, moved)
+
+
+def _moves(
+    removed: list[int],
+    added: list[int],
+    exp_keys: list[CanonicalRule],
+    act_keys: list[CanonicalRule],
+) -> dict[int, int]:
+    """Pair removed expected rules with added identical actual rules: those only moved."""
+    pool: dict[CanonicalRule, list[int]] = {}
+    for j in added:
+        pool.setdefault(act_keys[j], []).append(j)
+    moved: dict[int, int] = {}
+    for i in removed:
+        candidates = pool.get(exp_keys[i])
+        if candidates:
+            moved[i] = candidates.pop(0)
+    return moved
+
+
+def _deltas(
+    chain: str,
+    expected: list[tuple[CanonicalRule, Rule]],
+    actual: list[tuple[CanonicalRule, Rule]],
+    *,
+    removed: list[int],
+    added: list[int],
+    moved: dict[int, int],
+) -> list[RuleDelta]:
+    out: list[RuleDelta] = []
+    moved_to = set(moved.values())
+    exp_count = Counter(k for k, _ in expected)
+    for i in removed:
+        rule = expected[i][1]
+        if i in moved:
+            out.append(RuleDelta(RuleProblem.OUT_OF_ORDER, chain, rule, i + 1, moved[i] + 1))
+        else:
+            out.append(RuleDelta(RuleProblem.MISSING, chain, rule, i + 1, None))
+    for j in added:
+        if j not in moved_to:
+            key, rule = actual[j]
+            dup = exp_count[key] > 0
+            out.append(RuleDelta(RuleProblem.UNEXPECTED, chain, rule, None, j + 1, dup))
+    return out
+
+
+def _hunk(
+    chain: str,
+    matcher: difflib.SequenceMatcher[CanonicalRule],
+    expected: list[tuple[CanonicalRule, Rule]],
+    actual: list[tuple[CanonicalRule, Rule]],
+    moved: dict[int, int],
+) -> ChainHunk:
+    moved_to = {j: i for i, j in moved.items()}
+    wanted = {key for key, _ in expected}
+    lines: list[DiffLine] = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            lines += [DiffLine(" ", expected[i][1]) for i in range(i1, i2)]
+            continue
+        for i in range(i1, i2):
+            note = f"moved: actual #{moved[i] + 1}" if i in moved else "missing"
+            lines.append(DiffLine("-", expected[i][1], note))
+        for j in range(j1, j2):
+            note = "unexpected duplicate" if actual[j][0] in wanted else "unexpected"
+            if j in moved_to:
+                note = f"moved: expected #{moved_to[j] + 1}"
+            lines.append(DiffLine("+", actual[j][1], note))
+    return ChainHunk(chain, tuple(lines))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reports
+
+
+def format_diff(diff: RulesetDiff, *, context: int = 3) -> str:
+    """A unified-diff-style report: `-` expected only, `+` actual only, with a summary."""
+    scope = "whole table" if diff.strict else f"{diff.prefix}* chains and jumps to them"
+    out = [f"--- expected {diff.table} ({scope})", f"+++ actual {diff.table}"]
+    for delta in diff.chains:
+        out.append(_chain_line(delta))
+    for hunk in diff.hunks:
+        out.append(f"@@ {diff.table} {hunk.chain} @@")
+        out += _hunk_lines(hunk, context)
+    out.append(format_summary(diff))
+    return "\n".join(out) + "\n"
+
+
+def _chain_line(delta: ChainDelta) -> str:
+    if delta.problem is ChainProblem.POLICY:
+        return (
+            f"! policy of {delta.chain}: expected {delta.expected_policy}, "
+            f"actual {delta.actual_policy}"
+        )
+    if delta.problem is ChainProblem.MISSING:
+        return f"- :{delta.chain} -    # missing chain"
+    return f"+ :{delta.chain} -    # unexpected chain"
+
+
+def _hunk_lines(hunk: ChainHunk, context: int) -> list[str]:
+    changed = [i for i, line in enumerate(hunk.lines) if line.op != " "]
+    keep = {i for c in changed for i in range(c - context, c + context + 1)}
+    out: list[str] = []
+    skipped = False
+    for i, line in enumerate(hunk.lines):
+        if i not in keep:
+            if not skipped:
+                out.append("  ...")
+            skipped = True
+            continue
+        skipped = False
+        text = render_rule(line.rule)
+        where = f", line {line.rule.line}" if line.rule.line is not None else ""
+        suffix = f"    # {line.note}{where}" if line.note else ""
+        out.append(f"{line.op} {text}{suffix}")
+    return out
+
+
+def format_summary(diff: RulesetDiff) -> str:
+    if diff.ok:
+        return f"{diff.table}: OK ({diff.compared_rules} rules compared)"
+    parts = [
+        f"{len(diff.missing)} missing",
+        f"{len(diff.unexpected)} unexpected",
+        f"{len(diff.out_of_order)} out of order",
+        f"{len(diff.chains)} chain problem(s)",
+    ]
+    return f"{diff.table}: MISMATCH: " + ", ".join(parts)
+
+
+JsonValue = str | int | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
+
+
+def diff_to_json(diff: RulesetDiff) -> dict[str, JsonValue]:
+    """The `--json` document (schema in the README, section iptables-verify)."""
+    return {
+        "schema": JSON_SCHEMA,
+        "match": diff.ok,
+        "table": diff.table,
+        "scope": "strict" if diff.strict else "owned",
+        "prefix": diff.prefix,
+        "compared_rules": diff.compared_rules,
+        "chains": [_chain_json(d) for d in diff.chains],
+        "rules": [_rule_json(d) for d in diff.rules],
+    }
+
+
+def _chain_json(delta: ChainDelta) -> dict[str, JsonValue]:
+    return {
+        "problem": delta.problem.value,
+        "chain": delta.chain,
+        "expected_policy": delta.expected_policy,
+        "actual_policy": delta.actual_policy,
+    }
+
+
+def _rule_json(delta: RuleDelta) -> dict[str, JsonValue]:
+    return {
+        "problem": delta.problem.value,
+        "chain": delta.chain,
+        "rule": delta.text,
+        "canonical": render_spec(canonical(delta.rule.spec).spec),
+        "expected_position": delta.expected_position,
+        "actual_position": delta.actual_position,
+        "line": delta.rule.line,
+        "duplicate": delta.duplicate,
+    }
+
+
+def format_json(diff: RulesetDiff) -> str:
+    return json.dumps(diff_to_json(diff), indent=2) + "\n"
