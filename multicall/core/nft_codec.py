@@ -27,7 +27,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from multicall.core.firewall import Family, TableChange
-from multicall.core.ruleset import Chain, Counters, Rule, Table, render_rule, save_order
+from multicall.core.ruleset import (
+    Chain,
+    Counters,
+    Rule,
+    Table,
+    render_rule,
+    save_order,
+)
 from multicall.errors import FirewallError
 
 # --- netlink / nfnetlink -------------------------------------------------------------------
@@ -78,6 +85,8 @@ NFTA_RULE_CHAIN = 2
 NFTA_RULE_HANDLE = 3
 NFTA_RULE_EXPRESSIONS = 4
 NFTA_RULE_COMPAT = 5
+NFTA_RULE_USERDATA = 7
+NFTNL_UDATA_RULE_COMMENT = 0
 NFTA_RULE_COMPAT_PROTO = 1
 NFTA_RULE_COMPAT_FLAGS = 2
 NFT_RULE_COMPAT_F_INV = 1 << 1
@@ -122,7 +131,17 @@ BASE_CHAINS: dict[str, tuple[tuple[str, int, int, str], ...]] = {
         ("POSTROUTING", 4, 100, "nat"),
     ),
     "filter": (("INPUT", 1, 0, "filter"), ("FORWARD", 2, 0, "filter"), ("OUTPUT", 3, 0, "filter")),
+    "mangle": (
+        ("PREROUTING", 0, -150, "filter"),
+        ("INPUT", 1, -150, "filter"),
+        ("FORWARD", 2, -150, "filter"),
+        ("OUTPUT", 3, -150, "route"),
+        ("POSTROUTING", 4, -150, "filter"),
+    ),
+    "raw": (("PREROUTING", 0, -300, "filter"), ("OUTPUT", 3, -300, "filter")),
 }
+# Tables `apply` may create; the others are only read (their layout checked on dump).
+WRITABLE_TABLES = frozenset({"nat"})
 
 # Protocol names as Debian's iptables-save prints them (/etc/protocols spelling).
 PROTO_NAMES = {1: "icmp", 6: "tcp", 17: "udp", 58: "ipv6-icmp", 132: "sctp"}
@@ -970,13 +989,19 @@ class _Decoder:
         return FirewallError(f"cannot decode nf_tables rule: {what}")
 
 
-def decode_spec(exprs: Sequence[Expr], family: Family) -> RuleSpec:
-    """The RuleSpec iptables-nft-save would print for these expressions."""
+def decode_spec(exprs: Sequence[Expr], family: Family, comment: str | None = None) -> RuleSpec:
+    """The RuleSpec iptables-nft-save would print for these expressions.
+
+    `comment` is a userdata comment (nft's `comment "..."`): iptables-nft-save prints it
+    as a comment match after all others.
+    """
     dec = _Decoder(family, tuple(exprs))
     while (expr := dec.take()) is not None:
         if dec.target is not None:
             raise dec.fail(f"expression {_expr_name(expr)} after the verdict")
         _decode_one(dec, expr)
+    if comment is not None:
+        dec.matches.append(Comment(comment))
     return _assemble(dict(dec.basics), tuple(dec.matches), dec.target)
 
 
@@ -1029,8 +1054,10 @@ def _decode_meta_cmp(dec: _Decoder, meta: Meta) -> None:
 
 
 def _iface_name(dec: _Decoder, data: bytes) -> str:
-    name = data[:-1] if data.endswith(b"\0") else data + b"+"
-    if b"\0" in name or not name or len(name) >= IFNAMSIZ:
+    """A NUL-terminated (or NUL-padded, as nft writes it) name is exact; no NUL is a prefix."""
+    head, nul, tail = data.partition(b"\0")
+    name = head if nul else head + b"+"
+    if tail.strip(b"\0") or head in (b"", b"+") or len(name) >= IFNAMSIZ:
         raise dec.fail(f"interface name {data!r}")
     return _text(dec, name)
 
@@ -1216,8 +1243,10 @@ def encode_rule_tokens(tokens: Sequence[str], family: Family) -> EncodedRule:
     return encode_spec(canonical_spec(tokens, family), family)
 
 
-def decode_rule_tokens(exprs: Sequence[Expr], family: Family) -> tuple[str, ...]:
-    return render_spec_tokens(decode_spec(exprs, family))
+def decode_rule_tokens(
+    exprs: Sequence[Expr], family: Family, comment: str | None = None
+) -> tuple[str, ...]:
+    return render_spec_tokens(decode_spec(exprs, family, comment))
 
 
 # ============================================================================================
@@ -1312,8 +1341,10 @@ class ChainInfo:
     table: str
     name: str
     hook: int | None = None
+    priority: int | None = None
     policy: int | None = None
     counters: Counters | None = None
+    kind: str | None = None  # base chain type: nat, filter, route
 
 
 @dataclass(frozen=True, slots=True)
@@ -1322,11 +1353,12 @@ class RuleInfo:
     chain: str
     handle: int
     exprs: tuple[Expr, ...]
+    comment: str | None = None
 
 
 def parse_chain(msg: Message) -> ChainInfo:
     a = attr_map(msg.body)
-    hook = attr_map(a[NFTA_CHAIN_HOOK]) if NFTA_CHAIN_HOOK in a else None
+    hook = attr_map(a[NFTA_CHAIN_HOOK]) if NFTA_CHAIN_HOOK in a else {}
     counters = None
     if NFTA_CHAIN_COUNTERS in a:
         c = attr_map(a[NFTA_CHAIN_COUNTERS])
@@ -1334,9 +1366,11 @@ def parse_chain(msg: Message) -> ChainInfo:
     return ChainInfo(
         table=cstr(a.get(NFTA_CHAIN_TABLE, b"")),
         name=cstr(a.get(NFTA_CHAIN_NAME, b"")),
-        hook=u32(hook[NFTA_HOOK_HOOKNUM]) if hook and NFTA_HOOK_HOOKNUM in hook else None,
+        hook=u32(hook[NFTA_HOOK_HOOKNUM]) if NFTA_HOOK_HOOKNUM in hook else None,
+        priority=s32(hook[NFTA_HOOK_PRIORITY]) if NFTA_HOOK_PRIORITY in hook else None,
         policy=u32(a[NFTA_CHAIN_POLICY]) if NFTA_CHAIN_POLICY in a else None,
         counters=counters,
+        kind=cstr(a[NFTA_CHAIN_TYPE]) if NFTA_CHAIN_TYPE in a else None,
     )
 
 
@@ -1347,24 +1381,44 @@ def parse_rule(msg: Message) -> RuleInfo:
         chain=cstr(a.get(NFTA_RULE_CHAIN, b"")),
         handle=u64(a[NFTA_RULE_HANDLE]) if NFTA_RULE_HANDLE in a else 0,
         exprs=decode_exprs(a.get(NFTA_RULE_EXPRESSIONS, b"")),
+        comment=udata_comment(a.get(NFTA_RULE_USERDATA, b"")),
     )
+
+
+def udata_comment(data: bytes) -> str | None:
+    """NFTNL_UDATA_RULE_COMMENT from rule userdata: TLVs of u8 type, u8 length, value."""
+    pos = 0
+    while pos + 2 <= len(data):
+        kind, length = data[pos], data[pos + 1]
+        value = data[pos + 2 : pos + 2 + length]
+        if kind == NFTNL_UDATA_RULE_COMMENT:
+            return value.split(b"\0", 1)[0].decode(errors="replace")
+        pos += 2 + length
+    return None
 
 
 def build_table(
     name: str, chains: Sequence[ChainInfo], rules: Sequence[RuleInfo], family: Family
 ) -> Table:
-    """The canonical Table (what iptables-nft-save prints) from a dump of one table."""
+    """The canonical Table (what iptables-nft-save prints) from a dump of one table.
+
+    As iptables-nft-save does, built-in chains are listed (ACCEPT, [0:0]) even when absent.
+    A base chain iptables-nft would not have made fails the dump: iptables-nft-save would
+    only warn and leave it out, which would hide traffic-steering chains from a verifier.
+    """
     mine = {c.name: c for c in chains if c.table == name}
+    for info in mine.values():
+        _check_base_chain(name, info)
     order = save_order(name, frozenset(mine))
-    out_chains = tuple(_chain_line(mine[n]) for n in order if n in mine)
+    out_chains = tuple(_chain_line(mine.get(n), n) for n in order)
     out_rules: list[Rule] = []
     for chain in order:
-        for info in (r for r in rules if r.table == name and r.chain == chain):
+        for rule in (r for r in rules if r.table == name and r.chain == chain):
             try:
-                spec = decode_rule_tokens(info.exprs, family)
+                spec = decode_rule_tokens(rule.exprs, family, rule.comment)
             except FirewallError as exc:
                 raise FirewallError(
-                    f"{exc.message} (table {name}, chain {chain}, rule handle {info.handle})",
+                    f"{exc.message} (table {name}, chain {chain}, rule handle {rule.handle})",
                     table=name,
                     chain=chain,
                 ) from exc
@@ -1372,7 +1426,23 @@ def build_table(
     return Table(name, out_chains, tuple(out_rules))
 
 
-def _chain_line(info: ChainInfo) -> Chain:
+def _check_base_chain(table: str, info: ChainInfo) -> None:
+    wanted = {b[0]: b[1:] for b in BASE_CHAINS.get(table, ())}
+    if info.hook is None and info.name not in wanted:
+        return
+    if wanted.get(info.name) != (info.hook, info.priority, info.kind):
+        raise FirewallError(
+            f"table {table} holds chain {info.name} (hook {info.hook}, priority "
+            f"{info.priority}, type {info.kind}) that iptables-nft would not create; "
+            "inspect it with nft",
+            table=table,
+            chain=info.name,
+        )
+
+
+def _chain_line(info: ChainInfo | None, name: str) -> Chain:
+    if info is None:
+        return Chain(name, "ACCEPT", Counters(0, 0))
     if info.hook is None:
         return Chain(info.name, None, Counters(0, 0))
     policy = NF_POLICY.get(info.policy if info.policy is not None else 1, "ACCEPT")
@@ -1426,7 +1496,7 @@ def plan_batch_ops(
     the result, an empty chain, is the same), then appends the rules.
     """
     table = change.table
-    if table not in BASE_CHAINS:
+    if table not in WRITABLE_TABLES:
         raise FirewallError(f"the nft backend cannot create table {table}", table=table)
     ops = [(NFT_MSG_NEWTABLE, NLM_F_CREATE, attr_str(NFTA_TABLE_NAME, table), f"table {table}")]
     base_names = {b[0] for b in BASE_CHAINS[table]}

@@ -365,7 +365,7 @@ class TestReplies:
         """Chains in save order; rules grouped by chain; decode errors name chain and handle."""
         chains = [
             c.ChainInfo("nat", "Z"),
-            c.ChainInfo("nat", "OUTPUT", hook=3, policy=1),
+            c.ChainInfo("nat", "OUTPUT", hook=3, priority=-100, policy=0, kind="nat"),
             c.ChainInfo("filter", "INPUT", hook=1, policy=0),
         ]
         rules = [
@@ -373,8 +373,48 @@ class TestReplies:
             c.RuleInfo("nat", "OUTPUT", 5, (c.Counter(), c.Immediate(-3, "Z"))),
         ]
         table = c.build_table("nat", chains, rules, V4)
-        assert [ch.name for ch in table.chains] == ["OUTPUT", "Z"]
+        assert [(ch.name, ch.policy) for ch in table.chains] == [
+            ("PREROUTING", "ACCEPT"),  # absent built-ins are listed, as iptables-nft-save does
+            ("INPUT", "ACCEPT"),
+            ("OUTPUT", "DROP"),
+            ("POSTROUTING", "ACCEPT"),
+            ("Z", None),
+        ]
         assert [r.chain for r in table.rules] == ["OUTPUT", "Z"]
         bad = [c.RuleInfo("nat", "Z", 9, (c.Unknown("lookup"),))]
         with pytest.raises(FirewallError, match=r"lookup.*chain Z, rule handle 9"):
             c.build_table("nat", chains, bad, V4)
+
+    @pytest.mark.parametrize(
+        "chain",
+        [
+            c.ChainInfo("nat", "OUTPUT", hook=3, priority=0, kind="nat"),
+            c.ChainInfo("nat", "sneaky", hook=0, priority=-100, kind="nat"),
+            c.ChainInfo("nat", "PREROUTING"),
+        ],
+        ids=["wrong-priority", "extra-base-chain", "builtin-name-unhooked"],
+    )
+    def test_foreign_base_chains_fail(self, chain: c.ChainInfo) -> None:
+        """A base chain iptables-nft would not create fails the dump, naming it."""
+        with pytest.raises(FirewallError, match=f"holds chain {chain.name} "):
+            c.build_table("nat", [chain], [], V4)
+
+    def test_userdata_comment(self) -> None:
+        """nft's rule comment (userdata TLV 0) prints as the last comment match."""
+        udata = bytes([0, 9]) + b"hi there\0"
+        body = c.attr_str(c.NFTA_RULE_TABLE, "nat") + c.attr_str(c.NFTA_RULE_CHAIN, "X")
+        body += c.nested(c.NFTA_RULE_EXPRESSIONS, c.encode_expr(c.Immediate(-5)))
+        body += c.attr(c.NFTA_RULE_USERDATA, udata)
+        info = c.parse_rule(c.Message(0, 0, 0, 2, body))
+        assert info.comment == "hi there"
+        table = c.build_table("nat", [c.ChainInfo("nat", "X")], [info], V4)
+        assert table.rules == (
+            Rule("X", ("-m", "comment", "--comment", "hi there", "-j", "RETURN")),
+        )
+
+    def test_nul_padded_interface(self) -> None:
+        """nft pads interface names with NULs to 16 bytes; still an exact name."""
+        exprs = (c.Meta(7), c.Cmp(0, b"lo".ljust(16, b"\0")), c.Immediate(-5))
+        assert c.decode_rule_tokens(exprs, V4) == ("-o", "lo", "-j", "RETURN")
+        with pytest.raises(FirewallError, match="interface name"):
+            c.decode_rule_tokens((c.Meta(7), c.Cmp(0, b"l\0o\0"), c.Immediate(-5)), V4)
