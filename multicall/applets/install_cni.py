@@ -23,10 +23,7 @@ CNIBOX_HOST_BINARY (/usr/local/lib/cnibox/cnibox), INSTALL_CNI_PID_FILE (/tmp/in
 
 from __future__ import annotations
 
-import hashlib
 import os
-import select
-import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -79,6 +76,8 @@ def parse_args(args: Sequence[str]) -> Options:
 
 
 def sha256(data: bytes) -> str:
+    import hashlib
+
     return hashlib.sha256(data).hexdigest()
 
 
@@ -333,11 +332,15 @@ class Stop:
         self.signum = self.signum or signum
 
     def install(self) -> None:
+        import signal
+
         for signum in (signal.SIGTERM, signal.SIGINT):
             self.previous[signum] = signal.signal(signum, self._handle)
         self.previous_wakeup = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
 
     def restore(self) -> None:
+        import signal
+
         signal.set_wakeup_fd(self.previous_wakeup)
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
@@ -354,9 +357,14 @@ class Stop:
 
 def watch(installer: Installer, stop: Stop) -> None:
     """Install, then react to inotify events until a signal arrives."""
+    import select
+
     from multicall.effects import inotify
 
     config = installer.config
+    for directory in (config.host_net_dir, config.service_account_dir):
+        if not os.path.isdir(directory):
+            raise CniboxError(f"{directory}: no such directory to watch", path=directory)
     with inotify.Inotify() as ino:
         net_mask = inotify.IN_CREATE | inotify.IN_MODIFY | inotify.IN_CLOSE_WRITE
         net_wd = ino.add_watch(config.host_net_dir, net_mask | inotify.IN_MOVED_TO)
@@ -443,6 +451,9 @@ def stop_running_installer(path: str, log: Log) -> None:
     pid = running_installer(path)
     if pid is None:
         return
+    import select
+    import signal
+
     log.info(f"stopping the installer (pid {pid})")
     try:
         pidfd = os.pidfd_open(pid)

@@ -19,8 +19,6 @@ Rules of this module (the Go installer `linkerd2-cni-install` is the reference,
 
 from __future__ import annotations
 
-import json
-from decimal import Decimal
 from typing import Union
 
 from multicall.errors import ConfigError
@@ -58,6 +56,8 @@ def _parse_float(token: str) -> float:
 
 def parse_document(data: bytes, what: str = "document") -> dict[str, Json]:
     """A JSON object from bytes; ConfigError for anything else."""
+    import json  # lazily: every cnibox start imports this module through the registry
+
     try:
         value: Json = json.loads(
             data.decode("utf-8", "replace"),
@@ -185,6 +185,8 @@ def _scalar(value: Json) -> str:
 
 
 def _string(text: str) -> str:
+    import json
+
     encoded = json.dumps(text, ensure_ascii=False)
     for char, escape in _GO_ESCAPES.items():
         encoded = encoded.replace(char, escape)
@@ -193,6 +195,8 @@ def _string(text: str) -> str:
 
 def go_float(value: float) -> str:
     """strconv.AppendFloat(f, 'f' or 'e', -1, 64) as encoding/json picks and tidies it."""
+    from decimal import Decimal
+
     magnitude = abs(value)
     if magnitude != 0 and (magnitude < 1e-6 or magnitude >= 1e21):
         text = repr(value)

@@ -17,7 +17,6 @@ Rules of this module:
 
 from __future__ import annotations
 
-import base64
 import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -178,6 +177,8 @@ def server_host(host: str) -> str:
 
 def render_kubeconfig(token: bytes, ca: bytes, host: str, port: str) -> bytes:
     """The plugin's kubeconfig, with the Go installer's checks in its order."""
+    import base64
+
     if not token:
         raise ConfigError("token-data is zero-length")
     if not ca:

@@ -14,9 +14,7 @@ Rules of this module:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import secrets
 import stat
 
 TEMP_SUFFIX = ".cnibox-tmp"
@@ -25,7 +23,7 @@ _CHUNK = 1 << 20
 
 def temp_path(path: str) -> str:
     directory, base = os.path.split(path)
-    return os.path.join(directory, f".{base}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+    return os.path.join(directory, f".{base}.{os.urandom(4).hex()}{TEMP_SUFFIX}")
 
 
 def fsync_dir(directory: str) -> None:
@@ -124,6 +122,8 @@ def file_mode(path: str, default: int = 0o644) -> int:
 
 
 def sha256_file(path: str) -> str | None:
+    import hashlib
+
     digest = hashlib.sha256()
     try:
         with open(path, "rb") as f:
