@@ -199,6 +199,9 @@ class Installer:
 
     # --- CNI network configs ---------------------------------------------------------------
 
+    def watched(self, wd: int, net_wd: int) -> str:
+        return self.config.host_net_dir if wd == net_wd else self.config.service_account_dir
+
     def wanted(self, name: str) -> bool:
         if fs.is_temp_name(name) or not conflist.is_cni_config_name(name):
             return False
@@ -222,9 +225,11 @@ class Installer:
 
     def patch(self, name: str) -> None:
         path = os.path.join(self.config.host_net_dir, name)
-        if os.path.islink(path) or not os.path.isfile(path):
+        if os.path.islink(path):
+            # Replacing it would cut the link to wherever the primary CNI keeps the file.
+            self.log.info(f"{path}: a symlink, left alone")
             return
-        data = fs.read_bytes(path)
+        data = fs.read_bytes(path) if os.path.isfile(path) else None
         if data is None:
             self.log.debug(f"{path}: gone before it could be read")
             return
@@ -388,8 +393,8 @@ def _dispatch(installer: Installer, events: Sequence[Event], net_wd: int, sa_wd:
         installer.log.debug(f"event wd={event.wd} mask={event.mask:#x} name={event.name}")
         if event.overflowed:
             names.update(dict.fromkeys(installer.config_names()))
-        elif event.wd == net_wd and event.mask & IN_IGNORED:
-            raise CniboxError(f"{installer.config.host_net_dir}: the watched dir went away")
+        elif event.wd in (net_wd, sa_wd) and event.mask & IN_IGNORED:
+            raise CniboxError(f"{installer.watched(event.wd, net_wd)}: the watched dir went away")
         elif event.wd == net_wd and installer.wanted(event.name):
             names[event.name] = None
         elif event.wd == sa_wd and event.name == "..data":
