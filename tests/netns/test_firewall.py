@@ -7,6 +7,7 @@ equal the fixture line for line.
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -122,6 +123,37 @@ class TestReapply:
         body = oracle(pod, mode, Family.IPV4)
         assert "-A POSTROUTING -o lo -j ACCEPT" in body
         assert f":{REDIRECT_CHAIN} - [0:0]" in body
+
+
+FOREIGN_RULES = {
+    Family.IPV4: [
+        "-N X",
+        "-N Y",
+        "-A X ! -d 127.0.0.1 -o lo -j RETURN",
+        "-A X -s 10.1.2.3 -i eth+ -p 47 -g Y",
+        "-A X -d 10.0.0.0/255.0.255.0 -p udp --dport 53 -j DNAT --to-destination 10.9.9.9:5353",
+        """-A X -p tcp ! --syn -m comment --comment 'it'"'"'s "q" \\'"""
+        " -j MASQUERADE --to-ports 1000-2000",
+        "-A OUTPUT -m multiport -p tcp ! --dports 1:3,7 -j Y",
+    ],
+    Family.IPV6: [
+        "-N X",
+        "-A X -s fd00::1/64 ! -d ::ffff:10.0.0.1 -j RETURN",
+        "-A X -p tcp -m tcp --dport 80 -j REDIRECT",
+        "-A PREROUTING -p 58 -j X",
+    ],
+}
+
+
+@pytest.mark.parametrize("family", list(Family), ids=lambda f: f.value)
+def test_legacy_dump_prints_like_save(rig: Rig, family: Family) -> None:
+    """Rules written by the real iptables-legacy dump exactly as iptables-legacy-save prints."""
+    pod = rig.netns("p")
+    tool = save_tool(Mode.LEGACY, family).removesuffix("-save")
+    for args in FOREIGN_RULES[family]:
+        pod.exec([tool, "-t", "nat", *shlex.split(args)])
+    dumped = dump_nat(pod.path, mode=Mode.LEGACY, family=family)
+    assert render_table(dumped).splitlines() == oracle(pod, Mode.LEGACY, family)
 
 
 class TestSafety:
