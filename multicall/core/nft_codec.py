@@ -635,6 +635,8 @@ def _parse_ports(name: str, toks: _Tokens) -> PortMatch:
         if opt not in ("--sport", "--dport") or opt in found:
             raise FirewallError(f"unsupported option {opt} for -m {name}")
         found[opt] = (parse_port_range(toks.take(opt)), invert)
+    if not found:  # iptables-nft writes nothing for it, so it could never be read back
+        raise FirewallError(f"-m {name} without --sport or --dport")
     sport, sinv = found.get("--sport", (None, False))
     dport, dinv = found.get("--dport", (None, False))
     return PortMatch(name, sport, sinv, dport, dinv)
@@ -742,7 +744,21 @@ def _bang(invert: bool) -> list[str]:
 
 
 def _render_network(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str:
-    return f"{net.network_address}/{net.prefixlen}"
+    addr = net.network_address
+    text = format_ipv6(addr) if isinstance(addr, ipaddress.IPv6Address) else str(addr)
+    return f"{text}/{net.prefixlen}"
+
+
+def format_ipv6(addr: ipaddress.IPv6Address) -> str:
+    """glibc's inet_ntop, which iptables prints with: like Python's form, except that an
+    address whose first 96 bits are zero (or 80 zero bits then ffff) ends in dotted IPv4,
+    unless the zero run is longer (`::1`, `::`)."""
+    words = struct.unpack(">8H", addr.packed)
+    run = next((i for i, w in enumerate(words) if w), 8)
+    if run == 6 or (run == 5 and words[5] == 0xFFFF):
+        prefix = "::" if run == 6 else "::ffff:"
+        return prefix + str(ipaddress.IPv4Address(addr.packed[12:]))
+    return str(addr)
 
 
 def proto_name(number: int) -> str:

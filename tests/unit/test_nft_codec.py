@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import shlex
+import socket
 import struct
 from pathlib import Path
 
@@ -244,35 +245,70 @@ def _address(draw: st.DrawFn, family: Family) -> c.Address | None:
     return c.Address(c.parse_network(f"{addr}/{prefix}", family), draw(st.booleans()))
 
 
+def _ids(draw: st.DrawFn) -> tuple[c.PortRange | None, bool]:
+    low = draw(st.integers(0, 70000))
+    high = draw(st.sampled_from([low, low + 5]))
+    return draw(st.none() | st.just((low, high))), draw(st.booleans())
+
+
 def _matches(draw: st.DrawFn, proto: int | None) -> tuple[c.MatchSpec, ...]:
     out: list[c.MatchSpec] = []
     if proto is not None and draw(st.booleans()):
         name = "tcp" if proto == 6 else "udp"
-        out.append(c.PortMatch(name, draw(st.none() | _ranges), False, draw(_ranges), False))
+        sport, dport = draw(st.none() | _ranges), draw(_ranges)
+        sinv = sport is not None and draw(st.booleans())
+        out.append(c.PortMatch(name, sport, sinv, dport, draw(st.booleans())))
     if proto is not None and draw(st.booleans()):
         ports = draw(st.lists(_ranges, min_size=1, max_size=7))
-        out.append(c.Multiport("--dports", tuple(ports), draw(st.booleans())))
+        option = draw(st.sampled_from(sorted(c.MULTIPORT_FLAGS)))
+        out.append(c.Multiport(option, tuple(ports), draw(st.booleans())))
     if draw(st.booleans()):
-        uid = draw(st.integers(0, 70000))
-        out.append(c.Owner(uid=(uid, uid), uid_invert=draw(st.booleans())))
+        (uid, uinv), (gid, ginv) = _ids(draw), _ids(draw)
+        socket_exists = draw(st.booleans()) or (uid is None and gid is None)
+        out.append(
+            c.Owner(
+                uid,
+                uinv and uid is not None,
+                gid,
+                ginv and gid is not None,
+                socket_exists,
+                socket_exists and draw(st.booleans()),
+            )
+        )
     if draw(st.booleans()):
         out.append(c.Comment(draw(_text)))
     return tuple(out)
+
+
+def _target(draw: st.DrawFn) -> c.TargetSpec | None:
+    ports = draw(st.none() | _ranges)
+    targets: list[c.TargetSpec | None] = [
+        None,
+        c.Verdict("RETURN"),
+        c.Verdict("ACCEPT"),
+        c.Verdict("X"),
+        c.Verdict("X", goto=True),
+        c.Redirect(ports, draw(st.booleans())),
+    ]
+    return draw(st.sampled_from(targets))
+
+
+_ifaces = st.sampled_from(["lo", "eth0", "eth+", "veth1234567890a"])
 
 
 @st.composite
 def rule_specs(draw: st.DrawFn) -> tuple[Family, c.RuleSpec]:
     family = draw(st.sampled_from([V4, V6]))
     proto = draw(st.sampled_from([None, 6, 17]))
-    targets: list[c.TargetSpec] = [c.Verdict("RETURN"), c.Verdict("X"), c.Redirect((1, 1))]
-    target = draw(st.sampled_from(targets))
+    in_iface = draw(st.none() | st.builds(c.Iface, _ifaces, st.booleans()))
     spec = c.RuleSpec(
         source=_address(draw, family),
         destination=_address(draw, family),
-        out_iface=draw(st.none() | st.sampled_from([c.Iface("lo"), c.Iface("eth+", True)])),
+        in_iface=in_iface,
+        out_iface=draw(st.none() | st.builds(c.Iface, _ifaces, st.booleans())),
         proto=c.Proto(proto) if proto else None,
         matches=_matches(draw, proto),
-        target=target,
+        target=_target(draw),
     )
     return family, spec
 
@@ -418,3 +454,17 @@ class TestReplies:
         assert c.decode_rule_tokens(exprs, V4) == ("-o", "lo", "-j", "RETURN")
         with pytest.raises(FirewallError, match="interface name"):
             c.decode_rule_tokens((c.Meta(7), c.Cmp(0, b"l\0o\0"), c.Immediate(-5)), V4)
+
+
+class TestAddressText:
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.sampled_from([0, 0, 1, 0xFFFF, 0x1234]), min_size=8, max_size=8))
+    def test_ipv6_like_glibc(self, words: list[int]) -> None:
+        """IPv6 addresses print as glibc's inet_ntop prints them (iptables uses it)."""
+        addr = ipaddress.IPv6Address(struct.pack(">8H", *words))
+        assert c.format_ipv6(addr) == socket.inet_ntop(socket.AF_INET6, addr.packed)
+
+    def test_embedded_ipv4_round_trips(self) -> None:
+        """::4:0/110 prints (and parses back) as ::0.4.0.0/110, as ip6tables-save has it."""
+        spec = ("-s", "::0.4.0.0/110", "-j", "RETURN")
+        assert c.decode_rule_tokens(c.encode_rule_tokens(spec, V6).exprs, V6) == spec
