@@ -7,9 +7,14 @@ one entry in `REGISTRY` below, one line in the README's applet table (a test che
 from __future__ import annotations
 
 from multicall.applet import AppletSpec
-from multicall.applets import install_cni, linkerd_cni, netns_exec
+from multicall.applets import install_cni, iptables_verify, linkerd_cni, netns_exec
 
-REGISTRY: tuple[AppletSpec, ...] = (netns_exec.SPEC, install_cni.SPEC, linkerd_cni.SPEC)
+REGISTRY: tuple[AppletSpec, ...] = (
+    netns_exec.SPEC,
+    install_cni.SPEC,
+    linkerd_cni.SPEC,
+    iptables_verify.SPEC,
+)
 
 
 def find_applet(name: str) -> AppletSpec | None:

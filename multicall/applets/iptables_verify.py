@@ -1,0 +1,353 @@
+"""usage: iptables-verify --config NETCONF.json [--pod POD.json] [--namespace-object NS.json] [--service SVC.json] (--input FILE|- | --netns PATH | --pid PID) [--family ipv4|ipv6] [--mode legacy|nft] [--strict] [--json] [--quiet]
+
+Compare the nat table a pod has with the one linkerd-cni would give it, and print the
+difference as a unified diff (or JSON). The expected rules come from the same code as the
+plugin's ADD: the network config, the pod's annotations, the namespace's annotations and, for
+control-plane pods, the `default/kubernetes` service.
+
+  --config FILE          the plugin's network config: one plugin object, or a conflist whose
+                         `linkerd-cni` entry is used
+  --pod FILE             the pod (JSON or YAML); without it, the config's defaults for a
+                         meshed pod are expected; a pod the plugin skips expects no rules
+  --namespace-object FILE
+                         the pod's namespace, for annotations the pod does not set
+  --service FILE         the `default/kubernetes` service (control-plane pods); without it
+                         the plugin's fallback ports 443 and 6443 are expected
+  --input FILE|-         read iptables-save / ip6tables-save output (either flavour); the last
+                         `*nat` block is compared
+  --netns PATH           dump the nat table of that network namespace (no iptables needed)
+  --pid PID              the same for the network namespace of process PID
+  --family ipv4|ipv6     which family's rules are expected and dumped (default ipv4)
+  --mode legacy|nft      kernel interface to dump (default: the config's iptables-mode)
+  --strict               compare the whole nat table, not only PROXY_INIT_* chains and the
+                         rules jumping to them
+  --json                 print the result as JSON (schema in the README)
+  --quiet                print nothing; the exit status says it all
+
+Exit status: 0 the rules match, 1 they differ, 2 usage or input error.
+"""  # noqa: E501 - the usage line stays one line (AppletSpec.usage)
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import BinaryIO, TypeVar
+
+from multicall.applet import AppletSpec, write_text
+from multicall.core.firewall import Family, Mode, ProxyInitOptions
+from multicall.core.ruleset import Table
+from multicall.core.ruleset_diff import RulesetDiff, diff_to_json, format_diff, format_summary
+from multicall.errors import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    CniboxError,
+    ConfigError,
+    UsageError,
+)
+
+PROG = "iptables-verify"
+JSON_SCHEMA = "cnibox.iptables-verify/v1"
+_VALUED = (
+    "--config",
+    "--pod",
+    "--namespace-object",
+    "--service",
+    "--input",
+    "--netns",
+    "--pid",
+    "--family",
+    "--mode",
+)
+_FLAGS = ("--strict", "--json", "--quiet", "--help", "-h")
+
+
+class InputError(CniboxError):
+    """Anything that prevents the comparison: exit 2, so that 1 always means a mismatch."""
+
+    exit_code = EXIT_USAGE
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    config: str = ""
+    pod: str | None = None
+    namespace_object: str | None = None
+    service: str | None = None
+    input: str | None = None
+    netns: str | None = None
+    pid: str | None = None
+    family: Family = Family.IPV4
+    mode: Mode | None = None
+    strict: bool = False
+    json: bool = False
+    quiet: bool = False
+    help: bool = False
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def parse_args(args: Sequence[str]) -> Options:
+    """`--opt VALUE` / `--opt=VALUE` options and flags; UsageError for anything else."""
+    values: dict[str, str] = {}
+    flags: set[str] = set()
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, inline = arg.partition("=")
+        if name in _VALUED:
+            if not eq:
+                if i + 1 >= len(args):
+                    raise UsageError(f"option {name} needs a value", hint=_usage_hint())
+                i += 1
+                inline = args[i]
+            if name in values:
+                raise UsageError(f"option {name} given twice", hint=_usage_hint())
+            values[name] = inline
+        elif arg in _FLAGS:
+            flags.add(arg)
+        else:
+            raise UsageError(f"unknown argument {arg!r}", hint=_usage_hint())
+        i += 1
+    return _options(values, flags)
+
+
+def _usage_hint() -> str:
+    return f"usage: {__doc__.splitlines()[0].removeprefix('usage: ')}" if __doc__ else ""
+
+
+def _options(values: Mapping[str, str], flags: set[str]) -> Options:
+    if flags & {"--help", "-h"}:
+        return Options(help=True)
+    if "--config" not in values:
+        raise UsageError("--config NETCONF.json is required", hint=_usage_hint())
+    sources = [s for s in ("--input", "--netns", "--pid") if s in values]
+    if len(sources) != 1:
+        raise UsageError("give exactly one of --input, --netns or --pid", hint=_usage_hint())
+    files = ("--config", "--pod", "--namespace-object", "--service", "--input")
+    if sum(1 for f in files if values.get(f) == "-") > 1:
+        raise UsageError("only one input can come from stdin ('-')", hint=_usage_hint())
+    pid = values.get("--pid")
+    if pid is not None and not (pid.isascii() and pid.isdigit() and int(pid) > 0):
+        raise UsageError(f"--pid: {pid!r} is not a process id")
+    return Options(
+        config=values["--config"],
+        pod=values.get("--pod"),
+        namespace_object=values.get("--namespace-object"),
+        service=values.get("--service"),
+        input=values.get("--input"),
+        netns=values.get("--netns"),
+        pid=pid,
+        family=_choice(values, "--family", Family, ("ipv4", "ipv6")) or Family.IPV4,
+        mode=_choice(values, "--mode", Mode, ("legacy", "nft")),
+        strict="--strict" in flags,
+        json="--json" in flags,
+        quiet="--quiet" in flags,
+    )
+
+
+_E = TypeVar("_E", Family, Mode)
+
+
+def _choice(
+    values: Mapping[str, str], name: str, enum: type[_E], allowed: tuple[str, ...]
+) -> _E | None:
+    value = values.get(name)
+    if value is None:
+        return None
+    if value not in allowed:
+        raise UsageError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
+    return enum(value)
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def read_bytes(path: str, stdin: BinaryIO) -> bytes:
+    if path == "-":
+        return stdin.read()
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise InputError(f"{path}: {exc.strerror or exc}", path=path) from exc
+
+
+def plugin_config(data: bytes, path: str) -> bytes:
+    """The linkerd-cni entry of a conflist (with the list's name and cniVersion, as libcni
+    passes them), or the document itself when it is a single plugin config."""
+    from multicall.core.conflist import is_linkerd, parse_document
+
+    document = parse_document(data, path)
+    plugins = document.get("plugins")
+    if "type" in document or not isinstance(plugins, list):
+        return data
+    entry = next((p for p in plugins if is_linkerd(p)), None)
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{path}: the conflist has no plugin of type linkerd-cni")
+    merged = {**entry, "name": document.get("name"), "cniVersion": document.get("cniVersion")}
+    return json.dumps(merged).encode()
+
+
+def load_object(path: str, stdin: BinaryIO) -> Mapping[str, object]:
+    """A Kubernetes object from a JSON or YAML file."""
+    data = read_bytes(path, stdin)
+    try:
+        doc: object = json.loads(data)
+    except (ValueError, RecursionError):
+        doc = _load_yaml(data, path)
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"{path}: expected a Kubernetes object (a JSON/YAML mapping)")
+    return doc
+
+
+def _load_yaml(data: bytes, path: str) -> object:
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        return yaml.load(data, Loader=loader)  # noqa: S506 - a safe loader, chosen above
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise ConfigError(f"{path}: neither JSON nor YAML: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Expectation:
+    table: Table
+    mode: Mode
+    pod: str | None  # "namespace/name" when a pod was given
+    meshed: bool
+    note: str  # why no rules are expected, when none are
+
+
+def expected(opts: Options, stdin: BinaryIO) -> Expectation:
+    """The nat table the plugin would leave, from the same core code as its ADD."""
+    from multicall.core.cni_config import base_options, mode_of, parse_netconf
+    from multicall.core.proxy_init import empty_table, expected_table
+
+    netconf = parse_netconf(plugin_config(read_bytes(opts.config, stdin), opts.config))
+    mode = opts.mode or mode_of(netconf)
+    options: ProxyInitOptions | None = base_options(netconf)
+    pod_name, note = None, ""
+    if opts.pod is not None:
+        options, pod_name, note = _pod_options(opts, stdin, base_options(netconf))
+    if options is not None and opts.family is Family.IPV6 and not netconf.ipv6:
+        options, note = None, "the config does not enable IPv6 (linkerd.ipv6), so no rules"
+    if options is None:
+        return Expectation(empty_table(), mode, pod_name, False, note)
+    backend = mode.value if mode in (Mode.LEGACY, Mode.NFT) else "legacy"
+    table = expected_table(options, opts.family, backend=backend)
+    return Expectation(table, mode, pod_name, True, "")
+
+
+def _pod_options(
+    opts: Options, stdin: BinaryIO, base: ProxyInitOptions
+) -> tuple[ProxyInitOptions | None, str, str]:
+    from multicall.core.k8s import parse_namespace, parse_pod, parse_service
+    from multicall.core.pod_policy import decide, effective_options
+
+    assert opts.pod is not None
+    pod = parse_pod(load_object(opts.pod, stdin))
+    name = f"{pod.namespace}/{pod.name}"
+    decision = decide(pod)
+    if not decision.meshed:
+        return None, name, decision.message.removeprefix("linkerd-cni: ")
+    namespace = None
+    if opts.namespace_object is not None:
+        namespace = parse_namespace(load_object(opts.namespace_object, stdin)).annotations
+    service = None
+    if opts.service is not None:
+        service = parse_service(load_object(opts.service, stdin))
+    return effective_options(base, pod, namespace, service), name, ""
+
+
+def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> tuple[Table, str]:
+    """The nat table to check, and a description of where it came from."""
+    from multicall.core.iptables_save import last_table, parse_save
+    from multicall.core.proxy_init import empty_table
+
+    if opts.input is not None:
+        source = "<stdin>" if opts.input == "-" else opts.input
+        text = read_bytes(opts.input, stdin).decode("utf-8", "surrogateescape")
+        found = last_table(parse_save(text, source=source), "nat")
+        # iptables-save prints no *nat block when the table was never instantiated.
+        return (found if found is not None else empty_table()), source
+    path = opts.netns if opts.netns is not None else f"/proc/{opts.pid}/ns/net"
+    from multicall.effects.firewall import dump_nat
+
+    # Reading is harmless, so the verifier's own namespace may be inspected too.
+    table = dump_nat(path, mode=mode, family=opts.family, allow_own_netns=True)
+    return table, path
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def format_json(diff: RulesetDiff, opts: Options, want: Expectation, source: str) -> str:
+    doc = {
+        **diff_to_json(diff),
+        "schema": JSON_SCHEMA,
+        "family": opts.family.value,
+        "source": source,
+        "pod": want.pod,
+        "meshed": want.meshed,
+        "note": want.note or None,
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def format_text(diff: RulesetDiff, opts: Options, want: Expectation, source: str) -> str:
+    head = f"{opts.family.value} nat table of {source}"
+    note = f"note: {want.note}\n" if want.note else ""
+    if diff.ok:
+        return f"{note}{head}: {format_summary(diff).removeprefix('nat: ')}\n"
+    return f"{note}{head}:\n{format_diff(diff)}"
+
+
+def run(opts: Options, stdin: BinaryIO, stdout: BinaryIO) -> int:
+    from multicall.core.ruleset_diff import diff_tables
+
+    want = expected(opts, stdin)
+    table, source = actual(opts, want.mode, stdin)
+    diff = diff_tables(want.table, table, strict=opts.strict)
+    if not opts.quiet:
+        render = format_json if opts.json else format_text
+        write_text(stdout, render(diff, opts, want, source))
+    return EXIT_OK if diff.ok else EXIT_FAILURE
+
+
+def main(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    stdin: BinaryIO,
+    stdout: BinaryIO,
+    stderr: BinaryIO,
+) -> int:
+    opts = parse_args(argv[1:])
+    if opts.help:
+        write_text(stdout, __doc__ or "")
+        return EXIT_OK
+    try:
+        return run(opts, stdin, stdout)
+    except (UsageError, InputError):
+        raise
+    except CniboxError as exc:
+        raise InputError(
+            exc.message,
+            hint=exc.hint,
+            path=exc.path,
+            netns=exc.netns,
+            errno=exc.errno,
+            details=exc.details,
+        ) from exc
+
+
+SPEC = AppletSpec(
+    name=PROG,
+    summary="compare a pod's nat table with what linkerd-cni would program",
+    help=__doc__ or "",
+    main=main,
+    needs_root="--netns/--pid enter another network namespace (CAP_SYS_ADMIN, CAP_NET_ADMIN)",
+)
