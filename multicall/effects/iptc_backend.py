@@ -24,6 +24,9 @@ import pickle
 import socket
 import struct
 import subprocess
+import sys
+import sysconfig
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from functools import cache
@@ -80,16 +83,35 @@ def iptc() -> ModuleType:
     _search_libraries_without_children()
     original = subprocess.Popen
     subprocess.Popen = _NoChild  # type: ignore[assignment,misc]  # see _NoChild
+    stubbed = _stub_distutils()
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # distutils and escape-sequence warnings
+            warnings.simplefilter("ignore")  # escape-sequence warnings of its sources
             import iptc as module
     except (OSError, ImportError, AttributeError) as exc:
         raise FirewallError(f"cannot load libiptc: {exc}", hint="is the bundle complete?") from exc
     finally:
         subprocess.Popen = original  # type: ignore[misc]  # restoring the real class
+        for name in stubbed:
+            sys.modules.pop(name, None)
     loaded: ModuleType = module
     return loaded
+
+
+def _stub_distutils() -> tuple[str, ...]:
+    """Give python-iptables the one distutils function it imports, for the import only.
+
+    The real import goes through setuptools' distutils shim (half a second) or the
+    deprecated stdlib package (absent from the bundle).
+    """
+    if "distutils" in sys.modules:
+        return ()
+    package = types.ModuleType("distutils")
+    module = types.ModuleType("distutils.sysconfig")
+    module.get_python_lib = lambda: sysconfig.get_path("purelib")  # type: ignore[attr-defined]
+    package.sysconfig = module  # type: ignore[attr-defined]
+    sys.modules["distutils"], sys.modules["distutils.sysconfig"] = package, module
+    return ("distutils", "distutils.sysconfig")
 
 
 def _search_libraries_without_children() -> None:
@@ -111,13 +133,20 @@ def _find_in_dirs(name: str) -> str | None:
     dirs = [d for d in os.environ.get("IPTABLES_LIBDIR", "").split(":") if d] + list(LIB_DIRS)
     stem = name if name.startswith("lib") else f"lib{name}"
     for directory in dirs:
-        with contextlib.suppress(OSError):
-            found = [f for f in os.listdir(directory) if f.startswith(f"{stem}.so")]
+        found = [f for f in _listing(directory) if f.startswith(f"{stem}.so")]
+        if found:
             # The soname (lib.so.N) first: python-iptables reads the ABI from the name.
             found.sort(key=lambda f: (f.count(".") != 2, f))
-            if found:
-                return os.path.join(directory, found[0])
+            return os.path.join(directory, found[0])
     return None
+
+
+@cache
+def _listing(directory: str) -> tuple[str, ...]:
+    try:
+        return tuple(os.listdir(directory))
+    except OSError:
+        return ()
 
 
 # ----------------------------------------------------------------------------- handles
