@@ -167,9 +167,7 @@ class TestGoJson:
 
 # Documents the Go 1.19 oracle prints like current Go: no \b or \f in strings (Go 1.22 changed
 # their escapes) and integers within float64's exact range (cnibox keeps bigger ones exact).
-_text = st.text(
-    st.characters(exclude_characters="\b\f", exclude_categories=["Cs"]), max_size=8
-)
+_text = st.text(st.characters(exclude_characters="\b\f", exclude_categories=["Cs"]), max_size=8)
 _scalars = (
     st.none()
     | st.booleans()
@@ -213,3 +211,50 @@ def test_render_matches_go_encoding_json(go_oracle: Path, doc: dict[str, Json]) 
     data = json.dumps(doc).encode()
     go = subprocess.run([str(go_oracle)], input=data, capture_output=True, check=True).stdout
     assert render_go_json(conflist.parse_document(data)) == go
+
+
+_plugin = st.fixed_dictionaries(
+    {"type": st.sampled_from(["bridge", "calico", "portmap", "linkerd-cni"])},
+    optional={"name": _text, "mtu": st.integers(0, 9000), "opt": _json},
+)
+_conflist = st.fixed_dictionaries(
+    {
+        "name": _text,
+        "cniVersion": st.sampled_from(["0.3.1", "1.0.0"]),
+        "plugins": st.lists(_plugin, max_size=5),
+    }
+)
+
+
+class TestLaws:
+    @settings(max_examples=60, deadline=None)
+    @given(doc=_conflist)
+    def test_insert_is_idempotent_and_leaves_one_entry_last(self, doc: dict[str, Json]) -> None:
+        """insert(insert(c)) == insert(c); exactly one linkerd entry, and it is last."""
+        once = insert_linkerd(json.dumps(doc).encode(), linkerd_config())
+        assert insert_linkerd(once, linkerd_config()) == once
+        assert conflist.count_linkerd(once) == 1
+        assert json.loads(once)["plugins"][-1]["type"] == "linkerd-cni"
+
+    @settings(max_examples=60, deadline=None)
+    @given(doc=_conflist)
+    def test_remove_after_insert_is_the_original_without_linkerd(
+        self, doc: dict[str, Json]
+    ) -> None:
+        """remove(insert(c)) is c minus its linkerd entries, other plugins in order."""
+        removed = remove_linkerd(insert_linkerd(json.dumps(doc).encode(), linkerd_config()))
+        assert removed is not None
+        plugins = doc["plugins"]
+        assert isinstance(plugins, list)
+        expected = {**doc, "plugins": [p for p in plugins if not conflist.is_linkerd(p)]}
+        # Compared as Go holds them: every number a float64 (1e16 prints as 10000000000000000).
+        assert json.loads(removed, parse_int=float) == json.loads(
+            json.dumps(expected), parse_int=float
+        )
+
+    @settings(max_examples=60, deadline=None)
+    @given(data=st.binary(max_size=64))
+    def test_arbitrary_bytes_raise_only_config_error(self, data: bytes) -> None:
+        """Garbage in gives ConfigError, nothing else."""
+        with pytest.raises(ConfigError):
+            insert_linkerd(b"\xff" + data, linkerd_config())
