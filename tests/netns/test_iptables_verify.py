@@ -1,0 +1,120 @@
+"""iptables-verify against live network namespaces whose rules Debian's real
+`ip(6)tables-{nft,legacy}-restore` loaded; the verifier itself runs with no host binary on PATH."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURES, REPO, cnibox_argv, require_tool
+from tests.rig import Netns, Rig
+from tests.unit.test_iptables_verify import netconf
+
+pytestmark = pytest.mark.netns
+
+LINKERD = FIXTURES / "derived/linkerd-iptables"
+# (scenario whose save text is restored, family) - IPv4 with every rule kind, IPv6 defaults.
+CASES = [("full-legacy-wait", "ipv4"), ("default-ipv6-nft", "ipv6")]
+BACKENDS = ["nft", "legacy"]
+
+
+def tool(family: str, backend: str, suffix: str = "") -> str:
+    prefix = "iptables" if family == "ipv4" else "ip6tables"
+    return require_tool(f"{prefix}-{backend}{suffix}")
+
+
+def restore(ns: Netns, scenario: str, family: str, backend: str) -> None:
+    """Load the scenario's save text with the real restore tool of that backend."""
+    text = (LINKERD / f"{scenario}.iptables-save.txt").read_text()
+    ns.exec([tool(family, backend, "-restore")], input_=text)
+
+
+def verify(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """cnibox iptables-verify with PATH pointing nowhere: no iptables, no nsenter."""
+    env = {"PATH": "/nonexistent", "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [*cnibox_argv("iptables-verify"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def config(tmp_path: Path, scenario: str, backend: str) -> str:
+    path = tmp_path / "conf.json"
+    path.write_text(json.dumps(netconf(scenario, **{"iptables-mode": backend})))
+    return str(path)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("scenario", "family"), CASES)
+def test_rules_restored_by_iptables_verify(
+    rig: Rig, tmp_path: Path, scenario: str, family: str, backend: str
+) -> None:
+    """Rules loaded by the real restore tool verify (exit 0, also --strict); deleting one
+    with the real tool makes the verifier exit 1 naming it."""
+    ns = rig.netns()
+    restore(ns, scenario, family, backend)
+    args = ["--config", config(tmp_path, scenario, backend), "--netns", ns.path]
+    args += ["--family", family, "--mode", backend]
+    proc = verify(args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith(f"{family} nat table of {ns.path}: OK")
+    assert verify([*args, "--strict"]).returncode == 0
+
+    saved = ns.exec([tool(family, backend, "-save"), "-t", "nat"]).splitlines()
+    victim = next(line for line in saved if line.startswith("-A PROXY_INIT_OUTPUT -o lo"))
+    ns.exec([tool(family, backend), "-t", "nat", "-D", *shlex.split(victim)[1:]])
+    proc = verify(args)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"- {victim}    # missing" in proc.stdout
+
+
+def test_wrong_backend_sees_nothing(rig: Rig, tmp_path: Path) -> None:
+    """Rules loaded through nft are not in the legacy tables: --mode legacy reports them
+    missing (the two kernel interfaces are separate)."""
+    ns = rig.netns()
+    restore(ns, "default-legacy", "ipv4", "nft")
+    args = ["--config", config(tmp_path, "default-legacy", "nft"), "--netns", ns.path]
+    assert verify([*args, "--mode", "nft"]).returncode == 0
+    proc = verify([*args, "--mode", "legacy", "--json"])
+    assert proc.returncode == 1
+    doc = json.loads(proc.stdout)
+    assert {c["chain"] for c in doc["chains"]} == {"PROXY_INIT_OUTPUT", "PROXY_INIT_REDIRECT"}
+
+
+def test_pid_of_a_process_in_the_netns(rig: Rig, tmp_path: Path) -> None:
+    """--pid PID reads the netns of that process."""
+    ns = rig.netns()
+    restore(ns, "default-nft", "ipv4", "nft")
+    sleeper = ns.popen(["sleep", "60"])
+    try:
+        args = ["--config", config(tmp_path, "default-nft", "nft"), "--pid", str(sleeper.pid)]
+        proc = verify(args)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"/proc/{sleeper.pid}/ns/net: OK" in proc.stdout
+    finally:
+        sleeper.kill()
+        sleeper.communicate(timeout=10)
+
+
+def test_kube_proxy_rules_are_ignored_unless_strict(rig: Rig, tmp_path: Path) -> None:
+    """Other chains and jumps in the live table only matter with --strict."""
+    ns = rig.netns()
+    restore(ns, "default-nft", "ipv4", "nft")
+    iptables = tool("ipv4", "nft")
+    ns.exec([iptables, "-t", "nat", "-N", "KUBE-SERVICES"])
+    ns.exec([iptables, "-t", "nat", "-I", "OUTPUT", "1", "-j", "KUBE-SERVICES"])
+    args = ["--config", config(tmp_path, "default-nft", "nft"), "--netns", ns.path]
+    assert verify(args).returncode == 0
+    proc = verify([*args, "--strict"])
+    assert proc.returncode == 1
+    assert "+ :KUBE-SERVICES -    # unexpected chain" in proc.stdout
+    assert "+ -A OUTPUT -j KUBE-SERVICES    # unexpected" in proc.stdout
