@@ -418,7 +418,11 @@ class _Decoder:
 
     def save(self, value: object, go_type: str, ctx: Ctx | None) -> None:
         if self.first is None:
-            what = "number " + value.text if isinstance(value, Number) else kind_of(value)
+            # Go names the literal only when a number does not fit a numeric field.
+            numeric = go_type in ("int", "float64")
+            what = (
+                "number " + value.text if isinstance(value, Number) and numeric else kind_of(value)
+            )
             where = None if ctx is None else (ctx[0], ".".join(ctx[1]))
             self.first = (what, go_type, where)
 
