@@ -195,26 +195,30 @@ class TestImages:
 
     def test_umoci_unpacks_the_extension(self, images: Path, tmp_path: Path) -> None:
         """umoci unpack --rootless gives the extension tree, which passes Talos' rules."""
-        umoci = require_tool("umoci")
-        bundle = tmp_path / "bundle"
-        subprocess.run(
-            [
-                umoci,
-                "unpack",
-                "--rootless",
-                "--image",
-                f"{images / 'cnibox-talos-extension'}:{__version__}",
-                str(bundle),
-            ],
-            check=True,
-            capture_output=True,
-        )
-        root = bundle / "rootfs"
+        root = umoci_unpack(images / "cnibox-talos-extension", tmp_path / "bundle")
         binary = root / "rootfs" / "usr" / "local" / "lib" / "cnibox" / "cnibox"
         assert binary.read_bytes() == (images / "binary").read_bytes()
         assert stat.S_IMODE(binary.stat().st_mode) == 0o755
         proc = run_check(root)
         assert proc.returncode == 0, proc.stderr
+
+    def test_umoci_unpacks_the_installer(self, images: Path, tmp_path: Path) -> None:
+        """The installer image unpacks to the binary, its applet links and a sticky /tmp."""
+        root = umoci_unpack(images / "cnibox-installer", tmp_path / "bundle")
+        binary = root / "usr" / "local" / "bin" / "cnibox"
+        assert binary.read_bytes() == (images / "binary").read_bytes()
+        assert os.readlink(root / "usr" / "local" / "bin" / "install-cni") == "cnibox"
+        assert stat.S_IMODE((root / "tmp").stat().st_mode) == 0o1777
+
+
+def umoci_unpack(layout: Path, bundle: Path) -> Path:
+    umoci = require_tool("umoci")
+    subprocess.run(
+        [umoci, "unpack", "--rootless", "--image", f"{layout}:{__version__}", str(bundle)],
+        check=True,
+        capture_output=True,
+    )
+    return bundle / "rootfs"
 
 
 # --- Kubernetes manifests ---------------------------------------------------------------------
