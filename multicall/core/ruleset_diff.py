@@ -188,18 +188,20 @@ class _RuleBuilder:
         """Who takes `--name`, and the option's full spelling (iptables' attribution order)."""
         candidates = [self.target] if self.target else []
         candidates += self.matches
-        for owner in candidates:
-            if owner is not None and owner.known is not None:
-                full = _resolve(name, owner.known)
-                if full is not None:
-                    return owner, full
         implicit = _IMPLICIT_MATCH.get(self.protocol or -1)
-        if implicit is not None:
-            full = _resolve(name, _MATCH_OPTIONS[implicit])
-            if full is not None:
-                owner = _Owner(implicit, _MATCH_OPTIONS[implicit])
-                self.matches.append(owner)
-                return owner, full
+        # getopt_long prefers an exact name anywhere over an abbreviation.
+        for exact in (True, False):
+            for owner in candidates:
+                if owner.known is not None:
+                    full = _resolve(name, owner.known, exact=exact)
+                    if full is not None:
+                        return owner, full
+            if implicit is not None:
+                full = _resolve(name, _MATCH_OPTIONS[implicit], exact=exact)
+                if full is not None:
+                    owner = _Owner(implicit, _MATCH_OPTIONS[implicit])
+                    self.matches.append(owner)
+                    return owner, full
         if self.last is None:
             self.last = _Owner("", None)
             self.matches.append(self.last)
@@ -216,10 +218,12 @@ class _RuleBuilder:
         )
 
 
-def _resolve(name: str, known: Sequence[str]) -> str | None:
+def _resolve(name: str, known: Sequence[str], *, exact: bool) -> str | None:
     """getopt_long's matching: an exact name, or a prefix of exactly one known option."""
     if name in known:
         return _ALIASES.get(name, name)
+    if exact:
+        return None
     hits = {_ALIASES.get(k, k) for k in known if k.startswith(name)}
     return hits.pop() if len(hits) == 1 else None
 

@@ -379,3 +379,62 @@ class TestProperties:
         rules = tuple(Rule("PROXY_INIT_OUTPUT", (*p, "-j", "RETURN")) for p in parts)
         table = Table("nat", (Chain("PROXY_INIT_OUTPUT"),), rules)
         assert diff_tables(table, table).ok
+
+
+_VOCAB = st.sampled_from(
+    [
+        *("!", "-p", "-s", "-d", "-i", "-o", "-f", "-m", "-j", "-g", "-c", "-4", "--match"),
+        *("--protocol", "--source", "--dport", "--sport", "--to-port", "--comment", "--syn"),
+        *("--ctstate", "--uid-owner", "--set", "--limit", "--dports", "--destination-port"),
+        *("tcp", "udp", "all", "0", "6", "300", "comment", "multiport", "owner", "limit"),
+        *("recent", "REDIRECT", "RETURN", "PROXY_INIT_X", "10.0.0.1", "::1", "1.2.3.4/33"),
+        *("a,b", "-1", "", "x y", "--", "-", "255.0.0.0", "1:2", "NEW,ESTABLISHED"),
+    ]
+)
+
+
+@st.composite
+def grammar_specs(draw: st.DrawFn) -> tuple[str, ...]:
+    """Specs as iptables would accept them: base options, matches with options, a target."""
+    out: list[str] = []
+    if draw(st.booleans()):
+        out += ["-p", draw(st.sampled_from(["tcp", "udp", "6", "all", "TCP"]))]
+    for flag, value in (("-s", "10.1.2.3/8"), ("-d", "::1"), ("-o", "lo"), ("-i", "eth+")):
+        if draw(st.booleans()):
+            out += [*(["!"] if draw(st.booleans()) else []), flag, value]
+    for module, options in draw(st.lists(st.sampled_from(_MODULES), max_size=3)):
+        out += ["-m", module]
+        for option in options:
+            out += [*(["!"] if draw(st.booleans()) else []), *option]
+    if draw(st.booleans()):
+        out += draw(st.sampled_from([["-j", "RETURN"], ["-j", "REDIRECT", "--to-port", "1"]]))
+    return tuple(out)
+
+
+_MODULES: list[tuple[str, list[tuple[str, ...]]]] = [
+    ("owner", [("--uid-owner", "7")]),
+    ("comment", [("--comment", "a b")]),
+    ("multiport", [("--dports", "1,2")]),
+    ("limit", [("--limit", "1/s"), ("--limit-burst", "3")]),
+    ("recent", [("--set",), ("--name", "x")]),
+    ("conntrack", [("--ctstate", "NEW,ESTABLISHED")]),
+    ("tcp", [("--dport", "80"), ("--tcp-flags", "SYN,ACK", "SYN")]),
+]
+
+
+class TestCanonicalLaws:
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(_VOCAB, max_size=12))
+    def test_never_raises(self, spec: list[str]) -> None:
+        """Any token list has a canonical form, and diffing tables of such rules works."""
+        key = canonical(spec)
+        table = Table("nat", (Chain("PROXY_INIT_X"),), (Rule("PROXY_INIT_X", tuple(spec)),))
+        assert diff_tables(table, table).ok
+        assert isinstance(key.spec, tuple)
+
+    @settings(max_examples=300, deadline=None)
+    @given(grammar_specs())
+    def test_canonical_form_is_a_fixed_point(self, spec: tuple[str, ...]) -> None:
+        """Canonicalising the canonical form's spec changes nothing."""
+        key = canonical(spec)
+        assert canonical(key.spec) == key
