@@ -16,6 +16,9 @@ Rules of this module:
    `FirewallError` naming it. A rule we cannot print exactly is never printed wrongly.
 5. Integers inside nf_tables attributes are big-endian; xt structs are host-endian
    (little-endian on every platform cnibox ships for), as the kernel reads them.
+6. Values are `NamedTuple`s, not frozen dataclasses: this module defines about thirty of them
+   and a frozen dataclass costs milliseconds of import time each. They are immutable and
+   slotted all the same; equality is by value, so tests that care compare types too.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import errno as errno_mod
 import ipaddress
 import struct
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from multicall.core.firewall import Family, TableChange
 from multicall.core.ruleset import (
@@ -168,51 +171,44 @@ IFNAMSIZ = 16
 # ============================================================================================
 
 
-@dataclass(frozen=True, slots=True)
-class Meta:
+class Meta(NamedTuple):
     key: int
     dreg: int = NFT_REG_1
 
 
-@dataclass(frozen=True, slots=True)
-class Payload:
+class Payload(NamedTuple):
     base: int
     offset: int
     length: int
     dreg: int = NFT_REG_1
 
 
-@dataclass(frozen=True, slots=True)
-class Cmp:
+class Cmp(NamedTuple):
     op: int
     data: bytes
     sreg: int = NFT_REG_1
 
 
-@dataclass(frozen=True, slots=True)
-class Bitwise:
+class Bitwise(NamedTuple):
     mask: bytes
     xor: bytes
     sreg: int = NFT_REG_1
     dreg: int = NFT_REG_1
 
 
-@dataclass(frozen=True, slots=True)
-class Range:
+class Range(NamedTuple):
     op: int
     low: bytes
     high: bytes
     sreg: int = NFT_REG_1
 
 
-@dataclass(frozen=True, slots=True)
-class Counter:
+class Counter(NamedTuple):
     packets: int = 0
     bytes: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Immediate:
+class Immediate(NamedTuple):
     """A verdict: NF_ACCEPT/NF_DROP/NFT_RETURN, or NFT_JUMP/NFT_GOTO with a chain."""
 
     code: int
@@ -220,22 +216,19 @@ class Immediate:
     dreg: int = NFT_REG_VERDICT
 
 
-@dataclass(frozen=True, slots=True)
-class XtMatch:
+class XtMatch(NamedTuple):
     name: str
     rev: int
     info: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class XtTarget:
+class XtTarget(NamedTuple):
     name: str
     rev: int
     info: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Unknown:
+class Unknown(NamedTuple):
     """An expression this codec does not speak; decoding a rule holding one fails."""
 
     name: str
@@ -409,20 +402,17 @@ def decode_exprs(data: bytes) -> tuple[Expr, ...]:
 # ============================================================================================
 
 
-@dataclass(frozen=True, slots=True)
-class Address:
+class Address(NamedTuple):
     network: ipaddress.IPv4Network | ipaddress.IPv6Network
     invert: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Iface:
+class Iface(NamedTuple):
     name: str  # "eth+" is the wildcard form
     invert: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Proto:
+class Proto(NamedTuple):
     number: int
     invert: bool = False
 
@@ -430,8 +420,7 @@ class Proto:
 PortRange = tuple[int, int]
 
 
-@dataclass(frozen=True, slots=True)
-class PortMatch:
+class PortMatch(NamedTuple):
     """`-m tcp` / `-m udp` with --sport/--dport (encoded natively by iptables-nft)."""
 
     proto: str
@@ -441,15 +430,13 @@ class PortMatch:
     dport_invert: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Multiport:
+class Multiport(NamedTuple):
     option: str  # --sports / --dports / --ports
     ports: tuple[PortRange, ...]
     invert: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Owner:
+class Owner(NamedTuple):
     uid: PortRange | None = None  # (min, max) id range, reusing the pair type
     uid_invert: bool = False
     gid: PortRange | None = None
@@ -458,24 +445,21 @@ class Owner:
     socket_invert: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Comment:
+class Comment(NamedTuple):
     text: str
 
 
 MatchSpec = PortMatch | Multiport | Owner | Comment
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(NamedTuple):
     """-j ACCEPT/DROP/RETURN, -j CHAIN (jump), -g CHAIN (goto)."""
 
     name: str
     goto: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Redirect:
+class Redirect(NamedTuple):
     ports: PortRange | None = None
     random: bool = False
 
@@ -483,8 +467,7 @@ class Redirect:
 TargetSpec = Verdict | Redirect
 
 
-@dataclass(frozen=True, slots=True)
-class RuleSpec:
+class RuleSpec(NamedTuple):
     source: Address | None = None
     destination: Address | None = None
     in_iface: Iface | None = None
@@ -497,11 +480,12 @@ class RuleSpec:
 # --- tokens -> RuleSpec ----------------------------------------------------------------------
 
 
-@dataclass(slots=True)
 class _Tokens:
-    items: Sequence[str]
-    pos: int = 0
-    invert: bool = False
+    __slots__ = ("items", "pos")
+
+    def __init__(self, items: Sequence[str]) -> None:
+        self.items = items
+        self.pos = 0
 
     def peek(self) -> str | None:
         return self.items[self.pos] if self.pos < len(self.items) else None
@@ -513,11 +497,10 @@ class _Tokens:
         return self.items[self.pos - 1]
 
     def take_invert(self) -> bool:
-        inv = self.invert
+        inv = False
         while self.peek() == "!":
             self.pos += 1
             inv = not inv
-        self.invert = False
         return inv
 
 
@@ -846,8 +829,7 @@ def _without_p_all(tokens: Sequence[str]) -> Iterator[str]:
 _ADDR_OFFSETS = {Family.IPV4: (12, 16, 4), Family.IPV6: (8, 24, 16)}
 
 
-@dataclass(frozen=True, slots=True)
-class EncodedRule:
+class EncodedRule(NamedTuple):
     exprs: tuple[Expr, ...]
     compat_proto: int = 0
     compat_invert: bool = False
@@ -988,14 +970,16 @@ def encode_redirect(target: Redirect, family: Family) -> bytes:
 # ============================================================================================
 
 
-@dataclass(slots=True)
 class _Decoder:
-    family: Family
-    exprs: tuple[Expr, ...]
-    pos: int = 0
-    basics: dict[str, Address | Iface | Proto] = field(default_factory=dict)
-    matches: list[MatchSpec] = field(default_factory=list)
-    target: TargetSpec | None = None
+    __slots__ = ("basics", "exprs", "family", "matches", "pos", "target")
+
+    def __init__(self, family: Family, exprs: tuple[Expr, ...]) -> None:
+        self.family = family
+        self.exprs = exprs
+        self.pos = 0
+        self.basics: dict[str, Address | Iface | Proto] = {}
+        self.matches: list[MatchSpec] = []
+        self.target: TargetSpec | None = None
 
     def take(self) -> Expr | None:
         self.pos += 1
@@ -1270,8 +1254,7 @@ def decode_rule_tokens(
 # ============================================================================================
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(NamedTuple):
     """One netlink message as received: nlmsghdr fields, nfgenmsg family, attribute bytes."""
 
     msg_type: int
@@ -1281,8 +1264,7 @@ class Message:
     body: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class NetlinkError:
+class NetlinkError(NamedTuple):
     """An NLMSG_ERROR: errno 0 is an ACK. `seq` names the request it answers."""
 
     errno: int
@@ -1352,8 +1334,7 @@ def dump_request(msg: int, family: Family, seq: int, table: str | None = None) -
 # --- chains and rules as the kernel reports them -------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ChainInfo:
+class ChainInfo(NamedTuple):
     table: str
     name: str
     hook: int | None = None
@@ -1363,8 +1344,7 @@ class ChainInfo:
     kind: str | None = None  # base chain type: nat, filter, route
 
 
-@dataclass(frozen=True, slots=True)
-class RuleInfo:
+class RuleInfo(NamedTuple):
     table: str
     chain: str
     handle: int
@@ -1468,8 +1448,7 @@ def _chain_line(info: ChainInfo | None, name: str) -> Chain:
 # --- the apply batch -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Batch:
+class Batch(NamedTuple):
     """The bytes to send, and what each sequence number was (for error messages)."""
 
     data: bytes

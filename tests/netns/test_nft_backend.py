@@ -25,7 +25,7 @@ from multicall.effects.ns import entered_netns
 from multicall.errors import FirewallError
 from tests.conftest import FIXTURES, REPO, require_root, require_tool
 from tests.rig import Netns, Rig
-from tests.unit.test_nft_codec import family_of, rule_specs, save_rules
+from tests.unit.test_nft_codec import family_of, rule_specs, save_rules, typed
 from tests.unit.test_proxy_init import (
     OK_NAMES,
     fixture_body,
@@ -168,7 +168,7 @@ class TestReadingIptablesNft:
         with entered_netns(ns.path, allow_own=False):
             raw = read_rules(family, "nat")
         for info, rule in zip(raw, table.rules, strict=True):
-            assert info.exprs == c.encode_rule_tokens(rule.spec, family).exprs
+            assert typed(info.exprs) == typed(c.encode_rule_tokens(rule.spec, family).exprs)
 
     def test_foreign_expressions_are_named(self, rig: Rig) -> None:
         """A nat rule iptables-nft would never write is refused by name, not misprinted."""
