@@ -109,7 +109,6 @@ class State:
 
     written: dict[str, str] = field(default_factory=dict)  # path -> sha256 of our bytes
     originals: dict[str, Original] = field(default_factory=dict)  # patched path -> before
-    links: dict[str, str] = field(default_factory=dict)  # link path -> its target
     copied: dict[str, str] = field(default_factory=dict)  # copied binary -> sha256
     kubeconfig: str = ""
 
@@ -172,7 +171,6 @@ class Installer:
         if not (os.path.islink(path) and os.readlink(path) == target):
             fs.symlink_atomic(target, path)
             self.log.info(f"linked {path} -> {target}")
-        self.state.links[path] = target
 
     def _is_cnibox_link(self, target: str) -> bool:
         return target in (COPY_NAME, self.config.host_binary)
