@@ -71,8 +71,11 @@ zipapp: deps
 demo: deps
 	$(PY) -m tests.demo
 
-bench: deps
-	@echo "bench: not yet available"; exit 1
+# Pod-start cost against upstream's nsenter+iptables approach (bench/bench.py; README
+# "Benchmark"). Throwaway netns only, all removed; raw numbers in bench/results/latest.json.
+BENCH_ARGS ?=
+bench: deps build
+	$(PY) bench/bench.py --binary $(CURDIR)/dist/cnibox $(BENCH_ARGS)
 
 # The Talos system extension and the DaemonSet image (OCI layout dirs + oci-archive tars) from
 # the built single file; tests build them from a stand-in file instead (tests/unit/test_packaging.py).

@@ -1,16 +1,26 @@
 """`make bench`: pod-start cost of cnibox against upstream's approach, side by side.
 
-Every case runs in throwaway network namespaces this script creates and removes; nothing
-touches the machine's own network namespace. Speed is reported here, never asserted in tests.
+Every case runs in throwaway network namespaces this script creates and removes (also on
+Ctrl-C, SIGTERM or an exception); nothing touches the machine's own network namespace: the
+test Kubernetes API (tests/kubeapi.py) listens on 127.0.0.1 of a bench "node" netns, the
+plugin runs in that node netns (like a runtime on the host) and programs a fresh pod netns.
+Speed is reported here, never asserted in tests.
 
 Rows:
   upstream replay  the exact argv sequence upstream's Go plugin runs for a meshed pod with the
                    chart defaults (save, rule commands, save), each as
                    `nsenter --net=<netns> -- <argv>` with Debian's real binaries
-  cnibox ADD       a full plugin invocation (stdin config with prevResult, the test API server
-                   on loopback TLS), source mode and built binary, legacy and nft
-  bare start       `cnibox --version` and `python3 -c pass`
+  cnibox ADD       a full plugin invocation as the container runtime makes it (CNI_* env,
+                   chained config with prevResult on stdin, API server on loopback TLS):
+                   source mode (`python -m multicall linkerd-cni`), the built binary through a
+                   `linkerd-cni` symlink warm, and its first start after install (empty
+                   CNIBOX_CACHE each time); legacy and nft
+  bare start       `cnibox --version`, `python -m multicall --version`, `python3 -c pass`
   concurrency      N ADDs launched at once against N fresh netns
+
+Each ADD is checked outside the timed region: exit status 0, stdout is the prevResult, and
+the pod's nat table (Debian's iptables-save) equals upstream's golden for the mode.
+`--profile` instead runs one source-mode ADD under `-X importtime` and cProfile.
 """
 
 from __future__ import annotations
@@ -19,20 +29,45 @@ import argparse
 import json
 import os
 import platform
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("CNIBOX_SHARED", REPO.parent / "shared"))
-SCENARIOS = SHARED / "fixtures" / "derived" / "linkerd-iptables"
+sys.path.insert(0, str(REPO))
+
+from multicall.effects.ns import entered_netns  # noqa: E402
+from tests.conftest import FIXTURES  # noqa: E402
+from tests.kubeapi import KubeApi, make_pki, pods_from_golden  # noqa: E402
+from tests.libcni import CHART_LINKERD  # noqa: E402
+
+SCENARIOS = FIXTURES / "derived" / "linkerd-iptables"
+PREV_RESULT = (
+    FIXTURES / "derived" / "reference-plugin-oracle" / "ptp-host-local-ADD-1.0.0.stdout.json"
+)
+GOLDEN = (
+    FIXTURES
+    / "upstream"
+    / "linkerd2"
+    / "inject-goldens"
+    / ("inject_emojivoto_deployment_no_init_container.golden.yml")
+)
 RESULTS = REPO / "bench" / "results"
-_seq = iter(range(1_000_000))
+NETNS_DIR = "/var/run/netns"
+SAVE = {"nft": "iptables-nft-save", "legacy": "iptables-legacy-save"}
+PREFIX = "cbxbench"
+
+
+# ----------------------------------------------------------------------------- numbers
 
 
 @dataclass
@@ -40,6 +75,9 @@ class Row:
     name: str
     samples_ms: list[float] = field(default_factory=list)
     failures: int = 0
+    maxrss_kb: list[int] = field(default_factory=list)
+    cpu_ms: list[float] = field(default_factory=list)  # user + system of the process tree
+    wall_ms: float | None = None  # concurrency rows: first spawn to last reaping
     note: str = ""
 
     @property
@@ -48,31 +86,165 @@ class Row:
 
     @property
     def p99(self) -> float:
-        if not self.samples_ms:
-            return float("nan")
-        ordered = sorted(self.samples_ms)
-        return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+        return percentile(self.samples_ms, 0.99)
+
+    def add(self, ms: float, ok: bool, maxrss_kb: int, cpu_ms: float) -> None:
+        self.samples_ms.append(ms)
+        self.failures += 0 if ok else 1
+        self.maxrss_kb.append(maxrss_kb)
+        self.cpu_ms.append(cpu_ms)
 
 
-def sh(argv: list[str], **kw: object) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(argv, capture_output=True, check=False, **kw)  # type: ignore[call-overload,no-any-return]
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (p99 of 30 samples is the largest)."""
+    if not samples:
+        return float("nan")
+    ordered = sorted(samples)
+    rank = max(1, -(-len(ordered) * q // 1))  # ceil(n*q)
+    return ordered[int(rank) - 1]
 
 
-@contextmanager
-def fresh_netns() -> Iterator[str]:
-    name = f"cbxbench{os.getpid()}x{next(_seq)}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
-        yield f"/var/run/netns/{name}"
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
+# ----------------------------------------------------------------------------- processes
 
 
-def timed(fn: Callable[[], bool]) -> tuple[float, bool]:
-    start = time.perf_counter()
-    ok = fn()
-    return (time.perf_counter() - start) * 1000, ok
+@dataclass
+class Exit:
+    ms: float
+    status: int
+    maxrss_kb: int
+    cpu_ms: float
+    stdout: bytes
+    stderr: bytes
+
+
+@dataclass(frozen=True)
+class Reaped:
+    pid: int
+    end: float
+    status: int
+    maxrss_kb: int
+    cpu_ms: float
+
+
+class Spawner:
+    """posix_spawn + wait4: one child's wall time and peak RSS, stdio through files."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.live: set[int] = set()
+        self._seq = 0
+
+    def start(
+        self, argv: Sequence[str], env: Mapping[str, str], stdin: Path | None = None
+    ) -> tuple[int, float, Path]:
+        self._seq += 1
+        out = self.workdir / f"out{self._seq}"
+        actions = [
+            (os.POSIX_SPAWN_OPEN, 0, str(stdin or os.devnull), os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, f"{out}.1", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+            (os.POSIX_SPAWN_OPEN, 2, f"{out}.2", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+        ]
+        start = time.perf_counter()
+        pid = os.posix_spawnp(argv[0], list(argv), dict(env), file_actions=actions)
+        self.live.add(pid)
+        return pid, start, out
+
+    def reap(self, pid: int) -> Reaped:
+        """Wait for `pid` (-1: any child)."""
+        got, status, usage = os.wait4(pid, 0)
+        end = time.perf_counter()
+        self.live.discard(got)
+        cpu_ms = 1000 * (usage.ru_utime + usage.ru_stime)
+        return Reaped(got, end, os.waitstatus_to_exitcode(status), usage.ru_maxrss, cpu_ms)
+
+    def run(self, argv: Sequence[str], env: Mapping[str, str], stdin: Path | None = None) -> Exit:
+        pid, start, out = self.start(argv, env, stdin)
+        return self.collect(start, self.reap(pid), out)
+
+    @staticmethod
+    def collect(start: float, reaped: Reaped, out: Path) -> Exit:
+        stdout, stderr = Path(f"{out}.1"), Path(f"{out}.2")
+        result = Exit(
+            (reaped.end - start) * 1000,
+            reaped.status,
+            reaped.maxrss_kb,
+            reaped.cpu_ms,
+            stdout.read_bytes(),
+            stderr.read_bytes(),
+        )
+        stdout.unlink()
+        stderr.unlink()
+        return result
+
+    def kill_all(self) -> None:
+        for pid in list(self.live):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+            self.live.discard(pid)
+
+
+# ----------------------------------------------------------------------------- netns
+
+
+class Namespaces:
+    """Every netns the bench makes, removed by `remove_all` whatever happens."""
+
+    def __init__(self) -> None:
+        self.made: set[str] = set()
+        self._seq = 0
+
+    def make(self, count: int = 1) -> list[str]:
+        names = []
+        for _ in range(count):
+            self._seq += 1
+            names.append(f"{PREFIX}{os.getpid()}x{self._seq}")
+        self.made.update(names)
+        _ip_batch([f"netns add {name}" for name in names])
+        return names
+
+    def remove(self, names: Sequence[str]) -> None:
+        _ip_batch([f"netns del {name}" for name in names], check=False)
+        self.made.difference_update(names)
+
+    def remove_all(self) -> None:
+        if self.made:
+            self.remove(sorted(self.made))
+
+    @contextmanager
+    def fresh(self) -> Iterator[str]:
+        (name,) = self.make()
+        try:
+            yield f"{NETNS_DIR}/{name}"
+        finally:
+            self.remove([name])
+
+
+def _ip_batch(commands: Sequence[str], *, check: bool = True) -> None:
+    proc = subprocess.run(
+        ["ip", "-force", "-batch", "-"],
+        input="".join(f"{c}\n" for c in commands).encode(),
+        capture_output=True,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"ip -batch failed: {proc.stderr.decode().strip()}")
+
+
+def remove_stale() -> None:
+    """Namespaces left by a bench run that was SIGKILLed (its pid is gone)."""
+    stale = []
+    for name in os.listdir(NETNS_DIR) if os.path.isdir(NETNS_DIR) else []:
+        pid = name.removeprefix(PREFIX).split("x")[0]
+        if name.startswith(PREFIX) and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            stale.append(name)
+    if stale:
+        _ip_batch([f"netns del {name}" for name in stale], check=False)
+
+
+# ----------------------------------------------------------------------------- upstream rows
 
 
 def load_argv(scenario: str) -> list[list[str]]:
@@ -80,43 +252,269 @@ def load_argv(scenario: str) -> list[list[str]]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def upstream_replay(scenario: str, save_binary: str) -> Callable[[str], bool]:
-    commands = [[save_binary, "-t", "nat"], *load_argv(scenario), [save_binary, "-t", "nat"]]
-
-    def run(netns: str) -> bool:
-        for argv in commands:
-            if sh(["nsenter", f"--net={netns}", "--", *argv]).returncode != 0:
-                return False
-        return True
-
-    return run
+def upstream_commands(mode: str) -> list[list[str]]:
+    save = [SAVE[mode], "-t", "nat"]
+    return [save, *load_argv(f"default-{mode}"), save]
 
 
-def measure_in_netns(name: str, fn: Callable[[str], bool], iterations: int) -> Row:
+def nat_table(netns: str, mode: str) -> str:
+    """The pod's nat table as Debian's save tool prints it, without its comment lines."""
+    proc = subprocess.run(
+        ["nsenter", f"--net={netns}", "--", SAVE[mode], "-t", "nat"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return without_comments(proc.stdout)
+
+
+def without_comments(text: str) -> str:
+    return "".join(line + "\n" for line in text.splitlines() if line and line[0] != "#")
+
+
+def golden_table(mode: str) -> str:
+    return without_comments((SCENARIOS / f"default-{mode}.iptables-save.txt").read_text())
+
+
+# ----------------------------------------------------------------------------- the plugin
+
+
+@dataclass
+class Plugin:
+    """One way of running linkerd-cni (argv prefix), with its environment additions."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    fresh_cache: Path | None = None  # set: an empty CNIBOX_CACHE under it per invocation
+
+
+@dataclass
+class Cluster:
+    """The node netns with the API server, and how to make one ADD's inputs."""
+
+    node: str  # netns path
+    kubeconfig: Path
+    pod: tuple[str, str]  # namespace, name
+    workdir: Path
+    prev: dict[str, Any]
+
+    def prev_for(self, netns: str) -> dict[str, Any]:
+        """The primary plugin's result for this pod (its eth0 in `netns`)."""
+        ifaces = [{**i, "sandbox": netns} if "sandbox" in i else i for i in self.prev["interfaces"]]
+        return {**self.prev, "interfaces": ifaces}
+
+    def stdin(self, netns: str, mode: str) -> Path:
+        prev = self.prev_for(netns)
+        conf = {
+            "cniVersion": "1.0.0",
+            "name": "cbxnet",
+            "type": "linkerd-cni",
+            "log_level": "info",
+            "kubernetes": {"kubeconfig": str(self.kubeconfig)},
+            "linkerd": {**CHART_LINKERD, "iptables-mode": mode},
+            "prevResult": prev,
+        }
+        path = self.workdir / f"stdin-{os.path.basename(netns)}"
+        path.write_text(json.dumps(conf))
+        return path
+
+    def env(self, netns: str, plugin: Plugin, seq: int) -> dict[str, str]:
+        env = {
+            "CNI_COMMAND": "ADD",
+            "CNI_CONTAINERID": f"bench{seq:08d}",
+            "CNI_NETNS": netns,
+            "CNI_IFNAME": "eth0",
+            "CNI_PATH": "/opt/cni/bin:/usr/lib/cni",
+            "CNI_ARGS": (
+                f"IgnoreUnknown=1;K8S_POD_NAMESPACE={self.pod[0]};K8S_POD_NAME={self.pod[1]};"
+                f"K8S_POD_INFRA_CONTAINER_ID=bench{seq:08d}"
+            ),
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            **plugin.env,
+        }
+        if plugin.fresh_cache is not None:
+            env["CNIBOX_CACHE"] = tempfile.mkdtemp(dir=plugin.fresh_cache)
+        return env
+
+
+@contextmanager
+def cluster(namespaces: Namespaces, workdir: Path) -> Iterator[Cluster]:
+    (node_name,) = namespaces.make()
+    node = f"{NETNS_DIR}/{node_name}"
+    subprocess.run(["ip", "-n", node_name, "link", "set", "lo", "up"], check=True)
+    api = KubeApi(make_pki(workdir / "pki"))
+    pod = pods_from_golden(GOLDEN)[0]
+    api.add_pod(pod)
+    api.start(node)
+    # A real API server's backlog is somaxconn; the test server's 16 would drop the SYNs of a
+    # 100-pod burst and add TCP's 1 s retransmit to the concurrency row.
+    if api._server is not None:
+        api._server.socket.listen(1024)
+    try:
+        yield Cluster(
+            node,
+            api.kubeconfig(workdir / "ZZZ-linkerd-cni-kubeconfig"),
+            (pod["metadata"]["namespace"], pod["metadata"]["name"]),
+            workdir,
+            json.loads(PREV_RESULT.read_text()),
+        )
+    finally:
+        api.stop()
+
+
+class Bench:
+    def __init__(self, spawner: Spawner, namespaces: Namespaces, cl: Cluster) -> None:
+        self.spawner = spawner
+        self.namespaces = namespaces
+        self.cluster = cl
+        self.seq = 0
+        self.problems: list[str] = []
+
+    def add_once(self, plugin: Plugin, mode: str, netns: str) -> tuple[Exit, bool]:
+        """One timed ADD, then (untimed) the proof that it programmed upstream's rules."""
+        self.seq += 1
+        stdin = self.cluster.stdin(netns, mode)
+        env = self.cluster.env(netns, plugin, self.seq)
+        with entered_netns(self.cluster.node):
+            done = self.spawner.run(plugin.argv, env, stdin)
+        ok = self.verify(done, mode, netns, plugin.name)
+        self._drop_cache(env)
+        return done, ok
+
+    def verify(self, done: Exit, mode: str, netns: str, who: str) -> bool:
+        problem = ""
+        if done.status != 0:
+            problem = f"exit {done.status}: {done.stdout[:300]!r} {done.stderr[-300:]!r}"
+        elif not _passes_on(_parsed(done.stdout), self.cluster.prev_for(netns)):
+            problem = f"stdout is not the prevResult: {done.stdout!r}"
+        elif nat_table(netns, mode) != golden_table(mode):
+            problem = f"nat table differs from default-{mode}: {done.stderr[-300:]!r}"
+        if problem and len(self.problems) < 20:
+            self.problems.append(f"{who} {mode}: {problem}")
+        return not problem
+
+    @staticmethod
+    def _drop_cache(env: Mapping[str, str]) -> None:
+        if "CNIBOX_CACHE" in env:
+            shutil.rmtree(env["CNIBOX_CACHE"], ignore_errors=True)
+
+    def add_row(self, name: str, plugin: Plugin, mode: str, iterations: int) -> Row:
+        row = Row(name)
+        with self.namespaces.fresh() as netns:  # warm-up, not counted
+            self.add_once(plugin, mode, netns)
+        for _ in range(iterations):
+            with self.namespaces.fresh() as netns:
+                done, ok = self.add_once(plugin, mode, netns)
+            row.add(done.ms, ok, done.maxrss_kb, done.cpu_ms)
+        return row
+
+    def concurrency(self, name: str, plugin: Plugin, mode: str, count: int) -> Row:
+        """`count` ADDs spawned back to back, each timed from its spawn to its reaping."""
+        names = self.namespaces.make(count)
+        row = Row(name)
+        try:
+            started: dict[int, Started] = {}
+            inputs = []
+            for netns in (f"{NETNS_DIR}/{n}" for n in names):
+                self.seq += 1
+                env = self.cluster.env(netns, plugin, self.seq)
+                inputs.append((netns, self.cluster.stdin(netns, mode), env))
+            with entered_netns(self.cluster.node):
+                for netns, stdin, env in inputs:
+                    pid, start, out = self.spawner.start(plugin.argv, env, stdin)
+                    started[pid] = Started(start, out, netns, env)
+            reaped: list[Reaped] = []
+            while len(reaped) < len(started):
+                child = self.spawner.reap(-1)
+                if child.pid in started:
+                    reaped.append(child)
+            for child in reaped:
+                run = started[child.pid]
+                done = Spawner.collect(run.start, child, run.out)
+                ok = self.verify(done, mode, run.netns, plugin.name)
+                row.add(done.ms, ok, done.maxrss_kb, done.cpu_ms)
+                self._drop_cache(run.env)
+            first = min(run.start for run in started.values())
+            row.wall_ms = 1000 * (max(child.end for child in reaped) - first)
+            row.note = f"wall {row.wall_ms:.0f} ms for {count} ADDs"
+        finally:
+            self.namespaces.remove(names)
+        return row
+
+
+@dataclass(frozen=True)
+class Started:
+    start: float
+    out: Path
+    netns: str
+    env: dict[str, str]
+
+
+def _passes_on(result: object, prev: dict[str, Any]) -> bool:
+    """A chained plugin's output carries the primary's interfaces and IPs unchanged."""
+    if not isinstance(result, dict):
+        return False
+    keys = ("cniVersion", "interfaces", "ips")
+    return all(result.get(k) == prev.get(k) for k in keys)
+
+
+def _parsed(raw: bytes) -> object:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+# ----------------------------------------------------------------------------- other rows
+
+
+def upstream_row(name: str, spawner: Spawner, namespaces: Namespaces, mode: str, n: int) -> Row:
+    commands = upstream_commands(mode)
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     row = Row(name)
-    for _ in range(iterations):
-        with fresh_netns() as netns:
-            ms, ok = timed(lambda netns=netns: fn(netns))  # type: ignore[misc]
-        row.samples_ms.append(ms)
-        row.failures += 0 if ok else 1
+    for i in range(n + 1):
+        with namespaces.fresh() as netns:
+            total, cpu, ok, rss = 0.0, 0.0, True, 0
+            for argv in commands:
+                done = spawner.run(["nsenter", f"--net={netns}", "--", *argv], env)
+                total += done.ms
+                cpu += done.cpu_ms
+                rss = max(rss, done.maxrss_kb)
+                ok = ok and done.status == 0
+            ok = ok and nat_table(netns, mode) == golden_table(mode)
+        if i:  # the first pass warms the page cache and modules; not counted
+            row.add(total, ok, rss, cpu)
+    row.note = f"{len(commands)} processes"
     return row
 
 
-def measure_command(name: str, argv: list[str], iterations: int) -> Row:
+def command_row(
+    name: str, spawner: Spawner, argv: list[str], n: int, env: Mapping[str, str]
+) -> Row:
     row = Row(name)
-    for _ in range(iterations):
-        ms, ok = timed(lambda: sh(argv).returncode == 0)
-        row.samples_ms.append(ms)
-        row.failures += 0 if ok else 1
+    spawner.run(argv, env)
+    for _ in range(n):
+        done = spawner.run(argv, env)
+        row.add(done.ms, done.status == 0, done.maxrss_kb, done.cpu_ms)
     return row
+
+
+# ----------------------------------------------------------------------------- report
 
 
 def format_table(rows: list[Row]) -> str:
-    head = f"{'case':<44}{'n':>5}{'median ms':>12}{'p99 ms':>10}{'fail':>6}"
+    head = (
+        f"{'case':<44}{'n':>4}{'median ms':>10}{'p99 ms':>9}{'cpu ms':>8}{'fail':>5}"
+        f"{'RSS MiB':>8}  note"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
+        rss = statistics.median(r.maxrss_kb) / 1024 if r.maxrss_kb else float("nan")
+        cpu = statistics.median(r.cpu_ms) if r.cpu_ms else float("nan")
         lines.append(
-            f"{r.name:<44}{len(r.samples_ms):>5}{r.median:>12.1f}{r.p99:>10.1f}{r.failures:>6}"
+            f"{r.name:<44}{len(r.samples_ms):>4}{r.median:>10.1f}{r.p99:>9.1f}{cpu:>8.1f}"
+            f"{r.failures:>5}{rss:>8.1f}  {r.note}"
         )
     return "\n".join(lines)
 
@@ -135,20 +533,201 @@ def machine() -> dict[str, str]:
         "cores": str(os.cpu_count()),
         "kernel": platform.release(),
         "python": platform.python_version(),
+        "loadavg_at_start": Path("/proc/loadavg").read_text().split(" ", 3)[:3].__str__(),
     }
 
 
-def save(rows: list[Row], ratios: dict[str, float], extra: dict[str, object]) -> Path:
+def ratio(rows: dict[str, Row], num: str, den: str) -> float | None:
+    if num in rows and den in rows and rows[den].median > 0:
+        return rows[num].median / rows[den].median
+    return None
+
+
+def ratios(rows: dict[str, Row], impl: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for mode in ("nft", "legacy"):
+        value = ratio(rows, f"cnibox ADD, {impl}, {mode}", f"upstream replay, {mode}")
+        out[f"cnibox {impl} ADD / upstream replay ({mode})"] = {"value": value, "goal": 0.25}
+    bare = (
+        "bare start: cnibox --version"
+        if impl != "source"
+        else "bare start: python -m multicall --version"
+    )
+    for mode in ("nft", "legacy"):
+        value = ratio(rows, f"cnibox ADD, {impl}, {mode}", bare)
+        out[f"cnibox {impl} ADD / bare start ({mode})"] = {"value": value, "goal": 2.0}
+    conc = rows.get(f"concurrency: {impl}, nft")
+    if conc is not None and conc.samples_ms:
+        out[f"concurrency p99 / p50 ({impl})"] = {"value": conc.p99 / conc.median, "goal": 3.0}
+    return out
+
+
+def format_ratios(values: dict[str, dict[str, Any]]) -> str:
+    lines = []
+    for name, r in values.items():
+        v = r["value"]
+        verdict = "n/a" if v is None else ("ok" if v <= r["goal"] else "MISSED")
+        shown = "   -  " if v is None else f"{v:6.2f}"
+        lines.append(f"{name:<52}{shown}  (goal <= {r['goal']})  {verdict}")
+    return "\n".join(lines)
+
+
+def save(rows: list[Row], ratio_values: dict[str, Any], extra: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "latest.json"
     data = {
         "machine": machine(),
         "rows": [asdict(r) | {"median": r.median, "p99": r.p99} for r in rows],
-        "ratios": ratios,
+        "ratios": ratio_values,
         **extra,
     }
     out.write_text(json.dumps(data, indent=2) + "\n")
     return out
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def plugins(workdir: Path, binary: Path | None) -> dict[str, Plugin]:
+    found = {"source": Plugin("source", [sys.executable, "-m", "multicall", "linkerd-cni"])}
+    if binary is None:
+        return found
+    links = workdir / "bin"
+    links.mkdir()
+    (links / "linkerd-cni").symlink_to(binary)
+    warm = workdir / "cache-warm"
+    warm.mkdir(mode=0o700)
+    first = workdir / "cache-first"
+    first.mkdir(mode=0o700)
+    argv = [str(links / "linkerd-cni")]
+    found["binary"] = Plugin("binary", argv, {"CNIBOX_CACHE": str(warm)})
+    found["binary first start"] = Plugin("binary first start", argv, fresh_cache=first)
+    return found
+
+
+def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces) -> int:
+    n = args.iterations
+    binary = Path(args.binary) if args.binary and Path(args.binary).exists() else None
+    workdir = spawner.workdir
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    rows: list[Row] = []
+    extra: dict[str, Any] = {"iterations": n, "concurrency": args.concurrency}
+
+    def add(row: Row) -> None:
+        rows.append(row)
+        print(format_table([row]).splitlines()[-1], flush=True)
+
+    print(format_table([]).splitlines()[0], flush=True)
+    for mode in ("nft", "legacy"):
+        add(upstream_row(f"upstream replay, {mode}", spawner, namespaces, mode, n))
+    add(command_row("bare start: python3 -c pass", spawner, ["python3", "-c", "pass"], n, env))
+    add(
+        command_row(
+            "bare start: python -m multicall --version",
+            spawner,
+            [sys.executable, "-m", "multicall", "--version"],
+            n,
+            env,
+        )
+    )
+    impls = plugins(workdir, binary)
+    if binary is not None:
+        cache = {"CNIBOX_CACHE": impls["binary"].env["CNIBOX_CACHE"], **env}
+        add(
+            command_row(
+                "bare start: cnibox --version", spawner, [str(binary), "--version"], n, cache
+            )
+        )
+        extra["binary"] = {"path": str(binary), "size_bytes": binary.stat().st_size}
+    with cluster(namespaces, workdir) as cl:
+        bench = Bench(spawner, namespaces, cl)
+        for impl, plugin in impls.items():
+            for mode in ("nft", "legacy"):
+                add(bench.add_row(f"cnibox ADD, {impl}, {mode}", plugin, mode, n))
+        for impl in ("source", "binary"):
+            if impl in impls and args.concurrency:
+                add(
+                    bench.concurrency(
+                        f"concurrency: {impl}, nft", impls[impl], "nft", args.concurrency
+                    )
+                )
+        extra["problems"] = bench.problems
+    if binary is not None:
+        extra["binary"]["extracted_bytes"] = _tree_size(Path(impls["binary"].env["CNIBOX_CACHE"]))
+    by_name = {r.name: r for r in rows}
+    ratio_values = {}
+    for impl in ("binary", "source"):
+        if impl in impls:
+            ratio_values.update(ratios(by_name, impl))
+    print()
+    print(format_table(rows))
+    print()
+    print(format_ratios(ratio_values))
+    if "binary" in extra:
+        b = extra["binary"]
+        print(
+            f"\nbinary: {b['size_bytes'] / 2**20:.1f} MiB file, "
+            f"{b['extracted_bytes'] / 2**20:.1f} MiB unpacked in CNIBOX_CACHE"
+        )
+    for problem in extra["problems"]:
+        print(f"problem: {problem}")
+    print(f"results: {save(rows, ratio_values, extra)}")
+    failures = sum(r.failures for r in rows)
+    return 1 if failures else 0
+
+
+def _tree_size(root: Path) -> int:
+    return sum(p.lstat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def run_profile(spawner: Spawner, namespaces: Namespaces, mode: str) -> int:
+    """One source-mode ADD under `-X importtime`, one under cProfile: the top costs."""
+    import pstats
+
+    impl = Plugin("source", [sys.executable, "-m", "multicall", "linkerd-cni"])
+    prof = spawner.workdir / "add.prof"
+    with cluster(namespaces, spawner.workdir) as cl:
+        bench = Bench(spawner, namespaces, cl)
+        with namespaces.fresh() as netns:
+            bench.add_once(impl, mode, netns)
+        runs = {
+            "importtime": [sys.executable, "-X", "importtime", "-m", "multicall", "linkerd-cni"],
+            "cprofile": [
+                sys.executable,
+                "-m",
+                "cProfile",
+                "-o",
+                str(prof),
+                "-m",
+                "multicall",
+                "linkerd-cni",
+            ],
+        }
+        for what, argv in runs.items():
+            with namespaces.fresh() as netns:
+                done, ok = bench.add_once(Plugin(what, argv), mode, netns)
+            print(f"== {what}: {done.ms:.1f} ms, verified: {ok}")
+            if what == "importtime":
+                print_importtime(done.stderr.decode())
+        stats = pstats.Stats(str(prof))
+        stats.sort_stats("cumulative").print_stats(35)
+        stats.sort_stats("tottime").print_stats(20)
+        for problem in bench.problems:
+            print(f"problem: {problem}")
+    return 0
+
+
+def print_importtime(stderr: str, top: int = 25) -> None:
+    """`-X importtime` lines ("import time: self | cumulative | name"), largest first."""
+    rows: list[tuple[int, int, str]] = []
+    for line in stderr.splitlines():
+        if line.startswith("import time:") and "self [us]" not in line:
+            fields = line.removeprefix("import time:").split("|")
+            rows.append((int(fields[1]), int(fields[0]), fields[2].rstrip()))
+    total = sum(row[1] for row in rows)
+    print(f"imports: {total / 1000:.1f} ms in total; largest cumulative (self):")
+    for cum_us, self_us, module in sorted(rows, reverse=True)[:top]:
+        print(f"  {cum_us / 1000:7.1f} ms ({self_us / 1000:5.1f})  {module}")
 
 
 def main() -> int:
@@ -156,27 +735,29 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("-n", "--iterations", type=int, default=30)
+    parser.add_argument("-c", "--concurrency", type=int, default=100)
     parser.add_argument("--binary", default=str(REPO / "dist" / "cnibox"))
+    parser.add_argument("--profile", choices=("nft", "legacy"), help="profile one source ADD")
     args = parser.parse_args()
-    n = args.iterations
-    rows = [
-        measure_in_netns(
-            "upstream replay, nft (nsenter + iptables-nft)",
-            upstream_replay("default-nft", "iptables-nft-save"),
-            n,
-        ),
-        measure_in_netns(
-            "upstream replay, legacy (nsenter + iptables-legacy)",
-            upstream_replay("default-legacy", "iptables-legacy-save"),
-            n,
-        ),
-        measure_command("bare start: python3 -c pass", [sys.executable, "-c", "pass"], n),
-    ]
-    if Path(args.binary).exists():
-        rows.append(measure_command("bare start: cnibox --version", [args.binary, "--version"], n))
-    print(format_table(rows))
-    print(f"results: {save(rows, {}, {})}")
-    return 0
+    if os.geteuid() != 0:
+        print("bench: needs root (network namespaces)", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _terminate)
+    remove_stale()
+    namespaces = Namespaces()
+    with tempfile.TemporaryDirectory(prefix="cnibox-bench-") as tmp:
+        spawner = Spawner(Path(tmp))
+        try:
+            if args.profile:
+                return run_profile(spawner, namespaces, args.profile)
+            return run_bench(args, spawner, namespaces)
+        finally:
+            spawner.kill_all()
+            namespaces.remove_all()
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":
