@@ -15,6 +15,7 @@ from multicall.core.firewall import (
     ProxyInitOptions,
     TableChange,
 )
+from multicall.core.iptables_save import last_table, parse_save
 from multicall.core.proxy_init import (
     PortRange,
     apply_change,
@@ -101,18 +102,10 @@ def fixture_error(name: str) -> str:
 
 
 def parse_existing(path: Path) -> Table:
-    """Just enough of a save parser for upstream's existing-rules dump (plain tokens)."""
-    chains: list[Chain] = []
-    rules: list[Rule] = []
-    for line in path.read_text().splitlines():
-        if line.startswith(":"):
-            name, policy, _ = line[1:].split(" ")
-            chains.append(Chain(name, None if policy == "-" else policy))
-        elif line.startswith("-A "):
-            head, _, rest = line[3:].partition(" ")
-            tokens = rest.replace('"', "").split(" ")
-            rules.append(Rule(head, tuple(tokens)))
-    return Table("nat", tuple(chains), tuple(rules))
+    """Upstream's existing-rules dump as a table (through the verifier's save parser)."""
+    table = last_table(parse_save(path.read_text()), "nat")
+    assert table is not None
+    return table
 
 
 # ---------------------------------------------------------------- ports
