@@ -258,3 +258,26 @@ class TestLaws:
         """Garbage in gives ConfigError, nothing else."""
         with pytest.raises(ConfigError):
             insert_linkerd(b"\xff" + data, linkerd_config())
+
+
+class TestShellInstallerDecision:
+    """Where upstream's shell and Go installers differ, cnibox follows Go (documented)."""
+
+    SHELL = FIXTURES / "derived" / "linkerd-shell-installer"
+
+    @pytest.mark.parametrize(
+        "source", ["10-calico.conf", "10-calico.conflist", "10-calico-linkerd.conflist"]
+    )
+    def test_same_document_as_the_shell_installer_but_go_bytes(self, source: str) -> None:
+        """Same data as the shell result, bar cniVersion 0.3.1 for an upgraded .conf."""
+        chart = (self.SHELL / "CNI_NETWORK_CONFIG.chart-default.json").read_bytes()
+        ours = insert_linkerd(
+            (TESTDATA / source).read_bytes(),
+            chart.replace(b"__KUBECONFIG_FILEPATH__", PLUGIN_KUBECONFIG),
+        )
+        shell = json.loads((self.SHELL / f"from-{source}.result").read_bytes())
+        if source.endswith(".conf"):
+            assert shell["cniVersion"] == "0.3.0"
+            shell["cniVersion"] = "0.3.1"
+        assert json.loads(ours) == shell
+        assert not ours.endswith(b"\n")
