@@ -186,22 +186,24 @@ class _RuleBuilder:
 
     def owner_of(self, name: str) -> tuple[_Owner, str]:
         """Who takes `--name`, and the option's full spelling (iptables' attribution order)."""
-        candidates = [self.target] if self.target else []
-        candidates += self.matches
-        implicit = _IMPLICIT_MATCH.get(self.protocol or -1)
-        # getopt_long prefers an exact name anywhere over an abbreviation.
+        loaded = [self.target] if self.target else []
+        loaded += self.matches
+        # getopt_long sees the loaded extensions' options and prefers an exact name anywhere
+        # over an abbreviation; only an option it does not know loads the protocol's match.
         for exact in (True, False):
-            for owner in candidates:
+            for owner in loaded:
                 if owner.known is not None:
                     full = _resolve(name, owner.known, exact=exact)
                     if full is not None:
                         return owner, full
-            if implicit is not None:
-                full = _resolve(name, _MATCH_OPTIONS[implicit], exact=exact)
-                if full is not None:
-                    owner = _Owner(implicit, _MATCH_OPTIONS[implicit])
-                    self.matches.append(owner)
-                    return owner, full
+        implicit = _IMPLICIT_MATCH.get(self.protocol or -1)
+        if implicit is not None:
+            known = _MATCH_OPTIONS[implicit]
+            full = _resolve(name, known, exact=True) or _resolve(name, known, exact=False)
+            if full is not None:
+                owner = _Owner(implicit, known)
+                self.matches.append(owner)
+                return owner, full
         if self.last is None:
             self.last = _Owner("", None)
             self.matches.append(self.last)

@@ -77,6 +77,9 @@ class TestCanonicalForm:
                 "-m multiport --dports 1 --dports 1 -m comment --comment x",
             ),
             ("-p tcp -j RETURN -c 3 4", "-p tcp -j RETURN"),
+            ("-p tcp -m multiport --dport 1,2", "-p tcp -m multiport --dports 1,2"),
+            ("-p tcp -j REDIRECT --to-p 5", "-p tcp -j REDIRECT --to-ports 5"),
+            ("-m owner --uid 5", "-m owner --uid-owner 5"),
         ],
     )
     def test_equal(self, written: str, saved: str) -> None:
