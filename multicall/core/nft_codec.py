@@ -677,6 +677,8 @@ def _parse_comment(toks: _Tokens) -> Comment:
         raise FirewallError("comment: --comment is required")
     if len(found[0].encode()) >= COMMENT_LEN:
         raise FirewallError("COMMENT must be shorter than 256 characters")
+    if "\0" in found[0]:  # the kernel would keep only the text before it
+        raise FirewallError("a comment cannot contain a NUL character")
     return Comment(found[0])
 
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from multicall.core import nft_codec as c
-from multicall.core.firewall import Family, ProxyInitOptions, TableChange
+from multicall.core.firewall import Family, FirewallBackend, ProxyInitOptions, TableChange
 from multicall.core.proxy_init import empty_table, expected_table, plan_change, strip_counters
 from multicall.core.ruleset import Rule, Table, render_table
 from multicall.effects.nft_backend import NftBackend, read_rules
@@ -42,6 +42,7 @@ V4, V6 = Family.IPV4, Family.IPV6
 SAVE = {V4: "iptables-nft-save", V6: "ip6tables-nft-save"}
 RESTORE = {V4: "iptables-nft-restore", V6: "ip6tables-nft-restore"}
 BACKEND = NftBackend()
+AS_PROTOCOL: FirewallBackend = BACKEND  # mypy checks NftBackend against the seam
 
 
 def oracle(ns: Netns, family: Family) -> list[str]:

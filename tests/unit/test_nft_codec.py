@@ -190,6 +190,8 @@ class TestCanonicalForms:
             c.encode_rule_tokens(tokens(f"-p tcp -m multiport --dports {ports} -j RETURN"), V4)
         with pytest.raises(FirewallError, match="COMMENT"):
             c.encode_rule_tokens(("-m", "comment", "--comment", "x" * 256), V4)
+        with pytest.raises(FirewallError, match="NUL"):
+            c.encode_rule_tokens(("-m", "comment", "--comment", "a\0b"), V4)
         with pytest.raises(FirewallError, match="interface"):
             c.encode_rule_tokens(("-o", "x" * 16, "-j", "RETURN"), V4)
 
