@@ -11,14 +11,16 @@ import shlex
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from multicall.core.firewall import OUTPUT_CHAIN, REDIRECT_CHAIN, Family, Mode, ProxyInitOptions
-from multicall.core.proxy_init import build_run_argv, expected_table, strip_counters
-from multicall.core.ruleset import render_table
-from multicall.effects.firewall import apply_proxy_init, dump_nat
+from multicall.core.proxy_init import build_run_argv, expected_table, plan_change, strip_counters
+from multicall.core.ruleset import Rule, render_table
+from multicall.effects.firewall import apply_proxy_init, backend_for, dump_nat
+from multicall.effects.ns import entered_netns
 from multicall.errors import FirewallError, NetnsError
 from tests.conftest import REPO, require_tool
 from tests.rig import Netns, Rig
@@ -154,6 +156,21 @@ def test_legacy_dump_prints_like_save(rig: Rig, family: Family) -> None:
         pod.exec([tool, "-t", "nat", *shlex.split(args)])
     dumped = dump_nat(pod.path, mode=Mode.LEGACY, family=family)
     assert render_table(dumped).splitlines() == oracle(pod, Mode.LEGACY, family)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_kernel_refusal_changes_nothing(rig: Rig, mode: Mode) -> None:
+    """A change the kernel rejects at commit (REDIRECT hooked from INPUT) leaves no trace."""
+    pod = rig.netns("p")
+    apply(pod, DEFAULT, mode)
+    before = oracle(pod, mode, Family.IPV4)
+    applied = expected_table(DEFAULT, Family.IPV4)
+    change = plan_change(applied, ProxyInitOptions(proxy_gid=9), Family.IPV4)
+    bad = Rule("INPUT", ("-p", "tcp", "-j", "REDIRECT", "--to-ports", "1"))
+    change = replace(change, create_chains=("NEW",), append=(*change.append, bad))
+    with entered_netns(pod.path), pytest.raises(FirewallError):
+        backend_for(mode, Family.IPV4).apply(Family.IPV4, change)
+    assert oracle(pod, mode, Family.IPV4) == before
 
 
 class TestSafety:
