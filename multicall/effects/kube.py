@@ -147,13 +147,8 @@ class KubeClient:
                 f'Get "{url}": tls: failed to verify certificate: x509: {_x509(exc)}'
             ) from None
         except TimeoutError:
+            detail = self._timeout_detail(connected)
             self.close()
-            if connected:
-                detail = (
-                    "context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
-                )
-            else:
-                detail = f"dial tcp {self.endpoint.hostport}: i/o timeout"
             raise KubeError(f'Get "{url}": {detail}') from None
         except ConnectionRefusedError:
             self.close()
@@ -164,6 +159,13 @@ class KubeClient:
             self.close()
             reason = (exc.strerror or str(exc) or type(exc).__name__).lower()
             raise KubeError(f'Get "{url}": {reason}') from None
+
+    def _timeout_detail(self, connected: bool) -> str:
+        if connected:
+            return "context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
+        if self._conn is not None and self._conn.sock is not None:
+            return "net/http: TLS handshake timeout"
+        return f"dial tcp {self.endpoint.hostport}: i/o timeout"
 
     def _connection(self, deadline: float) -> http.client.HTTPConnection:
         import http.client
