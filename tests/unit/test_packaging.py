@@ -273,6 +273,7 @@ class TestManifests:
         ours = yaml.safe_load((PACKAGING / "kubernetes" / "values.yaml").read_text())
         chart_values = FIXTURES / "upstream" / "linkerd2" / "charts-linkerd2-cni" / "values.yaml"
         chart = yaml.safe_load(chart_values.read_text())
+        assert ours["image"]["version"] == __version__
         shared = set(ours) & set(chart) - {"image"}
         assert len(shared) > 15
         assert {k: ours[k] for k in shared} == {k: chart[k] for k in shared}
