@@ -22,7 +22,6 @@ from multicall.core.firewall import Family, FirewallBackend, Mode, ProxyInitOpti
 from multicall.core.proxy_init import build_run_argv, invalid_ports, plan_change
 from multicall.core.ruleset import Table
 from multicall.effects import ns
-from multicall.effects.iptc_backend import IptcBackend
 from multicall.errors import FirewallError
 
 Log = Callable[[str], None]
@@ -37,6 +36,14 @@ def families(*, ipv6: bool) -> tuple[Family, ...]:
 
 
 # ----------------------------------------------------------------------------- backends
+
+
+def legacy_backend() -> FirewallBackend:
+    # Imported here: libiptc's module (ctypes, pickle, subprocess) costs every nft ADD ~50 ms.
+    from multicall.effects.iptc_backend import IptcBackend
+
+    backend: FirewallBackend = IptcBackend()
+    return backend
 
 
 def nft_backend() -> FirewallBackend:
@@ -61,6 +68,8 @@ def _nft_usable() -> FirewallBackend | None:
 
 def _legacy_has_rules(family: Family) -> bool:
     try:
+        from multicall.effects.iptc_backend import IptcBackend
+
         return IptcBackend().has_rules(family)
     except FirewallError:
         return False  # libiptc unusable here: legacy cannot be what this netns uses
@@ -69,12 +78,12 @@ def _legacy_has_rules(family: Family) -> bool:
 def detect_backend(family: Family, log: Log = _quiet) -> FirewallBackend:
     """Istio's order: legacy if it has rules here, else nft if usable, else legacy."""
     if _legacy_has_rules(family):
-        backend: FirewallBackend = IptcBackend()
+        backend = legacy_backend()
         reason = "legacy tables already hold rules in this netns"
     elif (nft := _nft_usable()) is not None:
         backend, reason = nft, "no legacy rules here and nf_tables is usable"
     else:
-        backend, reason = IptcBackend(), "nf_tables is not usable"
+        backend, reason = legacy_backend(), "nf_tables is not usable"
     log(f"iptables-mode plain: using {backend.name} for {family.value} ({reason})")
     return backend
 
@@ -82,7 +91,7 @@ def detect_backend(family: Family, log: Log = _quiet) -> FirewallBackend:
 def backend_for(mode: Mode, family: Family, log: Log = _quiet) -> FirewallBackend:
     """The backend of `mode`; call it inside the target netns (`plain` looks around)."""
     if mode is Mode.LEGACY:
-        return IptcBackend()
+        return legacy_backend()
     if mode is Mode.NFT:
         return nft_backend()
     return detect_backend(family, log)
