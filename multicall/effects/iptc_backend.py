@@ -487,6 +487,7 @@ def run_isolated(work: Callable[[], T]) -> T:
     saying how the child died.
     """
     iptc()  # import once in the parent; children share it copy-on-write
+    _flush_std_streams()  # or the child (python-iptables flushes stdout) writes them twice
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child's coverage is not collected
@@ -500,16 +501,29 @@ def run_isolated(work: Callable[[], T]) -> T:
     return value
 
 
+def _flush_std_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.flush()
+
+
 def _child(work: Callable[[], object], write_end: int) -> NoReturn:  # pragma: no cover
+    """Never returns into the caller's code: whatever happens, the child ends here."""
+    try:
+        _report(work, write_end)
+    finally:
+        os._exit(0)
+
+
+def _report(work: Callable[[], object], write_end: int) -> None:  # pragma: no cover
     try:
         result: tuple[str, object] = ("ok", work())
     except FirewallError as exc:
         result = ("error", (exc.message, exc.details, exc.table))
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
         result = ("crash", f"{type(exc).__name__}: {exc}")
-    with contextlib.suppress(OSError), os.fdopen(write_end, "wb") as writer:
+    with contextlib.suppress(Exception), os.fdopen(write_end, "wb") as writer:
         writer.write(pickle.dumps(result))
-    os._exit(0)
 
 
 def _outcome(data: bytes, status: int) -> Any:

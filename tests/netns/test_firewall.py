@@ -212,6 +212,26 @@ class TestSafety:
         assert out.startswith("refused: /proc/self/ns/net is the caller's own network namespace")
         assert f":{OUTPUT_CHAIN} - [0:0]" in oracle(pod, Mode.LEGACY, Family.IPV4)
 
+    def test_stdout_not_duplicated(self, rig: Rig) -> None:
+        """Output buffered before a legacy apply is written once (the CNI result is stdout)."""
+        pod = rig.netns("p")
+        script = (
+            "import sys;"
+            "from multicall.core.firewall import Mode, ProxyInitOptions;"
+            "from multicall.effects.firewall import apply_proxy_init;"
+            f"apply = lambda: apply_proxy_init({pod.path!r}, ProxyInitOptions(),"
+            " mode=Mode.LEGACY, ipv6=True);"
+            "apply();"
+            "sys.stdout.write('before ');"
+            "apply();"  # its dump decodes rules, and python-iptables flushes stdout then
+            "sys.stdout.write('after')"
+        )
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+        proc = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False
+        )
+        assert (proc.returncode, proc.stdout) == (0, "before after"), proc.stderr
+
     def test_missing_netns(self) -> None:
         """A netns path that does not exist is a NetnsError, before anything else."""
         with pytest.raises(NetnsError, match="no such network namespace"):
