@@ -13,6 +13,7 @@ Which cnibox runs: $CNIBOX if set, else dist/cnibox if built, else the venv's co
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.rig import Pod, Rig
+from tests.rig import Netns, Pod, Rig
 
 BRIDGE = "cni0"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -107,12 +108,86 @@ def step_linkerd_call(demo: Demo) -> None:
     say(f"nsenter --net={pod.path} -- iptables-nft-save -t nat", out)
 
 
+def step_linkerd_cni(demo: Demo) -> None:
+    """The real libcni runs bridge + host-local, then linkerd-cni (cnibox), for a meshed pod
+    (upstream's injected manifest, served by a TLS test API server in the node netns) and a
+    plain one; the meshed pod's nat table is printed and TCP shows the redirection."""
+    from tests.kubeapi import KubeApi, make_pki, pods_from_golden
+    from tests.libcni import Runtime, build_driver, conflist, plugin_dir, primary_plugin
+
+    golden = REPO_ROOT.parent / "shared" / "fixtures" / "upstream" / "linkerd2" / "inject-goldens"
+    meshed = pods_from_golden(golden / "inject_emojivoto_deployment_no_init_container.golden.yml")[
+        0
+    ]
+    node = demo.rig.node()
+    api = KubeApi(make_pki(demo.workdir / "pki"))
+    api.add_pod(meshed)
+    api.start(node.path)
+    try:
+        cache = demo.workdir / "cni-cache"
+        cache.mkdir()
+        runtime = Runtime(
+            build_driver(), node.name, plugin_dir(demo.workdir / "cni-bin", str(demo.cnibox)), cache
+        )
+        primary = primary_plugin("bridge", demo.workdir / "ipam", "10.89.0.0/24", "cbxdemo0")
+        conf = conflist(
+            primary, api.kubeconfig(demo.workdir / "ZZZ-linkerd-cni-kubeconfig"), log_level="info"
+        )
+        meshed_ns, plain_ns = demo.rig.pod().netns, demo.rig.pod().netns
+        ips = []
+        for netns, pod in ((meshed_ns, meshed), (plain_ns, None)):
+            identity = (
+                None if pod is None else (pod["metadata"]["namespace"], pod["metadata"]["name"])
+            )
+            proc = runtime.run("add", conf, netns.path, container_id=f"c{netns.name}", pod=identity)
+            if proc.returncode != 0:
+                raise SystemExit(f"demo: libcni ADD failed: {proc.stderr}")
+            ips.append(json.loads(proc.stdout)["ips"][0]["address"].split("/", maxsplit=1)[0])
+        say(
+            f"libcni ADD bridge + host-local + linkerd-cni: meshed pod {ips[0]}, plain pod {ips[1]}"
+        )
+        say(f"iptables-nft-save -t nat in the meshed pod ({meshed_ns.name})",
+            meshed_ns.exec(["iptables-nft-save", "-t", "nat"]))  # fmt: skip
+        meta = meshed["metadata"]
+        check = runtime.run("check", conf, meshed_ns.path, container_id=f"c{meshed_ns.name}",
+                            pod=(meta["namespace"], meta["name"]))  # fmt: skip
+        say("libcni CHECK of the meshed pod", f"exit status {check.returncode}")
+        say("TCP through the rules (the answer is the port of the listener that accepted)",
+            _traffic(meshed_ns, plain_ns, ips[0], ips[1]))  # fmt: skip
+    finally:
+        api.stop()
+
+
+def _traffic(meshed: Netns, plain: Netns, meshed_ip: str, plain_ip: str) -> str:
+    probe = str(REPO_ROOT / "tests" / "libcni" / "tcp_probe.py")
+    listeners = [meshed.popen([sys.executable, probe, "listen", "4143", "4140", "8080"]),
+                 plain.popen([sys.executable, probe, "listen", "9999"])]  # fmt: skip
+    try:
+        for proc in listeners:
+            assert proc.stdout is not None
+            proc.stdout.readline()
+        lines = []
+        for what, netns, host, port, uid in (
+            ("plain pod -> meshed:8080", plain, meshed_ip, "8080", None),
+            ("meshed pod (uid 1000) -> plain:9999", meshed, plain_ip, "9999", "1000"),
+            ("meshed pod (uid 2102, the proxy) -> plain:9999", meshed, plain_ip, "9999", "2102"),
+        ):
+            argv = [sys.executable, probe, "connect", host, port, *([uid] if uid else [])]
+            lines.append(f"{what}: answered by port {netns.exec(argv, check=False).strip()}")
+        return "\n".join(lines)
+    finally:
+        for proc in listeners:
+            proc.kill()
+            proc.communicate()
+
+
 STEPS: list[Callable[[Demo], None]] = [
     step_links,
     step_pod_network,
     step_pod_addresses,
     step_pod_proc_net_dev,
     step_linkerd_call,
+    step_linkerd_cni,
 ]
 
 

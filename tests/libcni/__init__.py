@@ -56,9 +56,9 @@ def cnibox_executable() -> str:
     return str(script)
 
 
-def plugin_dir(directory: Path) -> Path:
+def plugin_dir(directory: Path, cnibox: str | None = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "linkerd-cni").symlink_to(cnibox_executable())
+    (directory / "linkerd-cni").symlink_to(cnibox or cnibox_executable())
     for name in ("bridge", "ptp", "host-local", "loopback"):
         (directory / name).symlink_to(REFERENCE_PLUGINS / name)
     return directory
