@@ -515,25 +515,26 @@ def uninstall(config: InstallerConfig, options: Options, log: Log) -> int:
 
 
 def run_watch(installer: Installer) -> int:
+    """Watch until a signal, then undo; signals stay recorded-only until the undo is done."""
     stop = Stop()
     stop.install()
     pid_file = installer.config.pid_file
     try:
-        write_pid_file(pid_file)
-    except OSError as exc:
-        installer.log.info(f"{pid_file}: {exc.strerror}; --uninstall will not find this run")
-    try:
-        watch(installer, stop)
-    except BaseException:
-        _undo_and_log(installer)
-        raise
+        try:
+            write_pid_file(pid_file)
+        except OSError as exc:
+            installer.log.info(f"{pid_file}: {exc.strerror}; --uninstall will not find this run")
+        try:
+            watch(installer, stop)
+        except BaseException:
+            _undo_and_log(installer)
+            raise
+        installer.log.info(f"signal {stop.signum}: undoing the installation")
+        return 1 if _undo_and_log(installer) else EXIT_OK
     finally:
         stop.restore()
         if running_installer(pid_file) is None:
             fs.remove_durably(pid_file)
-    installer.log.info(f"signal {stop.signum}: undoing the installation")
-    errors = _undo_and_log(installer)
-    return 1 if errors else EXIT_OK
 
 
 def _undo_and_log(installer: Installer) -> list[str]:

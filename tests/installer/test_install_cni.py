@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 from tests.conftest import FIXTURES
@@ -166,6 +167,21 @@ class TestUndo:
         wait_for(lambda: linkerd_count(host.net_dir / "20-calico.conflist") == 1, "patching")
         wait_for((host.net_dir / "10-calico.conflist").exists, "the .conf upgrade")
         proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert snapshot(host.prefix) == before
+
+    def test_repeated_signals_do_not_cut_the_undo_short(self, tmp_path: Path) -> None:
+        """SIGTERM, SIGTERM, SIGINT in a burst: one complete undo, exit 0, host as before."""
+        host = make_host(tmp_path)
+        for n in range(5):
+            put_config(host, f"{n}0-calico.conflist")
+        before = snapshot(host.prefix)
+        proc = host.start()
+        wait_for(lambda: linkerd_count(host.net_dir / "40-calico.conflist") == 1, "patching")
+        for signum in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT):
+            proc.send_signal(signum)
+            time.sleep(0.005)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
         assert snapshot(host.prefix) == before
