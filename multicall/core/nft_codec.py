@@ -1473,6 +1473,7 @@ def _rule_body(table: str, rule: Rule, family: Family) -> bytes:
 
 
 def _base_chain_body(table: str, name: str, hook: int, priority: int, kind: str) -> bytes:
+    """As `iptables-nft -A` makes them: ACCEPT policy, no counters."""
     hook_attr = nested(NFTA_CHAIN_HOOK, attr_u32(NFTA_HOOK_HOOKNUM, hook), attr_u32(2, priority))
     return (
         attr_str(NFTA_CHAIN_TABLE, table)
@@ -1488,17 +1489,19 @@ def plan_batch_ops(
 ) -> list[tuple[int, int, bytes, str]]:
     """(message type, extra flags, body, description) for every message between BEGIN/END.
 
-    Ensures the table and its base chains (only the missing ones, as iptables-nft does),
-    creates missing user chains, flushes the ones to flush (creating any that are missing:
-    the result, an empty chain, is the same), then appends the rules.
+    Ensures the table and, like `iptables-nft -A`, only the base chains the change uses
+    (rules appended to them, or named to create/flush) and only if missing; creates missing
+    user chains, flushes the ones to flush (creating any that are missing: the result, an
+    empty chain, is the same), then appends the rules.
     """
     table = change.table
     if table not in WRITABLE_TABLES:
         raise FirewallError(f"the nft backend cannot create table {table}", table=table)
     ops = [(NFT_MSG_NEWTABLE, NLM_F_CREATE, attr_str(NFTA_TABLE_NAME, table), f"table {table}")]
+    used = {r.chain for r in change.append} | {*change.create_chains, *change.flush_chains}
     base_names = {b[0] for b in BASE_CHAINS[table]}
     for name, hook, prio, kind in BASE_CHAINS[table]:
-        if name not in existing:
+        if name in used and name not in existing:
             body = _base_chain_body(table, name, hook, prio, kind)
             ops.append((NFT_MSG_NEWCHAIN, NLM_F_CREATE, body, f"chain {name}"))
     made = existing | base_names

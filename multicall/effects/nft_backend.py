@@ -175,6 +175,19 @@ def read_rules(family: Family, table: str | None = None) -> list[codec.RuleInfo]
     raise FirewallError("the ruleset kept changing while being read")
 
 
+def read_chains(family: Family) -> list[codec.ChainInfo]:
+    """The chains of every table of one family, as the kernel reports them."""
+    with _netlink() as sock:
+        for _ in range(ATTEMPTS):
+            try:
+                return [
+                    codec.parse_chain(m) for m in _dump(sock, codec.NFT_MSG_GETCHAIN, family, None)
+                ]
+            except _Interrupted:
+                continue
+    raise FirewallError("the ruleset kept changing while being read")
+
+
 class NftBackend:
     """iptables-nft-compatible rules in the `ip`/`ip6` nf_tables families (FirewallBackend)."""
 

@@ -7,6 +7,7 @@ Every test programs only namespaces made by the rig. The oracle is the real
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from multicall.core import nft_codec as c
 from multicall.core.firewall import Family, FirewallBackend, ProxyInitOptions, TableChange
 from multicall.core.proxy_init import empty_table, expected_table, plan_change, strip_counters
 from multicall.core.ruleset import Rule, Table, render_table
-from multicall.effects.nft_backend import NftBackend, read_rules
+from multicall.effects.nft_backend import NftBackend, read_chains, read_rules
 from multicall.effects.ns import entered_netns
 from multicall.errors import FirewallError
 from tests.conftest import FIXTURES, REPO, require_root, require_tool
@@ -171,6 +172,17 @@ class TestReadingIptablesNft:
         for info, rule in zip(raw, table.rules, strict=True):
             assert typed(info.exprs) == typed(c.encode_rule_tokens(rule.spec, family).exprs)
 
+    @pytest.mark.parametrize("times", [1, 2])
+    def test_noflush_restore_of_the_canonicalization_input(self, rig: Rig, times: int) -> None:
+        """Non-canonical restore input, read back as iptables-nft-save canonicalises it."""
+        ns = rig.netns()
+        text = (CANON / "input.restore.txt").read_text()
+        for _ in range(times):
+            ns.exec([require_tool(RESTORE[V4]), "--noflush"], input_=text)
+        expected = CANON / f"save-after-{'one-restore' if times == 1 else 'two-restores'}.nft.txt"
+        assert dump(ns, V4).rules == tuple(save_rules(expected))
+        assert lines(dump(ns, V4)) == oracle(ns, V4)
+
     def test_foreign_expressions_are_named(self, rig: Rig) -> None:
         """A nat rule iptables-nft would never write is refused by name, not misprinted."""
         ns = rig.netns()
@@ -195,6 +207,36 @@ class TestReadingIptablesNft:
         ns.exec([require_tool("nft"), "-f", "-"], input_=script)
         assert lines(dump(ns, V4)) == oracle(ns, V4)
         assert dump(ns, V4).rules_of("X")[0].spec[-4:] == ("--comment", "hi there", "-j", "RETURN")
+
+
+def replay_upstream(ns: Netns, name: str, family: Family) -> None:
+    """Run upstream's argv list (fixture) with the nft flavour of its binary."""
+    for line in (SCENARIOS / f"{name}.argv.jsonl").read_text().splitlines():
+        argv = [a for a in json.loads(line) if a != "-w"]
+        tool = "ip6tables-nft" if argv[0].startswith("ip6") else "iptables-nft"
+        ns.exec([require_tool(tool), *argv[1:]])
+
+
+KernelRule = tuple[str, list[tuple[str, c.Expr]]]
+
+
+def kernel_state(ns: Netns, family: Family) -> tuple[list[c.ChainInfo], list[KernelRule]]:
+    """Chains by name; rules by chain, in kernel order within each (handles differ)."""
+    with entered_netns(ns.path, allow_own=False):
+        chains = sorted(read_chains(family), key=lambda ch: ch.name)
+        rules = [(r.chain, typed(r.exprs)) for r in read_rules(family)]
+    return chains, sorted(rules, key=lambda r: r[0])
+
+
+class TestSameKernelStateAsUpstream:
+    @pytest.mark.parametrize("name", [n for n in OK_NAMES if "twice" not in n])
+    def test_chains_and_expressions(self, rig: Rig, name: str) -> None:
+        """cnibox leaves the kernel exactly as upstream's iptables-nft commands do: the same
+        chains (hooks, priorities, policies, counters) and, per chain, the same expressions."""
+        ours, theirs, family = rig.netns(), rig.netns(), scenario_family(name)
+        run_scenario(ours, scenario_options(name), family)
+        replay_upstream(theirs, name, family)
+        assert kernel_state(ours, family) == kernel_state(theirs, family)
 
 
 class TestDetection:

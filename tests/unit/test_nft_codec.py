@@ -343,22 +343,25 @@ class TestBatch:
         return TableChange("nat", ("PROXY_INIT_OUTPUT",), ("PROXY_INIT_REDIRECT",), (self.RULE,))
 
     def test_fresh_netns(self) -> None:
-        """Empty netns: table, four base chains, the chains to create/flush, then the rule."""
-        batch = c.build_batch(self.change(), frozenset(), V4, genid=7, seq=100)
+        """Empty netns: table, the base chain used, the chains to create/flush, then rules."""
+        jump = Rule("OUTPUT", ("-j", "PROXY_INIT_OUTPUT"))
+        change = TableChange("nat", ("PROXY_INIT_OUTPUT",), (), (self.RULE, jump))
+        batch = c.build_batch(change, frozenset(), V4, genid=7, seq=100)
         msgs = _messages(batch.data)
         kinds = [m.msg_type & 0xFF for m in msgs]
-        assert kinds == [0x10, 0, 3, 3, 3, 3, 3, 3, 6, 0x11]
+        assert kinds == [0x10, 0, 3, 3, 6, 6, 0x11]
         begin = c.attr_map(msgs[0].body)
         assert c.u32(begin[c.NFNL_BATCH_GENID]) == 7
-        assert [m.seq for m in msgs] == list(range(100, 110))
-        hooks = [c.parse_chain(m) for m in msgs[2:6]]
-        assert [(h.name, h.hook, h.policy) for h in hooks] == [
-            ("PREROUTING", 0, 1),
-            ("INPUT", 1, 1),
-            ("OUTPUT", 3, 1),
-            ("POSTROUTING", 4, 1),
-        ]
-        assert batch.requests[108] == "-A PROXY_INIT_OUTPUT -o lo -j RETURN"
+        assert [m.seq for m in msgs] == list(range(100, 107))
+        base = c.parse_chain(msgs[2])
+        assert (base.name, base.hook, base.priority, base.policy, base.kind) == (
+            "OUTPUT",
+            3,
+            -100,
+            1,
+            "nat",
+        )
+        assert batch.requests[104] == "-A PROXY_INIT_OUTPUT -o lo -j RETURN"
         assert all(m.flags & c.NLM_F_ACK for m in msgs[1:-1])
 
     def test_existing_chains(self) -> None:
