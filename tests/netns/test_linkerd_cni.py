@@ -377,3 +377,81 @@ def test_traffic_is_redirected_to_the_proxy_ports(cluster: Cluster) -> None:
     finally:
         in_meshed.stop()
         in_other.stop()
+
+
+# ----------------------------------------------------------------------------- more ADD/CHECK
+
+
+def test_ipv6_enabled_programs_both_families(cluster: Cluster) -> None:
+    """`ipv6: true` programs ip6tables too (upstream's IPv6 table, ip6tables-nft-save)."""
+    netns = cluster.pod_netns()
+    cluster.add(netns, MESHED, conf=cluster.conf(linkerd={"ipv6": True}))
+    assert save_text(netns, "iptables-nft-save") == fixture_text("default-nft")
+    assert save_text(netns, "ip6tables-nft-save") == fixture_text("default-ipv6-nft")
+    check = cluster.cni("check", netns, MESHED, conf=cluster.conf(linkerd={"ipv6": True}))
+    assert check.returncode == 0, check.stderr
+
+
+def test_simulate_programs_nothing(cluster: Cluster) -> None:
+    """`simulate: true` logs upstream's commands and changes nothing."""
+    netns = cluster.pod_netns()
+    proc = cluster.cni("add", netns, MESHED, conf=cluster.conf(linkerd={"simulate": True}))
+    assert proc.returncode == 0, proc.stderr
+    assert "PROXY_INIT_REDIRECT" in proc.stderr
+    assert proxy_init_lines(netns) == []
+
+
+@pytest.mark.parametrize("version", ["0.3.1", "0.4.0"])
+def test_older_conflist_versions(cluster: Cluster, version: str) -> None:
+    """libcni hands 0.3.x/0.4.0 results through the chain; the rules are the same."""
+    netns = cluster.pod_netns()
+    result = cluster.add(netns, MESHED, conf=cluster.conf(version=version))
+    assert result["cniVersion"] == version
+    assert save_text(netns, "iptables-nft-save") == fixture_text("default-nft")
+
+
+def test_check_passes_for_pods_without_rules(cluster: Cluster) -> None:
+    """CHECK of a pod that gets no rules succeeds (nothing of ours to verify)."""
+    netns = cluster.pod_netns()
+    cluster.add(netns, NOT_INJECTED)
+    check = cluster.cni("check", netns, NOT_INJECTED)
+    assert check.returncode == 0, check.stderr
+
+
+def test_check_legacy_reports_a_foreign_rule(cluster: Cluster) -> None:
+    """CHECK in legacy mode names a rule someone appended to our chain."""
+    conf = cluster.conf(linkerd={"iptables-mode": "legacy"})
+    netns = cluster.pod_netns()
+    cluster.add(netns, MESHED, conf=conf)
+    netns.exec(["iptables-legacy", "-t", "nat", "-A", "PROXY_INIT_REDIRECT", "-p", "udp",
+                "-j", "RETURN"])  # fmt: skip
+    check = cluster.cni("check", netns, MESHED, conf=conf)
+    assert check.returncode == 1
+    assert "+ -A PROXY_INIT_REDIRECT -p udp -j RETURN" in check.stderr
+
+
+def test_invalid_annotation_fails_add_and_programs_nothing(cluster: Cluster) -> None:
+    """A proxy-uid annotation Go's Atoi rejects fails ADD with Go's text."""
+    pod = renamed(MESHED, "bad-uid", **{"config.linkerd.io/proxy-uid": "21O2"})
+    cluster.api.add_pod(pod)
+    netns = cluster.pod_netns()
+    proc = cluster.cni("add", netns, pod)
+    assert proc.returncode == 1
+    assert 'strconv.Atoi: parsing "21O2": invalid syntax' in proc.stderr
+    assert proxy_init_lines(netns) == []
+
+
+def test_pod_annotations_override_config(cluster: Cluster) -> None:
+    """Pod annotations: skip-inbound appends to the config's list, skip-outbound replaces it."""
+    annotations = {
+        "config.linkerd.io/skip-inbound-ports": "7777,8888",
+        "config.linkerd.io/skip-outbound-ports": "9999",
+    }
+    pod = renamed(MESHED, "annotated", **annotations)
+    cluster.api.add_pod(pod)
+    netns = cluster.pod_netns()
+    cluster.add(netns, pod, conf=cluster.conf(linkerd={"outbound-ports-to-ignore": ["25"]}))
+    rules = save_text(netns, "iptables-nft-save")
+    assert "--dports 4191,4190,7777,8888 " in rules
+    assert "--dports 9999 " in rules
+    assert "--dports 25 " not in rules
