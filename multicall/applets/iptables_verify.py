@@ -29,15 +29,11 @@ Exit status: 0 the rules match, 1 they differ, 2 usage or input error.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO, TypeVar
+from typing import TYPE_CHECKING, BinaryIO
 
 from multicall.applet import AppletSpec, write_text
-from multicall.core.firewall import Family, Mode, ProxyInitOptions
-from multicall.core.ruleset import Table
-from multicall.core.ruleset_diff import RulesetDiff, diff_to_json, format_diff, format_summary
 from multicall.errors import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -46,6 +42,11 @@ from multicall.errors import (
     ConfigError,
     UsageError,
 )
+
+if TYPE_CHECKING:
+    from multicall.core.firewall import Mode, ProxyInitOptions
+    from multicall.core.ruleset import Table
+    from multicall.core.ruleset_diff import RulesetDiff
 
 PROG = "iptables-verify"
 JSON_SCHEMA = "cnibox.iptables-verify/v1"
@@ -78,8 +79,8 @@ class Options:
     input: str | None = None
     netns: str | None = None
     pid: str | None = None
-    family: Family = Family.IPV4
-    mode: Mode | None = None
+    family: str = "ipv4"
+    mode: str | None = None  # "legacy" | "nft"; None: the config's iptables-mode
     strict: bool = False
     json: bool = False
     quiet: bool = False
@@ -140,26 +141,19 @@ def _options(values: Mapping[str, str], flags: set[str]) -> Options:
         input=values.get("--input"),
         netns=values.get("--netns"),
         pid=pid,
-        family=_choice(values, "--family", Family, ("ipv4", "ipv6")) or Family.IPV4,
-        mode=_choice(values, "--mode", Mode, ("legacy", "nft")),
+        family=_choice(values, "--family", ("ipv4", "ipv6")) or "ipv4",
+        mode=_choice(values, "--mode", ("legacy", "nft")),
         strict="--strict" in flags,
         json="--json" in flags,
         quiet="--quiet" in flags,
     )
 
 
-_E = TypeVar("_E", Family, Mode)
-
-
-def _choice(
-    values: Mapping[str, str], name: str, enum: type[_E], allowed: tuple[str, ...]
-) -> _E | None:
+def _choice(values: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str | None:
     value = values.get(name)
-    if value is None:
-        return None
-    if value not in allowed:
+    if value is not None and value not in allowed:
         raise UsageError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
-    return enum(value)
+    return value
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -178,6 +172,8 @@ def read_bytes(path: str, stdin: BinaryIO) -> bytes:
 def plugin_config(data: bytes, path: str) -> bytes:
     """The linkerd-cni entry of a conflist (with the list's name and cniVersion, as libcni
     passes them), or the document itself when it is a single plugin config."""
+    import json
+
     from multicall.core.conflist import is_linkerd, parse_document
 
     document = parse_document(data, path)
@@ -193,6 +189,8 @@ def plugin_config(data: bytes, path: str) -> bytes:
 
 def load_object(path: str, stdin: BinaryIO) -> Mapping[str, object]:
     """A Kubernetes object from a JSON or YAML file."""
+    import json
+
     data = read_bytes(path, stdin)
     try:
         doc: object = json.loads(data)
@@ -225,20 +223,22 @@ class Expectation:
 def expected(opts: Options, stdin: BinaryIO) -> Expectation:
     """The nat table the plugin would leave, from the same core code as its ADD."""
     from multicall.core.cni_config import base_options, mode_of, parse_netconf
+    from multicall.core.firewall import Family, Mode
     from multicall.core.proxy_init import empty_table, expected_table
 
     netconf = parse_netconf(plugin_config(read_bytes(opts.config, stdin), opts.config))
-    mode = opts.mode or mode_of(netconf)
+    mode = Mode(opts.mode) if opts.mode else mode_of(netconf)
+    family = Family(opts.family)
     options: ProxyInitOptions | None = base_options(netconf)
     pod_name, note = None, ""
     if opts.pod is not None:
         options, pod_name, note = _pod_options(opts, stdin, base_options(netconf))
-    if options is not None and opts.family is Family.IPV6 and not netconf.ipv6:
+    if options is not None and family is Family.IPV6 and not netconf.ipv6:
         options, note = None, "the config does not enable IPv6 (linkerd.ipv6), so no rules"
     if options is None:
         return Expectation(empty_table(), mode, pod_name, False, note)
     backend = mode.value if mode in (Mode.LEGACY, Mode.NFT) else "legacy"
-    table = expected_table(options, opts.family, backend=backend)
+    table = expected_table(options, family, backend=backend)
     return Expectation(table, mode, pod_name, True, "")
 
 
@@ -275,10 +275,11 @@ def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> tuple[Table, str]:
         # iptables-save prints no *nat block when the table was never instantiated.
         return (found if found is not None else empty_table()), source
     path = opts.netns if opts.netns is not None else f"/proc/{opts.pid}/ns/net"
+    from multicall.core.firewall import Family
     from multicall.effects.firewall import dump_nat
 
     # Reading is harmless, so the verifier's own namespace may be inspected too.
-    table = dump_nat(path, mode=mode, family=opts.family, allow_own_netns=True)
+    table = dump_nat(path, mode=mode, family=Family(opts.family), allow_own_netns=True)
     return table, path
 
 
@@ -286,10 +287,14 @@ def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> tuple[Table, str]:
 
 
 def format_json(diff: RulesetDiff, opts: Options, want: Expectation, source: str) -> str:
+    import json
+
+    from multicall.core.ruleset_diff import diff_to_json
+
     doc = {
         **diff_to_json(diff),
         "schema": JSON_SCHEMA,
-        "family": opts.family.value,
+        "family": opts.family,
         "source": source,
         "pod": want.pod,
         "meshed": want.meshed,
@@ -299,7 +304,9 @@ def format_json(diff: RulesetDiff, opts: Options, want: Expectation, source: str
 
 
 def format_text(diff: RulesetDiff, opts: Options, want: Expectation, source: str) -> str:
-    head = f"{opts.family.value} nat table of {source}"
+    from multicall.core.ruleset_diff import format_diff, format_summary
+
+    head = f"{opts.family} nat table of {source}"
     note = f"note: {want.note}\n" if want.note else ""
     if diff.ok:
         return f"{note}{head}: {format_summary(diff).removeprefix('nat: ')}\n"
