@@ -27,6 +27,7 @@ from multicall import __version__
 from multicall.applet import AppletSpec, write_text
 from multicall.applets import REGISTRY, all_names, find_applet
 from multicall.errors import (
+    EXIT_FAILURE,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_NOT_FOUND,
@@ -36,6 +37,10 @@ from multicall.errors import (
 )
 
 MULTIPLEXER_NAMES = frozenset({"cnibox", "cnibox.bin", "multicall", "__main__.py"})
+# Test-only, undocumented in --help: proves SIGTERM reaches a Python handler in the built
+# binary (tests/binary). Prints "ready PID", exits 42 on SIGTERM, 1 after 60 s.
+SELFTEST_SIGNAL = "--selftest-signal"
+SELFTEST_SIGTERM_EXIT = 42
 
 
 def invocation_name() -> str:
@@ -125,6 +130,18 @@ def run_multiplexer(
         write_text(stdout if args else stderr, format_help())
         return EXIT_OK if args else EXIT_USAGE
     first = args[0]
+    if first.startswith("--"):
+        return _option(args, stdout, stderr)
+    spec = find_applet(applet_name(first))
+    if spec is None:
+        write_text(stderr, f"{first}: applet not found\n{suggest(first)}")
+        return EXIT_NOT_FOUND
+    return run_applet(spec, list(args), env, streams)
+
+
+def _option(args: Sequence[str], stdout: BinaryIO, stderr: BinaryIO) -> int:
+    """The multiplexer's own `--` options."""
+    first = args[0]
     if first == "--version":
         write_text(stdout, f"cnibox {__version__}\n")
         return EXIT_OK
@@ -133,11 +150,29 @@ def run_multiplexer(
         return EXIT_OK
     if first == "--install":
         return _install(args[1:], stdout, stderr)
-    spec = find_applet(applet_name(first))
-    if spec is None:
-        write_text(stderr, f"{first}: applet not found\n{suggest(first)}")
-        return EXIT_NOT_FOUND
-    return run_applet(spec, list(args), env, streams)
+    if first == SELFTEST_SIGNAL:
+        return _selftest_signal(stdout)
+    write_text(stderr, f"cnibox: unknown option {first}\n{format_help()}")
+    return EXIT_USAGE
+
+
+def _selftest_signal(stdout: BinaryIO) -> int:
+    import signal
+    import time
+
+    class Terminated(Exception):
+        pass
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    write_text(stdout, f"ready {os.getpid()}\n")
+    try:
+        time.sleep(60)
+    except Terminated:
+        return SELFTEST_SIGTERM_EXIT
+    return EXIT_FAILURE
 
 
 def _install(args: Sequence[str], stdout: BinaryIO, stderr: BinaryIO) -> int:

@@ -1,0 +1,170 @@
+"""Build driver for the cnibox artifacts (called by the Makefile; see README "Building").
+
+    python build/build.py dist       Nuitka standalone dist   -> build/out/cnibox_main.dist/
+    python build/build.py launcher   static musl launcher     -> build/out/launcher
+    python build/build.py pack       launcher + dist          -> dist/cnibox
+    python build/build.py all        the three above
+    python build/build.py zipapp     stdlib zipapp            -> dist/cnibox.pyz
+
+Rules of this module:
+1. Nuitka always builds into build/out/ and keeps its cache (~/.cache/Nuitka, ccache inside):
+   a rebuild after a Python edit recompiles only the changed modules.
+2. Nothing the runtime needs is decided here that the runtime does not also know: the dist
+   layout (iptlibs/, xtables/, locale/C.utf8, the loader at the dist root) is documented in
+   multicall/effects/bundle.py and build/launcher.c.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipapp
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "build" / "out"
+DIST = OUT / "cnibox_main.dist"
+MAIN_BINARY = "cnibox.bin"
+LAUNCHER = OUT / "launcher"
+ARTIFACT = REPO / "dist" / "cnibox"
+ZIPAPP = REPO / "dist" / "cnibox.pyz"
+
+# pyroute2's package __init__ imports nearly all of pyroute2; multicall imports submodules
+# behind a stub package (multicall.effects.bundle.import_pyroute2), so these are dead weight.
+PYROUTE2_PRUNED = (
+    *(
+        f"pyroute2.{name}"
+        for name in ("arp", "bsd", "conntrack", "decoder", "devlink", "dhcp", "ethtool", "ext")
+    ),
+    *(
+        f"pyroute2.{name}"
+        for name in ("fixtures", "inotify", "ipdb", "ipset", "ipvs", "iwutil", "minimal", "ndb")
+    ),
+    *(f"pyroute2.{name}" for name in ("nftables", "nslink", "plan9", "wirouting", "wiset")),
+    *(
+        f"pyroute2.netlink.{name}"
+        for name in ("connector", "devlink", "diag", "event", "generic", "ipq", "nfnetlink")
+    ),
+    *(f"pyroute2.netlink.{name}" for name in ("nl80211", "taskstats", "uevent")),
+)
+# Imported lazily by applets (so Nuitka may not see them yet) or needed at run time anyway.
+INCLUDED_PACKAGES = ("multicall", "yaml", "iptc")
+# pyroute2 submodules are imported by name (bundle.import_pyroute2), which Nuitka cannot follow:
+# list each one an applet uses here. pyroute2.iproute alone would add ~100 modules.
+PYROUTE2_MODULES = ("pyroute2.netns",)
+INCLUDED_MODULES = ("ssl", "http.client", "json", *PYROUTE2_MODULES)
+# Pure-Python dependencies shipped inside the zipapp (C extensions cannot load from a zip).
+ZIPAPP_PACKAGES = ("multicall", "yaml", "pyroute2", "iptc")
+
+
+def nuitka_command() -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "nuitka",
+        "--mode=standalone",
+        f"--user-plugin={REPO / 'build' / 'selfcontained.py'}",
+        "--python-flag=no_site",
+        "--assume-yes-for-downloads",
+        f"--jobs={os.cpu_count() or 2}",
+        *(f"--include-package={name}" for name in INCLUDED_PACKAGES),
+        *(f"--include-module={name}" for name in INCLUDED_MODULES),
+        *(f"--nofollow-import-to={name}" for name in PYROUTE2_PRUNED),
+        f"--output-dir={OUT}",
+        f"--output-filename={MAIN_BINARY}",
+        str(REPO / "build" / "cnibox_main.py"),
+    ]
+
+
+def build_dist() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    started = time.monotonic()
+    subprocess.run(["nice", "-n", "5", *nuitka_command()], check=True, cwd=REPO, env=env)
+    print(f"build: dist in {time.monotonic() - started:.0f} s -> {DIST}")
+
+
+def zstd_inline_dir() -> Path:
+    import nuitka
+
+    return Path(nuitka.__file__).parent / "build" / "inline_copy" / "zstd"
+
+
+def build_launcher() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    zstd = zstd_inline_dir()
+    command = [
+        "musl-gcc",
+        "-static",
+        "-Os",
+        "-s",
+        "-Wall",
+        "-Wextra",
+        "-Wno-unused-parameter",
+        f'-DMAIN_BINARY="{MAIN_BINARY}"',
+        f"-I{zstd}",
+        "-o",
+        str(LAUNCHER),
+        str(REPO / "build" / "launcher.c"),
+    ]
+    subprocess.run(["nice", "-n", "5", *command], check=True)
+    print(f"build: launcher {LAUNCHER.stat().st_size} bytes")
+
+
+def pack() -> None:
+    sys.path.insert(0, str(REPO / "build"))
+    from pack import pack_artifact
+
+    ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
+    report = pack_artifact(LAUNCHER, DIST, MAIN_BINARY, ARTIFACT)
+    print(f"build: {report}")
+
+
+def build_zipapp() -> None:
+    staging = OUT / "zipapp"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for name in ZIPAPP_PACKAGES:
+        source = _package_dir(name)
+        shutil.copytree(
+            source, staging / name, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyc")
+        )
+    # Our own __main__: zipapp's generated one drops main()'s return value (the exit code).
+    shutil.copyfile(REPO / "build" / "cnibox_main.py", staging / "__main__.py")
+    ZIPAPP.parent.mkdir(parents=True, exist_ok=True)
+    zipapp.create_archive(staging, ZIPAPP, interpreter="/usr/bin/env python3", compressed=True)
+    print(f"build: zipapp {ZIPAPP.stat().st_size} bytes -> {ZIPAPP}")
+
+
+def _package_dir(name: str) -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"build: package {name} not installed in {sys.executable}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+STEPS = {
+    "dist": (build_dist,),
+    "launcher": (build_launcher,),
+    "pack": (pack,),
+    "all": (build_dist, build_launcher, pack),
+    "zipapp": (build_zipapp,),
+}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0] not in STEPS:
+        print(f"usage: build.py {{{'|'.join(STEPS)}}}", file=sys.stderr)
+        return 2
+    for step in STEPS[argv[0]]:
+        step()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,217 @@
+"""The single file in an empty root: only the binary, applet symlinks, /tmp, /proc and the netns
+directory, under chroot in a private mount namespace, with several environments.
+
+The root is mounted read-only; its /tmp is the one writable place, so this is also the test
+of "read-only root with only a writable cache dir" through the default root list.
+
+Adding an applet: add `def case_<applet>(root, rig, env) -> None` doing the applet's real job
+inside the root (see `case_netns_exec`) and list it in APPLET_CASES. The binary runs in the
+chroot only through `root.run([...])` (or `root.popen`); the netns directory is at
+/var/run/netns inside it. `test_every_applet_has_a_case` fails until each registered applet
+has one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from multicall.applets import REGISTRY, all_names
+from tests.conftest import require_root, require_tool
+from tests.rig import NETNS_DIR, Rig, netns_inode
+
+pytestmark = [pytest.mark.binary, pytest.mark.netns]
+TIMEOUT = 120
+
+ENVIRONMENTS: dict[str, dict[str, str]] = {
+    "env-i": {},
+    "c-utf8": {"LANG": "C.UTF-8"},
+    "bogus-locale": {"LANG": "de_DE.UTF-8", "LC_ALL": "xx_YY.UTF-8"},
+    "inherited": {k: v for k, v in os.environ.items() if k != "CNIBOX_CACHE"},
+}
+
+
+@dataclass
+class EmptyRoot:
+    """A chroot directory holding only /cnibox, one symlink per applet name, /tmp, /proc."""
+
+    path: Path
+    tmp: Path  # bind-mounted on <root>/tmp, so the unpacked copy survives between runs
+    writable_tmp: bool = True
+
+    def script(self, argv: list[str]) -> list[str]:
+        root = str(self.path)
+        quoted = " ".join(f"'{a}'" for a in argv)
+        ro = "ro," if not self.writable_tmp else ""
+        return [
+            shutil.which("unshare") or "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            shutil.which("sh") or "/bin/sh",
+            "-ec",
+            f"mount --bind '{root}' '{root}'\n"
+            f"mount -t proc proc '{root}/proc'\n"
+            f"mount --rbind {NETNS_DIR} '{root}{NETNS_DIR}'\n"
+            f"mount --bind -o {ro}nosuid '{self.tmp}' '{root}/tmp'\n"
+            f"mount -o remount,bind,ro '{root}'\n"
+            f"exec {shutil.which('chroot') or '/usr/sbin/chroot'} '{root}' {quoted}",
+        ]
+
+    def run(
+        self, argv: list[str], env: Mapping[str, str], input_: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.script(argv),
+            env=dict(env),
+            input=input_,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
+        )
+
+    def popen(self, argv: list[str], env: Mapping[str, str]) -> subprocess.Popen[str]:
+        return subprocess.Popen(self.script(argv), env=dict(env), stdout=subprocess.PIPE, text=True)
+
+
+def make_root(base: Path, artifact: Path) -> EmptyRoot:
+    root = base / "root"
+    for sub in ("tmp", "proc", NETNS_DIR.lstrip("/")):
+        (root / sub).mkdir(parents=True)
+    shutil.copy2(artifact, root / "cnibox")
+    for name in all_names():
+        (root / name).symlink_to("cnibox")
+    tmp = base / "root-tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    return EmptyRoot(root, tmp)
+
+
+@pytest.fixture
+def root(artifact: Path, tmp_path: Path) -> EmptyRoot:
+    require_root()
+    for tool in ("unshare", "chroot", "mount"):
+        require_tool(tool)
+    return make_root(tmp_path, artifact)
+
+
+@pytest.fixture(params=sorted(ENVIRONMENTS))
+def env(request: pytest.FixtureRequest) -> dict[str, str]:
+    return ENVIRONMENTS[request.param]
+
+
+def contents(root: EmptyRoot) -> list[str]:
+    return sorted(p.name for p in root.path.iterdir())
+
+
+def test_root_is_empty_but_for_the_binary(root: EmptyRoot) -> None:
+    assert contents(root) == sorted(["cnibox", "proc", "tmp", "var", *all_names()])
+
+
+def test_list(root: EmptyRoot, env: dict[str, str]) -> None:
+    result = root.run(["/cnibox", "--list"], env)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.split() == all_names()
+    assert [p.name for p in root.tmp.iterdir()] == ["cnibox"], "unpacked into /tmp/cnibox"
+
+
+def test_no_writable_place_is_a_clear_127(root: EmptyRoot) -> None:
+    root.writable_tmp = False
+    result = root.run(["/cnibox", "--list"], {})
+    assert result.returncode == 127
+    assert result.stderr.startswith("cnibox: no writable, exec-allowed directory")
+    for place in ("/run/cnibox", "/var/lib/cnibox", "/tmp/cnibox"):
+        assert place in result.stderr
+
+
+def test_cnibox_cache_in_a_read_only_root(root: EmptyRoot) -> None:
+    root.writable_tmp = False
+    cache = root.path / "cache"
+    cache.mkdir()
+    # A writable cache inside the otherwise read-only root: bind it over itself before the
+    # root is remounted read-only.
+    script = root.script(["/cnibox", "--list"])
+    script[-1] = script[-1].replace(
+        "mount -o remount,bind,ro", f"mount --bind '{cache}' '{cache}'\nmount -o remount,bind,ro"
+    )
+    result = subprocess.run(
+        script,
+        env={"CNIBOX_CACHE": "/cache"},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.split() == all_names()
+    assert len(list(cache.iterdir())) == 1
+
+
+def test_maps_only_files_from_the_root(root: EmptyRoot) -> None:
+    require_tool("nsenter")
+    proc = root.popen(["/cnibox", "--selftest-signal"], {})
+    try:
+        assert proc.stdout is not None
+        pid = int(proc.stdout.readline().split()[1])
+        maps = subprocess.run(
+            ["nsenter", f"--mount=/proc/{pid}/ns/mnt", "cat", f"/proc/{pid}/maps"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=TIMEOUT,
+        ).stdout
+        os.kill(pid, signal.SIGTERM)
+        assert proc.wait(timeout=TIMEOUT) == 42
+    finally:
+        proc.kill()
+        proc.wait()
+    files = {line.split(maxsplit=5)[5] for line in maps.splitlines() if len(line.split()) == 6}
+    files = {f for f in files if f.startswith("/")}
+    outside = sorted(f for f in files if not f.startswith(f"{root.path}/tmp/cnibox/"))
+    assert outside == []
+    names = {os.path.basename(f) for f in files}
+    assert {"cnibox.bin", "libc.so.6", "ld-linux-x86-64.so.2"} <= names
+
+
+# ---- applet cases ----------------------------------------------------------------------
+
+
+def case_netns_exec(root: EmptyRoot, rig: Rig, env: dict[str, str]) -> None:
+    """netns-exec (and nsenter) enters a netns: the program it runs lives in that netns."""
+    ns = rig.netns()
+    for name in ("netns-exec", "nsenter"):
+        proc = root.popen([f"/{name}", f"--net={ns.path}", "/cnibox", "--selftest-signal"], env)
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.startswith("ready "), f"{name}: no output"
+            pid = int(line.split()[1])
+            assert netns_inode(f"/proc/{pid}/ns/net") == netns_inode(ns.path), name
+            os.kill(pid, signal.SIGTERM)
+            assert proc.wait(timeout=TIMEOUT) == 42
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+APPLET_CASES: dict[str, Callable[[EmptyRoot, Rig, dict[str, str]], None]] = {
+    "netns-exec": case_netns_exec,
+}
+
+
+def test_every_applet_has_a_case() -> None:
+    missing = sorted({spec.name for spec in REGISTRY} - set(APPLET_CASES))
+    assert missing == [], "add an empty-root case for each applet (see this module's doc)"
+
+
+@pytest.mark.parametrize("applet", sorted(APPLET_CASES))
+def test_applet_does_its_job(root: EmptyRoot, rig: Rig, env: dict[str, str], applet: str) -> None:
+    APPLET_CASES[applet](root, rig, env)
