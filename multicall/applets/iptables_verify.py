@@ -24,6 +24,13 @@ control-plane pods, the `default/kubernetes` service.
   --json                 print the result as JSON (schema in the README)
   --quiet                print nothing; the exit status says it all
 
+Fetching the pod instead of reading files:
+  --namespace NS --pod NAME
+                         get the pod (and, when the plugin would, its namespace and the
+                         `default/kubernetes` service) from the Kubernetes API, as ADD does
+  --kubeconfig FILE      the kubeconfig to use (default: the config's kubernetes.kubeconfig;
+                         its `linkerd-cni-context` is used, as the plugin does)
+
 Exit status: 0 the rules match, 1 they differ, 2 usage or input error.
 """  # noqa: E501 - the usage line stays one line (AppletSpec.usage)
 
@@ -45,6 +52,7 @@ from multicall.errors import (
 
 if TYPE_CHECKING:
     from multicall.core.firewall import Mode, ProxyInitOptions
+    from multicall.core.k8s import Pod, Service
     from multicall.core.ruleset import Table
     from multicall.core.ruleset_diff import RulesetDiff
 
@@ -60,6 +68,8 @@ _VALUED = (
     "--pid",
     "--family",
     "--mode",
+    "--namespace",
+    "--kubeconfig",
 )
 _FLAGS = ("--strict", "--json", "--quiet", "--help", "-h")
 
@@ -75,6 +85,8 @@ class Options:
     config: str = ""
     pod: str | None = None
     namespace_object: str | None = None
+    namespace: str | None = None  # with it, --pod names a pod to fetch from the API
+    kubeconfig: str | None = None
     service: str | None = None
     input: str | None = None
     netns: str | None = None
@@ -130,6 +142,8 @@ def _options(values: Mapping[str, str], flags: set[str]) -> Options:
     files = ("--config", "--pod", "--namespace-object", "--service", "--input")
     if sum(1 for f in files if values.get(f) == "-") > 1:
         raise UsageError("only one input can come from stdin ('-')", hint=_usage_hint())
+    if "--namespace" in values and "--pod" not in values:
+        raise UsageError("--namespace NS needs --pod NAME", hint=_usage_hint())
     pid = values.get("--pid")
     if pid is not None and not (pid.isascii() and pid.isdigit() and int(pid) > 0):
         raise UsageError(f"--pid: {pid!r} is not a process id")
@@ -137,6 +151,8 @@ def _options(values: Mapping[str, str], flags: set[str]) -> Options:
         config=values["--config"],
         pod=values.get("--pod"),
         namespace_object=values.get("--namespace-object"),
+        namespace=values.get("--namespace"),
+        kubeconfig=values.get("--kubeconfig"),
         service=values.get("--service"),
         input=values.get("--input"),
         netns=values.get("--netns"),
@@ -220,7 +236,7 @@ class Expectation:
     note: str  # why no rules are expected, when none are
 
 
-def expected(opts: Options, stdin: BinaryIO) -> Expectation:
+def expected(opts: Options, stdin: BinaryIO, env: Mapping[str, str]) -> Expectation:
     """The nat table the plugin would leave, from the same core code as its ADD."""
     from multicall.core.cni_config import base_options, mode_of, parse_netconf
     from multicall.core.firewall import Family, Mode
@@ -232,7 +248,8 @@ def expected(opts: Options, stdin: BinaryIO) -> Expectation:
     options: ProxyInitOptions | None = base_options(netconf)
     pod_name, note = None, ""
     if opts.pod is not None:
-        options, pod_name, note = _pod_options(opts, stdin, base_options(netconf))
+        inputs = _pod_inputs(opts, stdin, env, netconf.kubeconfig)
+        options, pod_name, note = _pod_options(inputs, base_options(netconf))
     if options is not None and family is Family.IPV6 and not netconf.ipv6:
         options, note = None, "the config does not enable IPv6 (linkerd.ipv6), so no rules"
     if options is None:
@@ -242,25 +259,77 @@ def expected(opts: Options, stdin: BinaryIO) -> Expectation:
     return Expectation(table, mode, pod_name, True, "")
 
 
-def _pod_options(
-    opts: Options, stdin: BinaryIO, base: ProxyInitOptions
-) -> tuple[ProxyInitOptions | None, str, str]:
+@dataclass(frozen=True, slots=True)
+class PodInputs:
+    pod: Pod
+    namespace_annotations: Mapping[str, str] | None
+    service: Service | None
+
+
+def _pod_inputs(
+    opts: Options, stdin: BinaryIO, env: Mapping[str, str], kubeconfig: str
+) -> PodInputs:
+    """The pod, its namespace's annotations and the API service, from files or the API."""
     from multicall.core.k8s import parse_namespace, parse_pod, parse_service
-    from multicall.core.pod_policy import decide, effective_options
 
     assert opts.pod is not None
-    pod = parse_pod(load_object(opts.pod, stdin))
+    namespace = service = None
+    if opts.namespace_object is not None:
+        namespace = parse_namespace(load_object(opts.namespace_object, stdin)).annotations
+    if opts.service is not None:
+        service = parse_service(load_object(opts.service, stdin))
+    if opts.namespace is None:
+        return PodInputs(parse_pod(load_object(opts.pod, stdin)), namespace, service)
+    return _fetch(opts, env, kubeconfig, namespace, service)
+
+
+def _fetch(
+    opts: Options,
+    env: Mapping[str, str],
+    kubeconfig: str,
+    namespace: Mapping[str, str] | None,
+    service: Service | None,
+) -> PodInputs:
+    """What ADD reads from the API (pod; namespace and service only when it would read
+    them), except what was given as files."""
+    from multicall.core.pod_policy import decide, needs_namespace, needs_service
+    from multicall.effects.kube import KubeClient, read_kubeconfig, timeout_from_env
+    from multicall.errors import KubeError
+
+    assert opts.namespace is not None
+    assert opts.pod is not None
+    path = opts.kubeconfig or kubeconfig
+    if not path:
+        raise UsageError("--namespace needs --kubeconfig (the config names no kubeconfig)")
+    client = KubeClient(read_kubeconfig(path), timeout=timeout_from_env(env))
+    try:
+        pod = client.get_pod(opts.namespace, opts.pod)
+        if not decide(pod).meshed:
+            return PodInputs(pod, namespace, service)
+        if namespace is None and needs_namespace(pod):
+            namespace = client.get_namespace(pod.namespace or opts.namespace).annotations
+        if service is None and needs_service(pod):
+            try:
+                service = client.get_service("default", "kubernetes")
+            except KubeError:
+                service = None  # upstream then falls back to 443,6443
+        return PodInputs(pod, namespace, service)
+    finally:
+        client.close()
+
+
+def _pod_options(
+    inputs: PodInputs, base: ProxyInitOptions
+) -> tuple[ProxyInitOptions | None, str, str]:
+    from multicall.core.pod_policy import decide, effective_options
+
+    pod = inputs.pod
     name = f"{pod.namespace}/{pod.name}"
     decision = decide(pod)
     if not decision.meshed:
         return None, name, decision.message.removeprefix("linkerd-cni: ")
-    namespace = None
-    if opts.namespace_object is not None:
-        namespace = parse_namespace(load_object(opts.namespace_object, stdin)).annotations
-    service = None
-    if opts.service is not None:
-        service = parse_service(load_object(opts.service, stdin))
-    return effective_options(base, pod, namespace, service), name, ""
+    options = effective_options(base, pod, inputs.namespace_annotations, inputs.service)
+    return options, name, ""
 
 
 def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> tuple[Table, str]:
@@ -313,10 +382,10 @@ def format_text(diff: RulesetDiff, opts: Options, want: Expectation, source: str
     return f"{note}{head}:\n{format_diff(diff)}"
 
 
-def run(opts: Options, stdin: BinaryIO, stdout: BinaryIO) -> int:
+def run(opts: Options, env: Mapping[str, str], stdin: BinaryIO, stdout: BinaryIO) -> int:
     from multicall.core.ruleset_diff import diff_tables
 
-    want = expected(opts, stdin)
+    want = expected(opts, stdin, env)
     table, source = actual(opts, want.mode, stdin)
     diff = diff_tables(want.table, table, strict=opts.strict)
     if not opts.quiet:
@@ -337,7 +406,7 @@ def main(
         write_text(stdout, __doc__ or "")
         return EXIT_OK
     try:
-        return run(opts, stdin, stdout)
+        return run(opts, env, stdin, stdout)
     except (UsageError, InputError):
         raise
     except CniboxError as exc:
