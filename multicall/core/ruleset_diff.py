@@ -318,7 +318,7 @@ def _protocol_number(value: str) -> int | None:
     lowered = value.lower()
     if lowered in _PROTOCOLS:
         return _PROTOCOLS[lowered]
-    if lowered.isascii() and lowered.isdigit() and int(lowered) < 256:
+    if lowered.isascii() and lowered.isdigit() and len(lowered) <= 3 and int(lowered) < 256:
         return int(lowered)
     return None
 

@@ -392,6 +392,7 @@ _VOCAB = st.sampled_from(
         *("tcp", "udp", "all", "0", "6", "300", "comment", "multiport", "owner", "limit"),
         *("recent", "REDIRECT", "RETURN", "PROXY_INIT_X", "10.0.0.1", "::1", "1.2.3.4/33"),
         *("a,b", "-1", "", "x y", "--", "-", "255.0.0.0", "1:2", "NEW,ESTABLISHED"),
+        *("9" * 5000, "10.0.0.0/" + "9" * 5000, "²", "0x1/0xffffffff"),
     ]
 )
 
