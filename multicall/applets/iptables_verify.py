@@ -332,30 +332,38 @@ def _pod_options(
     return options, name, ""
 
 
-def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> tuple[Table, str]:
-    """The nat table to check, and a description of where it came from."""
+@dataclass(frozen=True, slots=True)
+class Actual:
+    table: Table
+    source: str  # the file, <stdin>, or the netns path
+    warnings: tuple[str, ...] = ()  # iptables-nft-save's "# Warning: ..." lines
+
+
+def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> Actual:
+    """The nat table to check, and where it came from."""
     from multicall.core.iptables_save import last_table, parse_save
     from multicall.core.proxy_init import empty_table
 
     if opts.input is not None:
         source = "<stdin>" if opts.input == "-" else opts.input
         text = read_bytes(opts.input, stdin).decode("utf-8", "surrogateescape")
-        found = last_table(parse_save(text, source=source), "nat")
+        ruleset = parse_save(text, source=source)
+        found = last_table(ruleset, "nat")
         # iptables-save prints no *nat block when the table was never instantiated.
-        return (found if found is not None else empty_table()), source
+        return Actual(found or empty_table(), source, ruleset.warnings)
     path = opts.netns if opts.netns is not None else f"/proc/{opts.pid}/ns/net"
     from multicall.core.firewall import Family
     from multicall.effects.firewall import dump_nat
 
     # Reading is harmless, so the verifier's own namespace may be inspected too.
     table = dump_nat(path, mode=mode, family=Family(opts.family), allow_own_netns=True)
-    return table, path
+    return Actual(table, path)
 
 
 # ----------------------------------------------------------------------------- output
 
 
-def format_json(diff: RulesetDiff, opts: Options, want: Expectation, source: str) -> str:
+def format_json(diff: RulesetDiff, opts: Options, want: Expectation, got: Actual) -> str:
     import json
 
     from multicall.core.ruleset_diff import diff_to_json
@@ -364,19 +372,23 @@ def format_json(diff: RulesetDiff, opts: Options, want: Expectation, source: str
         **diff_to_json(diff),
         "schema": JSON_SCHEMA,
         "family": opts.family,
-        "source": source,
+        "source": got.source,
         "pod": want.pod,
         "meshed": want.meshed,
         "note": want.note or None,
+        "warnings": list(got.warnings),
     }
     return json.dumps(doc, indent=2) + "\n"
 
 
-def format_text(diff: RulesetDiff, opts: Options, want: Expectation, source: str) -> str:
+def format_text(diff: RulesetDiff, opts: Options, want: Expectation, got: Actual) -> str:
     from multicall.core.ruleset_diff import format_diff, format_summary
 
-    head = f"{opts.family} nat table of {source}"
-    note = f"note: {want.note}\n" if want.note else ""
+    head = f"{opts.family} nat table of {got.source}"
+    notes = [want.note] if want.note else []
+    # "iptables-legacy tables present": the rules may sit in the other backend's tables.
+    notes += [w.removeprefix("# ") for w in got.warnings]
+    note = "".join(f"note: {n}\n" for n in notes)
     if diff.ok:
         return f"{note}{head}: {format_summary(diff).removeprefix('nat: ')}\n"
     return f"{note}{head}:\n{format_diff(diff)}"
@@ -386,11 +398,11 @@ def run(opts: Options, env: Mapping[str, str], stdin: BinaryIO, stdout: BinaryIO
     from multicall.core.ruleset_diff import diff_tables
 
     want = expected(opts, stdin, env)
-    table, source = actual(opts, want.mode, stdin)
-    diff = diff_tables(want.table, table, strict=opts.strict)
+    got = actual(opts, want.mode, stdin)
+    diff = diff_tables(want.table, got.table, strict=opts.strict)
     if not opts.quiet:
         render = format_json if opts.json else format_text
-        write_text(stdout, render(diff, opts, want, source))
+        write_text(stdout, render(diff, opts, want, got))
     return EXIT_OK if diff.ok else EXIT_FAILURE
 
 

@@ -203,6 +203,17 @@ class TestReports:
         assert {r["problem"] for r in doc["rules"]} == {"missing", "unexpected"}
         assert all(isinstance(r["line"], int) for r in doc["rules"] if r["problem"] == "unexpected")
 
+    def test_nft_warning_lines_become_notes(self, tmp_path: Path) -> None:
+        """iptables-nft-save's legacy-tables warning is passed on (text note, JSON list)."""
+        config = write_json(tmp_path, "conf.json", netconf("default-nft"))
+        warning = "# Warning: iptables-legacy tables present, use iptables-legacy-save to see them"
+        text = (LINKERD / "default-nft.iptables-save.txt").read_text() + warning + "\n"
+        rc, out, _ = run_inproc(["--config", config, "--input", "-"], text.encode())
+        assert rc == 0
+        assert out.startswith("note: Warning: iptables-legacy tables present")
+        rc, out, _ = run_inproc(["--config", config, "--input", "-", "--json"], text.encode())
+        assert json.loads(out)["warnings"] == [warning]
+
     def test_quiet_prints_nothing(self, tmp_path: Path) -> None:
         """--quiet: only the exit status speaks."""
         config = write_json(tmp_path, "conf.json", netconf("default-nft"))
