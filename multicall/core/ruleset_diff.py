@@ -106,6 +106,7 @@ _ALIASES = {
 _SINGLE_VALUE = frozenset({"--comment", "--log-prefix", "--nflog-prefix"})
 _SET_VALUED = frozenset({"--state", "--ctstate", "--ctstatus"})
 _SYN = ("FIN,SYN,RST,ACK", "SYN")
+_TCP_FLAGS = ("FIN", "SYN", "RST", "PSH", "ACK", "URG")
 # Matches that only look at the packet (and conntrack, read-only): their order is irrelevant.
 # Any other match (limit, recent, quota, statistic, unknown ones) may keep state, so its
 # position relative to the others is kept.
@@ -338,10 +339,23 @@ def _take_option(rule: _RuleBuilder, name: str, tokens: list[str], i: int, negat
         negated, values = True, values[1:]
     if full == "--syn" and owner.module == "tcp":
         full, values = "--tcp-flags", _SYN
+    if full == "--tcp-flags" and owner.module == "tcp":
+        values = tuple(_tcp_flags(v) for v in values)
     if full in _SET_VALUED:
         values = tuple(",".join(sorted(v.split(","))) for v in values)
     owner.options.append(Option(full, negated, values))
     return i
+
+
+def _tcp_flags(value: str) -> str:
+    """A flag set as libxt_tcp prints it: kernel bit order, ALL expanded, NONE when empty."""
+    names = set(value.upper().split(","))
+    if "ALL" in names:
+        names = (names - {"ALL"}) | set(_TCP_FLAGS)
+    names.discard("NONE")
+    if not names <= set(_TCP_FLAGS):
+        return value  # not a flag list iptables would accept: compared as written
+    return ",".join(f for f in _TCP_FLAGS if f in names) or "NONE"
 
 
 def _option_values(name: str, tokens: list[str], i: int) -> tuple[tuple[str, ...], int]:

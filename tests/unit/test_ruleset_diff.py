@@ -67,6 +67,11 @@ class TestCanonicalForm:
                 "-m owner --uid-owner 7 -m comment --comment c",
             ),
             ("-p tcp --syn", "-p tcp -m tcp --tcp-flags FIN,SYN,RST,ACK SYN"),
+            ("-p tcp --tcp-flags ack,syn SYN", "-p tcp -m tcp --tcp-flags SYN,ACK SYN"),
+            (
+                "-p tcp --tcp-flags ALL NONE",
+                "-p tcp -m tcp --tcp-flags FIN,SYN,RST,PSH,ACK,URG NONE",
+            ),
             ("-p tcp --dport ! 22", "-p tcp -m tcp ! --dport 22"),
             (
                 "-m conntrack --ctstate RELATED,ESTABLISHED",
