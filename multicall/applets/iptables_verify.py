@@ -145,7 +145,7 @@ def _options(values: Mapping[str, str], flags: set[str]) -> Options:
     if "--namespace" in values and "--pod" not in values:
         raise UsageError("--namespace NS needs --pod NAME", hint=_usage_hint())
     pid = values.get("--pid")
-    if pid is not None and not (pid.isascii() and pid.isdigit() and int(pid) > 0):
+    if pid is not None and not (pid.isascii() and pid.isdigit() and 0 < int(pid[:12]) < 2**22):
         raise UsageError(f"--pid: {pid!r} is not a process id")
     return Options(
         config=values["--config"],

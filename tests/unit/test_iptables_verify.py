@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import subprocess
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from multicall import dispatch
 from multicall.applets import iptables_verify
@@ -19,6 +22,7 @@ from multicall.core.iptables_save import last_table, parse_save
 from multicall.core.proxy_init import expected_table
 from multicall.core.ruleset import render_rule
 from multicall.core.ruleset_diff import diff_tables, format_diff
+from multicall.errors import UsageError
 from tests.conftest import FIXTURES, cnibox_argv, require_tool
 from tests.kubeapi import KubeApi, Pki, make_pki, service_doc
 
@@ -307,6 +311,7 @@ class TestErrors:
             (["--config", "c", "--input", "-", "--family", "ipv5"], "--family must be one of"),
             (["--config", "c", "--input", "-", "--mode", "plain"], "--mode must be one of"),
             (["--config", "c", "--pid", "abc"], "is not a process id"),
+            (["--config", "c", "--pid", "9" * 5000], "is not a process id"),
             (["--config", "-", "--input", "-"], "only one input can come from stdin"),
             (["--config", "c", "--input", "-", "--bogus"], "unknown argument '--bogus'"),
             (["--config"], "option --config needs a value"),
@@ -446,3 +451,24 @@ class TestFetch:
         rc, _, err = run_inproc(args)
         assert rc == 2
         assert "--namespace needs --kubeconfig" in err
+
+
+_ARGS = st.lists(
+    st.sampled_from(
+        [
+            *iptables_verify._VALUED,
+            *("--strict", "--json", "--quiet", "-h", "--help", "-", "--config=x", "--pid=0"),
+            *("x", "ipv4", "ipv6", "nft", "legacy", "plain", "", "=", "--", "12", "9" * 30),
+        ]
+    ),
+    max_size=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ARGS)
+def test_parse_args_raises_only_usage_errors(args: list[str]) -> None:
+    """Any argument list parses or is a UsageError (exit 2), never anything else."""
+    with contextlib.suppress(UsageError):
+        opts = iptables_verify.parse_args(args)
+        assert opts.help or opts.config
