@@ -56,11 +56,10 @@ class _OpenTable:
     line: int
     chains: list[Chain] = field(default_factory=list)
     rules: list[Rule] = field(default_factory=list)
+    names: set[str] = field(default_factory=set)  # of `chains`; kube-proxy has thousands
 
     def knows(self, chain: str) -> bool:
-        return chain in BUILTIN_CHAINS.get(self.name, ()) or any(
-            c.name == chain for c in self.chains
-        )
+        return chain in self.names or chain in BUILTIN_CHAINS.get(self.name, ())
 
     def close(self) -> Table:
         return Table(self.name, tuple(self.chains), tuple(self.rules))
@@ -145,9 +144,10 @@ class _Parser:
 
     def add_chain(self, number: int, column: int, chain: Chain) -> None:
         assert self.open is not None
-        if any(c.name == chain.name for c in self.open.chains):
+        if chain.name in self.open.names:
             raise self.fail(number, column, f"chain '{chain.name}' is declared twice")
         self.open.chains.append(chain)
+        self.open.names.add(chain.name)
 
     def command(self, number: int, tokens: list[Token]) -> None:
         assert self.open is not None

@@ -467,11 +467,16 @@ def diff_tables(
     rules: list[RuleDelta] = []
     hunks: list[ChainHunk] = []
     compared = 0
-    for name in _chain_names(expected, actual):
-        chains += _chain_deltas(expected, actual, name, strict, prefix)
+    exp_rules, act_rules = _by_chain(expected), _by_chain(actual)
+    exp_chains, act_chains = _declared(expected), _declared(actual)
+    builtins = BUILTIN_CHAINS.get(expected.name, ())
+    for name in _chain_names(exp_chains, act_chains, builtins):
+        chains += _chain_deltas(
+            exp_chains, act_chains, name, builtins, strict=strict, prefix=prefix
+        )
         owned = strict or name.startswith(prefix)
-        exp = _scoped(expected.rules_of(name), owned, prefix)
-        act = _scoped(actual.rules_of(name), owned, prefix)
+        exp = _scoped(exp_rules.get(name, []), owned, prefix)
+        act = _scoped(act_rules.get(name, []), owned, prefix)
         compared += len(exp)
         deltas, hunk = _diff_chain(name, exp, act)
         rules += deltas
@@ -489,19 +494,31 @@ def _declared(table: Table) -> dict[str, str | None]:
     return names
 
 
-def _chain_names(expected: Table, actual: Table) -> list[str]:
+def _by_chain(table: Table) -> dict[str, list[Rule]]:
+    out: dict[str, list[Rule]] = {}
+    for rule in table.rules:
+        out.setdefault(rule.chain, []).append(rule)
+    return out
+
+
+def _chain_names(
+    exp: dict[str, str | None], act: dict[str, str | None], builtins: Sequence[str]
+) -> list[str]:
     """Every chain either side has; outside owned chains only jumps into them are compared."""
-    names = set(_declared(expected)) | set(_declared(actual))
-    builtins = BUILTIN_CHAINS.get(expected.name, ())
+    names = set(exp) | set(act)
     return [n for n in builtins if n in names] + sorted(names - set(builtins))
 
 
 def _chain_deltas(
-    expected: Table, actual: Table, name: str, strict: bool, prefix: str
+    exp: dict[str, str | None],
+    act: dict[str, str | None],
+    name: str,
+    builtins: Sequence[str],
+    *,
+    strict: bool,
+    prefix: str,
 ) -> list[ChainDelta]:
-    exp, act = _declared(expected), _declared(actual)
-    builtin = name in BUILTIN_CHAINS.get(expected.name, ())
-    if builtin:
+    if name in builtins:
         # Built-in chains always exist; a restore file may leave them undeclared (None).
         e, a = exp.get(name), act.get(name)
         if strict and e is not None and a is not None and e != a:
@@ -517,9 +534,11 @@ def _chain_deltas(
 
 
 def _scoped(rules: Iterable[Rule], owned: bool, prefix: str) -> list[tuple[CanonicalRule, Rule]]:
-    keyed = [(canonical(r.spec), r) for r in rules]
     if owned:
-        return keyed
+        return [(canonical(r.spec), r) for r in rules]
+    # Only a rule naming an owned chain can jump to one: skip canonicalising the rest.
+    named = [r for r in rules if any(t.startswith(prefix) for t in r.spec)]
+    keyed = [(canonical(r.spec), r) for r in named]
     return [(k, r) for k, r in keyed if k.verdict and k.target.startswith(prefix)]
 
 
