@@ -33,6 +33,10 @@ from multicall.errors import ConfigError
 
 WARNING_PREFIX = "# Warning:"
 _WHITESPACE = " \t"
+# A token: unquoted characters, optionally ending in a quoted run (the closing quote ends the
+# token, as in iptables-restore), in which a backslash escapes the next character.
+_TOKEN = re.compile(r'([^ \t"]*)"((?:[^"\\]|\\.)*)"|[^ \t"]+')
+_ESCAPED = re.compile(r"\\(.)")
 _TABLE_NAME = re.compile(r"[A-Za-z0-9_-]+\Z")
 _POLICY = re.compile(r"-|[A-Z]+\Z")
 _COUNTERS = re.compile(r"\[([0-9]{1,20}):([0-9]{1,20})\]\Z")
@@ -242,44 +246,26 @@ def _shown(text: str, limit: int = 40) -> str:
 def tokenize(line: str, *, line_number: int = 1, fail: _Fail | None = None) -> list[Token]:
     """Split one rule line like iptables-restore does; columns are 1-based."""
     tokens: list[Token] = []
-    buf: list[str] = []
-    start = -1
-    index = 0
-    while index < len(line):
-        ch = line[index]
-        if ch == '"':
-            start = index if start < 0 else start
-            text, index = _quoted(line, index, line_number, fail or _default_fail)
-            tokens.append(Token("".join(buf) + text, start + 1))
-            buf, start = [], -1
-            continue
-        if ch not in _WHITESPACE:
-            start = index if start < 0 else start
-            buf.append(ch)
-        elif start >= 0:
-            tokens.append(Token("".join(buf), start + 1))
-            buf, start = [], -1
-        index += 1
-    if start >= 0:
-        tokens.append(Token("".join(buf), start + 1))
+    end = 0
+    for found in _TOKEN.finditer(line):
+        _check_gap(line, end, found.start(), line_number, fail or _default_fail)
+        quoted = found.group(2)
+        text = found.group(0) if quoted is None else found.group(1) + _unescape(quoted)
+        tokens.append(Token(text, found.start() + 1))
+        end = found.end()
+    _check_gap(line, end, len(line), line_number, fail or _default_fail)
     return tokens
 
 
-def _quoted(line: str, opening: int, line_number: int, fail: _Fail) -> tuple[str, int]:
-    """The text of the quoted run opening at `opening`, and the index after its closing quote."""
-    out: list[str] = []
-    index = opening + 1
-    while index < len(line):
-        ch = line[index]
-        if ch == "\\" and index + 1 < len(line):
-            out.append(line[index + 1])
-            index += 2
-            continue
-        if ch == '"':
-            return "".join(out), index + 1
-        out.append(ch)
-        index += 1
-    raise fail(line_number, opening + 1, "expected a closing '\"' for the quote opened here")
+def _check_gap(line: str, start: int, stop: int, line_number: int, fail: _Fail) -> None:
+    """Between tokens only blanks are left, unless a quote was never closed."""
+    quote = line.find('"', start, stop)
+    if quote >= 0:
+        raise fail(line_number, quote + 1, "expected a closing '\"' for the quote opened here")
+
+
+def _unescape(text: str) -> str:
+    return _ESCAPED.sub(r"\1", text) if "\\" in text else text
 
 
 def _default_fail(line: int, column: int, message: str) -> ConfigError:
