@@ -9,15 +9,17 @@ from __future__ import annotations
 import itertools
 import shlex
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from multicall.core.iptables_save import last_table, parse_save
-from multicall.core.ruleset_diff import canonical
-from tests.conftest import require_tool
+from multicall.core.ruleset_diff import canonical, diff_tables, format_diff
+from tests.conftest import FIXTURES, require_tool
 from tests.rig import Netns, Rig
+from tests.unit.test_iptables_save import payload
 
 pytestmark = pytest.mark.netns
 
@@ -138,3 +140,26 @@ def test_generated_rules_agree_with_iptables(rig: Rig, specs: list[str]) -> None
         assert_agrees(specs, load_and_save(ns, "nft", specs))
     finally:
         rig.remove(ns)
+
+
+ISTIO = sorted((FIXTURES / "upstream/istio/istio-iptables-golden").glob("*golden"))
+
+
+@pytest.mark.parametrize("flavour", ["nft", "legacy"])
+@pytest.mark.parametrize("golden", ISTIO, ids=lambda p: p.name)
+def test_istio_restore_payload_equals_its_save(rig: Rig, golden: Path, flavour: str) -> None:
+    """Istio's restore payloads (written their way: `-p tcp --dport`, `! -d` after `-o`, no
+    /32, interleaved chains) compare equal to what iptables-save prints after restoring them,
+    with the ISTIO_ prefix as the owned one and in strict mode."""
+    ns = rig.netns()
+    text = payload(golden)
+    ns.exec([require_tool(f"iptables-{flavour}-restore")], input_=text)
+    saved = ns.exec([require_tool(f"iptables-{flavour}-save"), "-t", "nat"])
+    written_nat = last_table(parse_save(text), "nat")
+    saved_nat = last_table(parse_save(saved), "nat")
+    assert written_nat is not None
+    assert saved_nat is not None
+    for strict in (False, True):
+        diff = diff_tables(written_nat, saved_nat, strict=strict, prefix="ISTIO_")
+        assert diff.ok, format_diff(diff)
+    assert diff.compared_rules == len(written_nat.rules)
