@@ -1,14 +1,16 @@
 """The kubeconfig the installer writes (`ZZZ-linkerd-cni-kubeconfig`), read as client-go would
 with the current context forced to `linkerd-cni-context` (behaviour doc §3 step 2).
 
-Rules of this module: pure text in, a frozen `KubeConfig` out; PyYAML is imported only when a
-document is parsed (start-up cost); every failure is a `ConfigError` naming what is missing.
+Rules of this module: pure text in, a frozen `KubeConfig` out; every failure is a
+`ConfigError` naming what is missing. The installer's own layout is read by a strict pattern;
+anything else goes through PyYAML, imported only then (it costs ~25 ms of every meshed ADD).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -25,6 +27,32 @@ class KubeConfig:
     ca_data: bytes = b""  # PEM bundle from certificate-authority-data
     ca_file: str = ""
     insecure_skip_tls_verify: bool = False
+
+
+# What install-cni writes (core/installer_config.KUBECONFIG_TEMPLATE), with values restricted to
+# characters that YAML reads as the same plain scalars.
+_INSTALLER_FORM = re.compile(
+    r"(?:#[^\n]*\n)*"
+    r"apiVersion: v1\nkind: Config\nclusters:\n"
+    r"- name: (?P<cluster>[A-Za-z0-9._-]+)\n  cluster:\n"
+    r"    server: (?P<server>https?://[A-Za-z0-9.:\[\]_/-]+)\n"
+    r"    certificate-authority-data: (?P<ca>[A-Za-z0-9+/]+={0,2})\n"
+    r"users:\n- name: (?P<user>[A-Za-z0-9._-]+)\n  user:\n    token: (?P<token>[A-Za-z0-9._-]+)\n"
+    r"contexts:\n- name: (?P<context>[A-Za-z0-9._-]+)\n  context:\n"
+    r"    cluster: (?P=cluster)\n    user: (?P=user)\n"
+    r"current-context: (?P=context)\n?"
+)
+
+
+def _installer_form(text: str, context: str) -> KubeConfig | None:
+    match = _INSTALLER_FORM.fullmatch(text)
+    if match is None or match["context"] != context:
+        return None
+    try:
+        ca = base64.b64decode(match["ca"], validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return KubeConfig(server=match["server"], token=match["token"], ca_data=ca)
 
 
 def _load(text: str) -> object:
@@ -54,6 +82,9 @@ def _text(body: Mapping[str, object], key: str) -> str:
 
 def parse_kubeconfig(text: str, context: str = CONTEXT) -> KubeConfig:
     """The cluster and user of `context`, or ConfigError with client-go's complaint."""
+    fast = _installer_form(text, context)
+    if fast is not None:
+        return fast
     doc = _load(text)
     if not isinstance(doc, Mapping):
         raise ConfigError("invalid configuration: no configuration has been provided")

@@ -1,11 +1,11 @@
-"""A minimal Kubernetes API client on `http.client` + `ssl`: three GETs, bounded in time.
+"""A minimal Kubernetes API client on `socket` + `ssl`: three GETs, bounded in time.
 
 Rules of this module:
 1. Every request has one deadline (`timeout` seconds for connect + TLS + response); a server
    that never answers costs at most that, never client-go's unbounded wait (linkerd2 #2875).
 2. Errors read like client-go's: the API's `Status.message` (`Unauthorized`,
    `pods "x" not found`), or `Get "URL": dial tcp ...: connect: connection refused`.
-3. One keep-alive connection serves all GETs of an invocation; `ssl` and `http.client` are
+3. One keep-alive connection serves all GETs of an invocation; `ssl` and `socket` are
    imported on first use only (start-up time of DEL/VERSION/skipped pods stays low).
 """
 
@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 from urllib.parse import quote, urlsplit
 
 from multicall.core.k8s import Namespace, Pod, Service, parse_namespace, parse_pod, parse_service
@@ -23,7 +23,7 @@ from multicall.core.kubeconfig import KubeConfig, parse_kubeconfig
 from multicall.errors import ConfigError, KubeError
 
 if TYPE_CHECKING:
-    import http.client
+    import socket
     import ssl
 
 DEFAULT_TIMEOUT = 5.0
@@ -88,7 +88,7 @@ class KubeClient:
         self.timeout = timeout
         self.endpoint = _endpoint(config.server)
         self._token = _token(config)
-        self._conn: http.client.HTTPConnection | None = None
+        self._conn: _Connection | None = None
 
     def close(self) -> None:
         if self._conn is not None:
@@ -128,26 +128,18 @@ class KubeClient:
     def _request(self, path: str, url: str, deadline: float) -> tuple[int, bytes]:
         import ssl
 
-        headers = {"Accept": "application/json", "User-Agent": "cnibox/linkerd-cni"}
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
-        connected = False
+        conn = self._conn or _Connection(self.endpoint)
+        self._conn = conn
         try:
-            conn = self._connection(deadline)
-            if conn.sock is None:
-                conn.connect()
-            connected = True
-            _set_deadline(conn, deadline)
-            conn.request("GET", path, headers=headers)
-            response = conn.getresponse()
-            return response.status, response.read()
+            conn.open(self.config, deadline)
+            return conn.get(path, self._headers(), deadline)
         except ssl.SSLCertVerificationError as exc:
             self.close()
             raise KubeError(
                 f'Get "{url}": tls: failed to verify certificate: x509: {_x509(exc)}'
             ) from None
         except TimeoutError:
-            detail = self._timeout_detail(connected)
+            detail = conn.timeout_detail()
             self.close()
             raise KubeError(f'Get "{url}": {detail}') from None
         except ConnectionRefusedError:
@@ -155,40 +147,136 @@ class KubeClient:
             raise KubeError(
                 f'Get "{url}": dial tcp {self.endpoint.hostport}: connect: connection refused'
             ) from None
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             self.close()
-            reason = (exc.strerror or str(exc) or type(exc).__name__).lower()
+            reason = (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).lower()
             raise KubeError(f'Get "{url}": {reason}') from None
 
-    def _timeout_detail(self, connected: bool) -> str:
-        if connected:
+    def _headers(self) -> str:
+        lines = [
+            f"Host: {self.endpoint.hostport}",
+            "Accept: application/json",
+            "User-Agent: cnibox/linkerd-cni",
+        ]
+        if self._token:
+            lines.append(f"Authorization: Bearer {self._token}")
+        return "".join(f"{line}\r\n" for line in lines)
+
+
+class _Connection:
+    """One HTTP/1.1 keep-alive connection: just GET, Content-Length or chunked bodies.
+
+    http.client is not used: it imports the email package, about as costly as ssl itself,
+    on a path every meshed pod start pays.
+    """
+
+    def __init__(self, endpoint: _Endpoint) -> None:
+        self.endpoint = endpoint
+        self.stage = "dial"
+        self.sock: socket.socket | None = None
+        self.reader: BinaryIO | None = None
+
+    def open(self, config: KubeConfig, deadline: float) -> None:
+        if self.sock is not None:
+            return
+        import socket
+
+        self.stage = "dial"
+        raw = socket.create_connection(
+            (self.endpoint.host, self.endpoint.port), timeout=_remaining(deadline)
+        )
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = raw
+        if self.endpoint.scheme == "https":
+            self.stage = "tls"
+            raw.settimeout(_remaining(deadline))
+            self.sock = _tls_context(config).wrap_socket(raw, server_hostname=self.endpoint.host)
+        self.reader = self.sock.makefile("rb")
+        self.stage = "request"
+
+    def get(self, path: str, headers: str, deadline: float) -> tuple[int, bytes]:
+        assert self.sock is not None
+        assert self.reader is not None
+        self.sock.settimeout(_remaining(deadline))
+        self.sock.sendall(f"GET {path} HTTP/1.1\r\n{headers}\r\n".encode("latin-1"))
+        status, fields = _read_head(self.reader)
+        body = _read_body(self.reader, fields)
+        if fields.get("connection", "").lower() == "close":
+            self.close()
+        return status, body
+
+    def timeout_detail(self) -> str:
+        if self.stage == "request":
             return "context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
-        if self._conn is not None and self._conn.sock is not None:
+        if self.stage == "tls":
             return "net/http: TLS handshake timeout"
         return f"dial tcp {self.endpoint.hostport}: i/o timeout"
 
-    def _connection(self, deadline: float) -> http.client.HTTPConnection:
-        import http.client
-
-        if self._conn is not None:
-            return self._conn
-        remaining = max(deadline - time.monotonic(), 0.001)
-        ep = self.endpoint
-        if ep.scheme == "https":
-            self._conn = http.client.HTTPSConnection(
-                ep.host, ep.port, timeout=remaining, context=_tls_context(self.config)
-            )
-        else:
-            self._conn = http.client.HTTPConnection(ep.host, ep.port, timeout=remaining)
-        return self._conn
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
 
-def _set_deadline(conn: http.client.HTTPConnection, deadline: float) -> None:
+MAX_HEAD = 64 * 1024
+MAX_BODY = 64 * 1024 * 1024
+
+
+def _remaining(deadline: float) -> float:
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise TimeoutError
-    if conn.sock is not None:
-        conn.sock.settimeout(remaining)
+    return remaining
+
+
+def _line(reader: BinaryIO) -> bytes:
+    line = reader.readline(MAX_HEAD)
+    if not line:
+        raise ConnectionResetError(104, "EOF")
+    return line
+
+
+def _read_head(reader: BinaryIO) -> tuple[int, dict[str, str]]:
+    status_line = _line(reader).decode("latin-1")
+    parts = status_line.split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise ValueError(f"malformed HTTP response {status_line.strip()!r}")
+    fields: dict[str, str] = {}
+    while True:
+        line = _line(reader).decode("latin-1").rstrip("\r\n")
+        if not line:
+            return int(parts[1]), fields
+        name, _, value = line.partition(":")
+        fields[name.strip().lower()] = value.strip()
+
+
+def _read_body(reader: BinaryIO, fields: Mapping[str, str]) -> bytes:
+    if "chunked" in fields.get("transfer-encoding", "").lower():
+        chunks: list[bytes] = []
+        while True:
+            size = int(_line(reader).split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while _line(reader).strip():
+                    pass  # trailers
+                return b"".join(chunks)
+            chunks.append(_exactly(reader, size))
+            _line(reader)
+    length = fields.get("content-length")
+    if length is not None and length.isdigit():
+        return _exactly(reader, int(length))
+    return reader.read(MAX_BODY)
+
+
+def _exactly(reader: BinaryIO, size: int) -> bytes:
+    if size > MAX_BODY:
+        raise ValueError("response body too large")
+    data = reader.read(size)
+    if len(data) != size:
+        raise ConnectionResetError(104, "short body")
+    return data
 
 
 def _token(config: KubeConfig) -> str:

@@ -32,6 +32,30 @@ class TestParse:
         assert config.ca_data == b"-----CA-----"
         assert not config.insecure_skip_tls_verify
 
+    @pytest.mark.parametrize(
+        ("token", "ca", "host"),
+        [
+            (
+                b"eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln-_",
+                b"-----BEGIN CERT-----\nMII\n",
+                "10.96.0.1",
+            ),
+            (b"t", b"c", "fd00::1"),
+            (b"tok with space", b"ca", "10.0.0.1"),
+            (b"#comment", b"ca", "10.0.0.1"),
+        ],
+    )
+    def test_fast_path_agrees_with_yaml(self, token: bytes, ca: bytes, host: str) -> None:
+        """The installer's layout read without PyYAML gives what PyYAML gives."""
+        from multicall.core import kubeconfig
+
+        text = render_kubeconfig(token, ca, host, "443").decode()
+        by_yaml = parse_kubeconfig(text + "# not the installer's layout any more\n")
+        fast = kubeconfig._installer_form(text, kubeconfig.CONTEXT)
+        assert fast is None or fast == by_yaml
+        assert (fast is None) == (b" " in token or token.startswith(b"#"))
+        assert parse_kubeconfig(text) == by_yaml
+
     def test_ipv6_server(self) -> None:
         text = render_kubeconfig(b"t", b"c", "fd00::1", "6443").decode()
         assert parse_kubeconfig(text).server == "https://[fd00::1]:6443"
