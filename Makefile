@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # umoci) and what the build needs (patchelf, musl-gcc, ccache, libxtables, glibc locale).
 APT_PACKAGES := iptables nftables util-linux iproute2 containernetworking-plugins golang-go \
 	golang-github-appc-cni-dev patchelf ccache hyperfine libxtables-dev musl-tools time strace \
-	skopeo umoci libc-bin python3-dev
+	skopeo umoci libc-bin python3-dev openssl
 
 .PHONY: deps apt venv lint type unit test test-source test-binary build zipapp demo bench clean
 
