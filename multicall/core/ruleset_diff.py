@@ -81,6 +81,7 @@ _MATCH_OPTIONS: dict[str, tuple[str, ...]] = {
     "addrtype": ("--src-type", "--dst-type", "--limit-iface-in", "--limit-iface-out"),
     "iprange": ("--src-range", "--dst-range"),
     "mac": ("--mac-source",),
+    "limit": ("--limit", "--limit-burst"),
 }  # fmt: skip
 _TARGET_OPTIONS: dict[str, tuple[str, ...]] = {
     "REDIRECT": ("--to-ports", "--random"),
@@ -188,7 +189,9 @@ class _RuleBuilder:
     def owner_of(self, name: str) -> tuple[_Owner, str]:
         """Who takes `--name`, and the option's full spelling (iptables' attribution order)."""
         loaded = [self.target] if self.target else []
-        loaded += self.matches
+        # Loading a match again completes the earlier instances (xtables_find_match).
+        latest = {owner.module: owner for owner in self.matches}.values()
+        loaded += [owner for owner in self.matches if any(owner is x for x in latest)]
         # getopt_long sees the loaded extensions' options and prefers an exact name anywhere
         # over an abbreviation; only an option it does not know loads the protocol's match.
         for exact in (True, False):
@@ -231,12 +234,63 @@ def _resolve(name: str, known: Sequence[str], *, exact: bool) -> str | None:
     return hits.pop() if len(hits) == 1 else None
 
 
+# libxt_limit: a rate is stored as a period in 1/10000 s; units are matched by prefix.
+_LIMIT_SCALE = 10000
+_LIMIT_UNITS = (("second", 1), ("minute", 60), ("hour", 3600), ("day", 86400))
+_LIMIT_PRINT = (("day", 86400), ("hour", 3600), ("min", 60), ("sec", 1))
+_LIMIT_DEFAULTS = (Option("--limit", False, ("3/hour",)), Option("--limit-burst", False, ("5",)))
+
+
+def _limit_options(options: Sequence[Option]) -> list[Option]:
+    """`-m limit` as iptables-save prints it: the rate in its unit, the default burst omitted,
+    the default rate (3/hour) spelled out."""
+    out = [_limit_rate(o) for o in options]
+    if not any(o.name == "--limit" for o in out):
+        out.append(_LIMIT_DEFAULTS[0])
+    return [o for o in out if o != _LIMIT_DEFAULTS[1]]
+
+
+def _limit_rate(option: Option) -> Option:
+    if option.name != "--limit" or len(option.values) != 1:
+        return option
+    period = _limit_period(option.values[0])
+    if period is None:
+        return option
+    name, unit = _limit_unit(period)
+    return Option("--limit", option.negated, (f"{unit * _LIMIT_SCALE // period}/{name}",))
+
+
+def _limit_unit(period: int) -> tuple[str, int]:
+    """print_rate's choice: the largest unit before one the period does not fit well."""
+    for i in range(1, len(_LIMIT_PRINT)):
+        mult = _LIMIT_PRINT[i][1] * _LIMIT_SCALE
+        if period > mult or mult // period < mult % period:
+            return _LIMIT_PRINT[i - 1]
+    return _LIMIT_PRINT[-1]
+
+
+def _limit_period(rate: str) -> int | None:
+    number, slash, unit = rate.partition("/")
+    mult = 1
+    if slash:
+        found = [m for name, m in _LIMIT_UNITS if unit and name.startswith(unit.lower())]
+        if not found:
+            return None
+        mult = found[0]
+    if not (number.isascii() and number.isdigit() and 0 < len(number) <= 10):
+        return None
+    count = int(number)
+    period = _LIMIT_SCALE * mult // count if count else 0
+    return period if 0 < period < 2**32 else None
+
+
 def _order_matches(owners: Sequence[_Owner]) -> tuple[Match, ...]:
     """Sort matches, except that a stateful match keeps its place relative to all others."""
     out: list[Match] = []
     run: list[Match] = []
     for owner in owners:
-        match = Match(owner.module, tuple(sorted(owner.options)))
+        options = _limit_options(owner.options) if owner.module == "limit" else owner.options
+        match = Match(owner.module, tuple(sorted(options)))
         if owner.module not in STATELESS_MATCHES:
             out += sorted(run)
             out.append(match)

@@ -62,6 +62,16 @@ CORPUS = [
     "-p tcp --tcp-flags ALL FIN,URG,PSH -j RETURN",
     "-m limit --limit 1/sec -m comment --comment c -j RETURN",
     "-m comment --comment c -m limit --limit 1/sec -j RETURN",
+    "-m limit --limit 1/s -m comment --comment c -j RETURN",
+    "-m limit --limit 60/m --limit-burst 5 -m comment --comment c -j RETURN",
+    "-m limit --limit 7/hour --limit-burst 9 -j RETURN",
+    "-m limit --limit 2/d -j RETURN",
+    "-m limit --limit 48/day -j RETURN",
+    "-m limit --limit 1000/second -j RETURN",
+    "-m limit -j RETURN",
+    "-m limit --limit 3/h -j RETURN",
+    "-m limit --limit 1/s -m limit --limit 2/s -j RETURN",
+    "-m limit --limit 2/s -m limit --limit 1/s -j RETURN",
     "-j RETURN",
     "-j ACCEPT",
 ]
@@ -110,7 +120,7 @@ _ATOMS = [
     "-o lo",
     "! -d 127.0.0.1",
     "-s 10.1.2.3/255.255.0.0",
-    "-m limit --limit 5/sec",
+    "-m limit --limit 5/s",
     "-m mark --mark 0x1",
 ]
 _TARGETS = ["-j RETURN", "-j REDIRECT --to-port 4143", "-j ACCEPT", ""]

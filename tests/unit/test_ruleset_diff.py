@@ -85,6 +85,9 @@ class TestCanonicalForm:
             ("-p tcp -m multiport --dport 1,2", "-p tcp -m multiport --dports 1,2"),
             ("-p tcp -j REDIRECT --to-p 5", "-p tcp -j REDIRECT --to-ports 5"),
             ("-m owner --uid 5", "-m owner --uid-owner 5"),
+            ("-m limit --limit 60/m --limit-burst 5", "-m limit --limit 1/sec"),
+            ("-m limit", "-m limit --limit 3/hour"),
+            ("-m limit --limit 2/d", "-m limit --limit 2/day"),
         ],
     )
     def test_equal(self, written: str, saved: str) -> None:
@@ -112,6 +115,11 @@ class TestCanonicalForm:
             ),
             ("-m recent --set -m comment --comment x", "-m comment --comment x -m recent --set"),
             ("-p tcp -m tcp", "-p tcp"),
+            ("-m limit --limit 1/s", "-m limit --limit 1/s --limit-burst 6"),
+            (
+                "-m limit --limit 1/s -m limit --limit 2/s",
+                "-m limit --limit 2/s -m limit --limit 1/s",
+            ),
             ("! -p tcp", "-p tcp"),
             ("-i eth0", "-o eth0"),
             ("-s 10.0.0.1", "-d 10.0.0.1"),
