@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno as errno_mod
 import os
+import select
 import socket
 import time
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ NETLINK_EXT_ACK = 11
 NLM_F_DUMP_INTR = 0x10
 RECV_SIZE = 1 << 18
 ATTEMPTS = 5
+TIMEOUT = 10.0
 
 
 class _Socket:
@@ -60,8 +62,11 @@ class _Socket:
             raise FirewallError(f"nf_tables: send failed: {exc.strerror}", errno=exc.errno) from exc
 
     def receive(self, *, block: bool = True) -> list[codec.Message | codec.NetlinkError]:
+        # The kernel answers within the send; a silent socket means something is badly wrong.
+        if block and not select.select([self.sock], [], [], TIMEOUT)[0]:
+            raise FirewallError(f"nf_tables did not answer within {TIMEOUT:g}s")
         try:
-            data = self.sock.recv(RECV_SIZE, 0 if block else socket.MSG_DONTWAIT)
+            data = self.sock.recv(RECV_SIZE, socket.MSG_DONTWAIT)
         except BlockingIOError:
             return []
         except OSError as exc:
@@ -99,7 +104,9 @@ def _genid(sock: _Socket) -> int:
             if isinstance(reply, codec.NetlinkError):
                 if reply.errno:
                     raise _error("the generation id request", reply)
-                if reply.seq == seq and genid is not None:
+                if reply.seq == seq:
+                    if genid is None:
+                        raise FirewallError("nf_tables acknowledged no generation id")
                     return genid
             elif (found := codec.parse_genid(reply)) is not None:
                 genid = found
