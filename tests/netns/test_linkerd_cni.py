@@ -361,19 +361,22 @@ def connect(netns: Netns, host: str, port: int, uid: int | None = None) -> str:
     return netns.exec(argv, check=False).strip()
 
 
-def test_traffic_is_redirected_to_the_proxy_ports(cluster: Cluster) -> None:
+@pytest.mark.parametrize("mode", ["legacy", "nft"])
+def test_traffic_is_redirected_to_the_proxy_ports(cluster: Cluster, mode: str) -> None:
     """Inbound lands on 4143, outbound of other uids on 4140, the proxy's uid and skipped
     ports are not redirected."""
     meshed_ns, other_ns = cluster.pod_netns(), cluster.pod_netns()
-    meshed_ip = pod_ip(cluster.add(meshed_ns, MESHED))
+    conf = cluster.conf(linkerd={"outbound-ports-to-ignore": ["5432"], "iptables-mode": mode})
+    meshed_ip = pod_ip(cluster.add(meshed_ns, MESHED, conf=conf))
     other_ip = pod_ip(cluster.add(other_ns, None))
     in_meshed = listen(meshed_ns, 4143, 4140, 4191, 8080)
-    in_other = listen(other_ns, 9999)
+    in_other = listen(other_ns, 9999, 5432)
     try:
         assert connect(other_ns, meshed_ip, 8080) == "4143"  # inbound app port -> proxy
         assert connect(other_ns, meshed_ip, 4191) == "4191"  # skipped inbound port
         assert connect(meshed_ns, other_ip, 9999, uid=1000) == "4140"  # app's outbound
         assert connect(meshed_ns, other_ip, 9999, uid=2102) == "9999"  # the proxy's own
+        assert connect(meshed_ns, other_ip, 5432, uid=1000) == "5432"  # skipped outbound port
     finally:
         in_meshed.stop()
         in_other.stop()
