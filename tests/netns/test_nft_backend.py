@@ -119,6 +119,15 @@ class TestAtomicity:
         assert err.value.errno is not None
         assert oracle(ns, V4) == before
 
+    def test_failure_in_a_fresh_netns_creates_nothing(self, rig: Rig) -> None:
+        """The table, base chain and user chain made earlier in a refused batch vanish too."""
+        ns = rig.netns()
+        rules = (Rule("OUTPUT", ("-j", "A")), Rule("A", ("-j", "NO_SUCH_CHAIN")))
+        with pytest.raises(FirewallError, match="-A A -j NO_SUCH_CHAIN"):
+            apply(ns, V4, TableChange("nat", ("A",), (), rules))
+        with entered_netns(ns.path, allow_own=False):
+            assert read_chains(V4) == []
+
     def test_hook_validation_rolls_back_earlier_messages(self, rig: Rig) -> None:
         """A REDIRECT chain jumped to from nat INPUT is refused; the chain made before goes too."""
         ns = rig.netns()
