@@ -347,6 +347,20 @@ class TestReports:
             == "nat: MISMATCH: 1 missing, 0 unexpected, 0 out of order, 0 chain problem(s)"
         )
 
+    def test_long_chains_show_context_only(self) -> None:
+        """Unchanged rules far from a change are elided as `...` (3 lines of context)."""
+        rules = tuple(
+            Rule("PROXY_INIT_X", ("-s", f"10.0.0.{i}/32", "-j", "RETURN")) for i in range(20)
+        )
+        table = Table("nat", (Chain("PROXY_INIT_X"),), rules)
+        changed = Table("nat", table.chains, rules[:10] + rules[11:])
+        lines = format_diff(diff_tables(table, changed)).splitlines()
+        body = lines[lines.index("@@ nat PROXY_INIT_X @@") + 1 : -1]
+        assert body[0] == "  ..."
+        assert body[-1] == "  ..."
+        assert [line[:2] for line in body[1:-1]] == ["  "] * 3 + ["- "] + ["  "] * 3
+        assert "10.0.0.10/32" in body[4]
+
     def test_json_document(self) -> None:
         """diff_to_json is JSON-serialisable and lists each delta with its positions."""
         table = default_nft()
