@@ -122,7 +122,7 @@ def parse_netconf(data: bytes) -> NetConf:
         outgoing_proxy_port=_int(linkerd, "outgoing-proxy-port"),
         proxy_uid=_int(linkerd, "proxy-uid"),
         proxy_gid=_int(linkerd, "proxy-gid"),
-        ports_to_redirect=tuple(v for v in _list(linkerd, "ports-to-redirect") if type(v) is int),
+        ports_to_redirect=_ints(linkerd, "ports-to-redirect"),
         inbound_ports_to_ignore=_strs(linkerd, "inbound-ports-to-ignore"),
         outbound_ports_to_ignore=_strs(linkerd, "outbound-ports-to-ignore"),
         subnets_to_ignore=_strs(linkerd, "subnets-to-ignore"),
@@ -151,6 +151,11 @@ def _int(fields: Mapping[str, object], key: str) -> int:
 def _list(fields: Mapping[str, object], key: str) -> list[object]:
     value = fields.get(key)
     return value if isinstance(value, list) else []
+
+
+def _ints(fields: Mapping[str, object], key: str) -> tuple[int, ...]:
+    # A null element of a []int decodes to 0 in Go.
+    return tuple(v if type(v) is int else 0 for v in _list(fields, key))
 
 
 def _strs(fields: Mapping[str, object], key: str) -> tuple[str, ...]:

@@ -27,15 +27,20 @@ GOCODE = "/usr/share/gocode"
 
 def build_driver() -> Path:
     """Build driver.go against Debian's libcni sources (GOPATH mode); cached by source hash."""
+    return build_go(SOURCE, "libcni-driver")
+
+
+def build_go(source: Path, name: str) -> Path:
+    """`go build` one main package in GOPATH mode (no network), cached in build/out/."""
     go = require_tool("go")
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    out = REPO / "build" / "out" / f"libcni-driver-{digest}"
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    out = REPO / "build" / "out" / f"{name}-{digest}"
     if out.exists():
         return out
-    gopath = REPO / "build" / "out" / f"libcni-gopath-{digest}"
-    src = gopath / "src" / "libcnidriver"
+    gopath = REPO / "build" / "out" / f"{name}-gopath-{digest}"
+    src = gopath / "src" / name
     src.mkdir(parents=True, exist_ok=True)
-    shutil.copy(SOURCE, src / "driver.go")
+    shutil.copy(source, src / "main.go")
     env = dict(os.environ, GO111MODULE="off", GOPATH=f"{gopath}:{GOCODE}",
                GOCACHE=str(gopath / "cache"), GOFLAGS="")  # fmt: skip
     tmp = out.with_suffix(".tmp")
