@@ -176,6 +176,7 @@ class TestErrors:
             ("*\n", 1, 2, "expected a table name"),
             ("*nat\n:FOO\nCOMMIT\n", 2, 1, "expected a policy"),
             ("*nat\n:FOO ACCEPT [0:0]\nCOMMIT\n", 2, 1, "expected '-' as policy"),
+            ("*nat\n:OUTPUT -x [0:0]\nCOMMIT\n", 2, 1, "expected a policy"),
             ("*nat\n:OUTPUT ACCEPT [x:0]\nCOMMIT\n", 2, 1, "expected counters"),
             ("*nat\n-A FOO -j RETURN\nCOMMIT\n", 2, 4, "'FOO' is not declared"),
             ("*nat\n-A\nCOMMIT\n", 2, 3, "expected a chain name after '-A'"),
