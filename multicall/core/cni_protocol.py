@@ -361,9 +361,10 @@ def family_of(version: str) -> str | None:
     return None
 
 
+# Types with their own UnmarshalJSON decode into a private twin: Go's errors name the twin.
 _ROUTE = Struct(
     "route",
-    "types.Route",
+    "types.route",
     (
         ("dst", CIDR),
         ("gw", IP),
@@ -383,19 +384,19 @@ _DNS = Struct(
 )
 _IPC020 = Struct(
     "ipConfig",
-    "types020.IPConfig",
+    "types020.ipConfig",
     (("ip", CIDR), ("gateway", IP), ("routes", Slice(_ROUTE, "[]types.Route"))),
     own_unmarshal=True,
 )
 _IPC040 = Struct(
     "ipConfig",
-    "types040.IPConfig",
+    "types040.ipConfig",
     (("version", STRING), ("interface", INT), ("address", CIDR), ("gateway", IP)),
     own_unmarshal=True,
 )
 _IPC100 = Struct(
     "ipConfig",
-    "types100.IPConfig",
+    "types100.ipConfig",
     (("interface", INT), ("address", CIDR), ("gateway", IP)),
     own_unmarshal=True,
 )
@@ -454,7 +455,8 @@ def create_result(version: str, raw: Mapping[str, object]) -> Result:
     family = family_of(version) if version else None
     if family is None:
         raise ResultError(f"unsupported CNI result version {gojson.go_quote(version)}")
-    data = gojson.marshal(raw).encode()
+    # json.Marshal of a Go map sorts its keys: that is the order the typed decode sees.
+    data = gojson.marshal(raw, sort_keys=True).encode()
     try:
         fields = gojson.decode(data, _RESULT_SCHEMAS[family])
     except gojson.GoJsonError as exc:

@@ -415,6 +415,9 @@ class _Decoder:
     """One `json.Unmarshal` call (a types with its own UnmarshalJSON starts a new one)."""
 
     first: tuple[str, str, tuple[str, str] | None] | None = None
+    # Inside a type with its own UnmarshalJSON: an aborting error's field context is the one
+    # the outermost decoder is at, so nothing in here may claim it.
+    inner: bool = False
 
     def save(self, value: object, go_type: str, ctx: Ctx | None) -> None:
         if self.first is None:
@@ -436,7 +439,7 @@ class _Decoder:
         return self.scalar(v, t, old, ctx)
 
     def own(self, v: object, t: Struct, old: object) -> object:
-        inner = _Decoder()
+        inner = _Decoder(inner=True)
         out = inner.struct(v, t, old, None)
         if inner.first is not None:
             raise _TypeAbort(inner.first[0], inner.first[1])
@@ -459,7 +462,7 @@ class _Decoder:
             try:
                 fields[name] = self.value(item, ft, fields.get(name), fctx)
             except _TypeAbort as abort:
-                if abort.where is None:
+                if abort.where is None and not self.inner:
                     abort.where = (fctx[0], ".".join(fctx[1]))
                 raise
         return fields
@@ -475,6 +478,8 @@ class _Decoder:
 
     def scalar(self, v: object, t: Scalar, old: object, ctx: Ctx | None) -> object:
         if v is None:
+            if t.kind == "cidr":  # UnmarshalJSON still runs for null: ParseCIDR("") fails
+                raise GoJsonError("invalid CIDR address: ")
             return None if t.kind in ("ip", "anymap", "boolmap", "any") else old
         decoded = _SCALARS[t.kind](v, kind_of(v))
         if decoded is _MISMATCH:
@@ -646,8 +651,9 @@ def go_cidr(text: str) -> str | None:
 
 
 def is_ipv4_text(text: str) -> bool:
-    """Whether a canonical address (as `go_ip`/`go_cidr` print it) is IPv4 (`To4() != nil`)."""
-    return ":" not in text
+    """Whether a canonical address (as `go_ip`/`go_cidr` print it) is IPv4 (`To4() != nil`);
+    false for Go's "<nil>" (an absent address)."""
+    return "." in text and ":" not in text
 
 
 # --- rendering --------------------------------------------------------------------------------
