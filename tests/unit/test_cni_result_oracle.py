@@ -57,15 +57,18 @@ def dns(rng: random.Random) -> Any:
     }))  # fmt: skip
 
 
+def legacy_block(rng: random.Random) -> Any:
+    return maybe(rng, obj(rng, {
+        "ip": maybe(rng, rng.choice(ADDRESSES)), "gateway": maybe(rng, rng.choice(GATEWAYS)),
+        "routes": [route(rng) for _ in range(rng.randint(0, 2))]}))  # fmt: skip
+
+
 def prev_result(rng: random.Random, version: str) -> dict[str, Any]:
     own = rng.choice(["", "0.1.0", "0.2.0"] if version < "0.3.0" else ["0.3.0", "0.3.1", "0.4.0"])
     cni_version = maybe(rng, own, ("", "1.0.0", "0.2.0", "0.4.0", 1))
     if version < "0.3.0" and rng.random() < 0.8:
-        block = lambda: maybe(rng, obj(rng, {  # noqa: E731 - a local shorthand
-            "ip": maybe(rng, rng.choice(ADDRESSES)), "gateway": maybe(rng, rng.choice(GATEWAYS)),
-            "routes": [route(rng) for _ in range(rng.randint(0, 2))]}))  # fmt: skip
-        return obj(rng, {"cniVersion": cni_version, "ip4": block(), "ip6": block(),
-                         "dns": dns(rng)})  # fmt: skip
+        return obj(rng, {"cniVersion": cni_version, "ip4": legacy_block(rng),
+                         "ip6": legacy_block(rng), "dns": dns(rng)})  # fmt: skip
     ips = [obj(rng, {"version": maybe(rng, rng.choice(["4", "6", "", "5"])),
                      "interface": maybe(rng, rng.choice([0, 1, 2]), (None, "0", 1.5, -1)),
                      "address": maybe(rng, rng.choice(ADDRESSES)),
