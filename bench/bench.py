@@ -45,9 +45,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from multicall.core.installer_config import render_kubeconfig  # noqa: E402
 from multicall.effects.ns import entered_netns  # noqa: E402
 from tests.conftest import FIXTURES  # noqa: E402
-from tests.kubeapi import KubeApi, make_pki, pods_from_golden  # noqa: E402
+from tests.kubeapi import TOKEN, KubeApi, make_pki, pods_from_golden  # noqa: E402
 from tests.libcni import CHART_LINKERD  # noqa: E402
 
 SCENARIOS = FIXTURES / "derived" / "linkerd-iptables"
@@ -351,10 +352,15 @@ def cluster(namespaces: Namespaces, workdir: Path) -> Iterator[Cluster]:
     # 100-pod burst and add TCP's 1 s retransmit to the concurrency row.
     if api._server is not None:
         api._server.socket.listen(1024)
+    # The file install-cni writes on a node (its own renderer), pointing at the test API.
+    kubeconfig = workdir / "ZZZ-linkerd-cni-kubeconfig"
+    kubeconfig.write_bytes(
+        render_kubeconfig(TOKEN.encode(), api.pki.ca_cert.read_bytes(), "127.0.0.1", str(api.port))
+    )
     try:
         yield Cluster(
             node,
-            api.kubeconfig(workdir / "ZZZ-linkerd-cni-kubeconfig"),
+            kubeconfig,
             (pod["metadata"]["namespace"], pod["metadata"]["name"]),
             workdir,
             json.loads(PREV_RESULT.read_text()),
@@ -703,12 +709,16 @@ def run_profile(spawner: Spawner, namespaces: Namespaces, mode: str) -> int:
                 "linkerd-cni",
             ],
         }
+        runs["dataclasses"] = [sys.executable, str(REPO / "bench" / "dcprof.py"), "linkerd-cni"]
         for what, argv in runs.items():
             with namespaces.fresh() as netns:
                 done, ok = bench.add_once(Plugin(what, argv), mode, netns)
             print(f"== {what}: {done.ms:.1f} ms, verified: {ok}")
             if what == "importtime":
                 print_importtime(done.stderr.decode())
+            if what == "dataclasses":
+                text = done.stderr.decode()
+                print(text[text.find("dataclasses:") :])
         stats = pstats.Stats(str(prof))
         stats.sort_stats("cumulative").print_stats(35)
         stats.sort_stats("tottime").print_stats(20)
