@@ -458,3 +458,15 @@ def test_pod_annotations_override_config(cluster: Cluster) -> None:
     assert "--dports 4191,4190,7777,8888 " in rules
     assert "--dports 9999 " in rules
     assert "--dports 25 " not in rules
+
+
+def test_ipv4_subnet_with_ipv6_fails_before_anything_is_programmed(cluster: Cluster) -> None:
+    """An IPv4 CIDR in skip-subnets breaks the IPv6 pass (as upstream); here no family keeps
+    half-programmed rules, and the message is iptables' own, not `exit status 2`."""
+    conf = cluster.conf(linkerd={"ipv6": True, "subnets-to-ignore": ["10.0.0.0/8"]})
+    netns = cluster.pod_netns()
+    proc = cluster.cni("add", netns, MESHED, conf=conf)
+    assert proc.returncode == 1
+    assert "host/network `10.0.0.0' not found" in proc.stderr
+    assert proxy_init_lines(netns) == []
+    assert "PROXY_INIT" not in netns.exec(["ip6tables-nft-save", "-t", "nat"])
