@@ -241,7 +241,9 @@ def pod_options(inv: Invocation, conf: NetConf, identity: PodIdentity) -> ProxyI
         if needs_namespace(pod):
             namespace = client.get_namespace(pod.namespace or identity.namespace).annotations
         service = api_server_service(inv, client, pod)
-        return effective_options(base_options(conf), pod, namespace, service)
+        options = effective_options(base_options(conf), pod, namespace, service)
+        inv.log.debug(f"linkerd-cni: effective options {options}")
+        return options
     finally:
         client.close()
 
