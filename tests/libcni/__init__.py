@@ -43,7 +43,7 @@ def build_go(source: Path, name: str) -> Path:
     shutil.copy(source, src / "main.go")
     env = dict(os.environ, GO111MODULE="off", GOPATH=f"{gopath}:{GOCODE}",
                GOCACHE=str(gopath / "cache"), GOFLAGS="")  # fmt: skip
-    tmp = out.with_suffix(".tmp")
+    tmp = out.with_suffix(f".tmp{os.getpid()}")  # concurrent sessions never share a file
     subprocess.run([go, "build", "-o", str(tmp), "."], cwd=src, env=env, check=True,
                    capture_output=True)  # fmt: skip
     tmp.rename(out)
