@@ -76,7 +76,9 @@ class Row:
     name: str
     samples_ms: list[float] = field(default_factory=list)
     failures: int = 0
-    maxrss_kb: list[int] = field(default_factory=list)
+    # /usr/bin/time's %M for one extra run (wait4 of a posix_spawn child would count the
+    # bench's own memory: vfork's child carries the parent's high-water mark into exec)
+    peak_rss_kb: int | None = None
     cpu_ms: list[float] = field(default_factory=list)  # user + system of the process tree
     wall_ms: float | None = None  # concurrency rows: first spawn to last reaping
     note: str = ""
@@ -89,10 +91,9 @@ class Row:
     def p99(self) -> float:
         return percentile(self.samples_ms, 0.99)
 
-    def add(self, ms: float, ok: bool, maxrss_kb: int, cpu_ms: float) -> None:
+    def add(self, ms: float, ok: bool, cpu_ms: float) -> None:
         self.samples_ms.append(ms)
         self.failures += 0 if ok else 1
-        self.maxrss_kb.append(maxrss_kb)
         self.cpu_ms.append(cpu_ms)
 
 
@@ -112,7 +113,6 @@ def percentile(samples: Sequence[float], q: float) -> float:
 class Exit:
     ms: float
     status: int
-    maxrss_kb: int
     cpu_ms: float
     stdout: bytes
     stderr: bytes
@@ -123,7 +123,6 @@ class Reaped:
     pid: int
     end: float
     status: int
-    maxrss_kb: int
     cpu_ms: float
 
 
@@ -146,7 +145,9 @@ class Spawner:
             (os.POSIX_SPAWN_OPEN, 2, f"{out}.2", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
         ]
         start = time.perf_counter()
-        pid = os.posix_spawnp(argv[0], list(argv), dict(env), file_actions=actions)
+        # posix_spawnp would search the bench's own PATH (pyenv shims first), not the child's.
+        path = shutil.which(argv[0], path=env.get("PATH")) if "/" not in argv[0] else argv[0]
+        pid = os.posix_spawn(path or argv[0], list(argv), dict(env), file_actions=actions)
         self.live.add(pid)
         return pid, start, out
 
@@ -156,7 +157,7 @@ class Spawner:
         end = time.perf_counter()
         self.live.discard(got)
         cpu_ms = 1000 * (usage.ru_utime + usage.ru_stime)
-        return Reaped(got, end, os.waitstatus_to_exitcode(status), usage.ru_maxrss, cpu_ms)
+        return Reaped(got, end, os.waitstatus_to_exitcode(status), cpu_ms)
 
     def run(self, argv: Sequence[str], env: Mapping[str, str], stdin: Path | None = None) -> Exit:
         pid, start, out = self.start(argv, env, stdin)
@@ -168,7 +169,6 @@ class Spawner:
         result = Exit(
             (reaped.end - start) * 1000,
             reaped.status,
-            reaped.maxrss_kb,
             reaped.cpu_ms,
             stdout.read_bytes(),
             stderr.read_bytes(),
@@ -385,7 +385,7 @@ class Bench:
         with entered_netns(self.cluster.node):
             done = self.spawner.run(plugin.argv, env, stdin)
         ok = self.verify(done, mode, netns, plugin.name)
-        self._drop_cache(env)
+        self.drop_cache(env)
         return done, ok
 
     def verify(self, done: Exit, mode: str, netns: str, who: str) -> bool:
@@ -401,18 +401,20 @@ class Bench:
         return not problem
 
     @staticmethod
-    def _drop_cache(env: Mapping[str, str]) -> None:
+    def drop_cache(env: Mapping[str, str]) -> None:
         if "CNIBOX_CACHE" in env:
             shutil.rmtree(env["CNIBOX_CACHE"], ignore_errors=True)
 
     def add_row(self, name: str, plugin: Plugin, mode: str, iterations: int) -> Row:
         row = Row(name)
-        with self.namespaces.fresh() as netns:  # warm-up, not counted
-            self.add_once(plugin, mode, netns)
+        with self.namespaces.fresh() as netns:  # warm-up, not counted: its peak RSS
+            timed = Plugin(plugin.name, [*TIME_RSS, *plugin.argv], plugin.env, plugin.fresh_cache)
+            done, _ = self.add_once(timed, mode, netns)
+            row.peak_rss_kb = parse_rss(done.stderr)
         for _ in range(iterations):
             with self.namespaces.fresh() as netns:
                 done, ok = self.add_once(plugin, mode, netns)
-            row.add(done.ms, ok, done.maxrss_kb, done.cpu_ms)
+            row.add(done.ms, ok, done.cpu_ms)
         return row
 
     def concurrency(self, name: str, plugin: Plugin, mode: str, count: int) -> Row:
@@ -439,8 +441,8 @@ class Bench:
                 run = started[child.pid]
                 done = Spawner.collect(run.start, child, run.out)
                 ok = self.verify(done, mode, run.netns, plugin.name)
-                row.add(done.ms, ok, done.maxrss_kb, done.cpu_ms)
-                self._drop_cache(run.env)
+                row.add(done.ms, ok, done.cpu_ms)
+                self.drop_cache(run.env)
             first = min(run.start for run in started.values())
             row.wall_ms = 1000 * (max(child.end for child in reaped) - first)
             row.note = f"wall {row.wall_ms:.0f} ms for {count} ADDs"
@@ -474,6 +476,14 @@ def _parsed(raw: bytes) -> object:
 
 # ----------------------------------------------------------------------------- other rows
 
+# GNU time's last stderr line: the child's peak resident set in KiB.
+TIME_RSS = ["/usr/bin/time", "-f", "%M"]
+
+
+def parse_rss(stderr: bytes) -> int | None:
+    lines = stderr.decode(errors="replace").strip().splitlines()
+    return int(lines[-1]) if lines and lines[-1].isdigit() else None
+
 
 def upstream_row(name: str, spawner: Spawner, namespaces: Namespaces, mode: str, n: int) -> Row:
     commands = upstream_commands(mode)
@@ -481,16 +491,18 @@ def upstream_row(name: str, spawner: Spawner, namespaces: Namespaces, mode: str,
     row = Row(name)
     for i in range(n + 1):
         with namespaces.fresh() as netns:
-            total, cpu, ok, rss = 0.0, 0.0, True, 0
+            total, cpu, ok = 0.0, 0.0, True
             for argv in commands:
-                done = spawner.run(["nsenter", f"--net={netns}", "--", *argv], env)
+                wrap = [] if i else TIME_RSS  # the uncounted first pass measures memory
+                done = spawner.run([*wrap, "nsenter", f"--net={netns}", "--", *argv], env)
                 total += done.ms
                 cpu += done.cpu_ms
-                rss = max(rss, done.maxrss_kb)
+                if not i:
+                    row.peak_rss_kb = max(row.peak_rss_kb or 0, parse_rss(done.stderr) or 0)
                 ok = ok and done.status == 0
             ok = ok and nat_table(netns, mode) == golden_table(mode)
         if i:  # the first pass warms the page cache and modules; not counted
-            row.add(total, ok, rss, cpu)
+            row.add(total, ok, cpu)
     row.note = f"{len(commands)} processes"
     return row
 
@@ -499,10 +511,10 @@ def command_row(
     name: str, spawner: Spawner, argv: list[str], n: int, env: Mapping[str, str]
 ) -> Row:
     row = Row(name)
-    spawner.run(argv, env)
+    row.peak_rss_kb = parse_rss(spawner.run([*TIME_RSS, *argv], env).stderr)
     for _ in range(n):
         done = spawner.run(argv, env)
-        row.add(done.ms, done.status == 0, done.maxrss_kb, done.cpu_ms)
+        row.add(done.ms, done.status == 0, done.cpu_ms)
     return row
 
 
@@ -516,7 +528,7 @@ def format_table(rows: list[Row]) -> str:
     )
     lines = [head, "-" * len(head)]
     for r in rows:
-        rss = statistics.median(r.maxrss_kb) / 1024 if r.maxrss_kb else float("nan")
+        rss = r.peak_rss_kb / 1024 if r.peak_rss_kb else float("nan")
         cpu = statistics.median(r.cpu_ms) if r.cpu_ms else float("nan")
         lines.append(
             f"{r.name:<44}{len(r.samples_ms):>4}{r.median:>10.1f}{r.p99:>9.1f}{cpu:>8.1f}"
@@ -627,6 +639,8 @@ def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces
     for mode in ("nft", "legacy"):
         add(upstream_row(f"upstream replay, {mode}", spawner, namespaces, mode, n))
     add(command_row("bare start: python3 -c pass", spawner, ["python3", "-c", "pass"], n, env))
+    add(command_row("bare start: venv python -c pass", spawner,
+                    [sys.executable, "-c", "pass"], n, env))  # fmt: skip
     add(
         command_row(
             "bare start: python -m multicall --version",
@@ -686,8 +700,11 @@ def _tree_size(root: Path) -> int:
     return sum(p.lstat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def run_profile(spawner: Spawner, namespaces: Namespaces, mode: str) -> int:
-    """One source-mode ADD under `-X importtime`, one under cProfile: the top costs."""
+def run_profile(
+    spawner: Spawner, namespaces: Namespaces, mode: str, binary: Path | None, iterations: int
+) -> int:
+    """One source-mode ADD under `-X importtime`, cProfile and a dataclass counter, then the
+    phases of an ADD (source and binary) timed without instrumentation."""
     import pstats
 
     impl = Plugin("source", [sys.executable, "-m", "multicall", "linkerd-cni"])
@@ -720,11 +737,45 @@ def run_profile(spawner: Spawner, namespaces: Namespaces, mode: str) -> int:
                 text = done.stderr.decode()
                 print(text[text.find("dataclasses:") :])
         stats = pstats.Stats(str(prof))
-        stats.sort_stats("cumulative").print_stats(35)
-        stats.sort_stats("tottime").print_stats(20)
+        stats.sort_stats("cumulative").print_stats(25)
+        stats.sort_stats("tottime").print_stats(15)
+        rows = []
+        for plugin in plugins(spawner.workdir, binary).values():
+            rows += phases(bench, plugin, mode, iterations)
+        print(format_table(rows))
         for problem in bench.problems:
             print(f"problem: {problem}")
     return 0
+
+
+def phases(bench: Bench, plugin: Plugin, mode: str, n: int) -> list[Row]:
+    """Where one ADD's time goes, without a profiler: the same invocation stopped earlier.
+
+    VERSION: start-up, the dispatcher and the plugin module. ADD without pod args: plus config
+    and prevResult handling (no API, no rules). ADD: plus the API GET and the rules.
+    """
+    cases = {
+        "VERSION": {"CNI_COMMAND": "VERSION"},
+        "ADD, no K8S_POD_* args": {"CNI_ARGS": "IgnoreUnknown=1"},
+        "ADD": {},
+    }
+    rows = []
+    for case, extra in cases.items():
+        row = Row(f"{plugin.name}: {case}")
+        variant = Plugin(plugin.name, plugin.argv, {**plugin.env, **extra}, plugin.fresh_cache)
+        for _ in range(n + 1):
+            with bench.namespaces.fresh() as netns:
+                bench.seq += 1
+                env = bench.cluster.env(netns, variant, bench.seq)
+                stdin = bench.cluster.stdin(netns, mode)
+                with entered_netns(bench.cluster.node):
+                    done = bench.spawner.run(variant.argv, env, stdin)
+                bench.drop_cache(env)
+            row.add(done.ms, done.status == 0, done.cpu_ms)
+        row.samples_ms.pop(0)  # the first run warms caches
+        row.cpu_ms.pop(0)
+        rows.append(row)
+    return rows
 
 
 def print_importtime(stderr: str, top: int = 25) -> None:
@@ -759,7 +810,8 @@ def main() -> int:
         spawner = Spawner(Path(tmp))
         try:
             if args.profile:
-                return run_profile(spawner, namespaces, args.profile)
+                binary = Path(args.binary) if Path(args.binary).exists() else None
+                return run_profile(spawner, namespaces, args.profile, binary, args.iterations)
             return run_bench(args, spawner, namespaces)
         finally:
             spawner.kill_all()
