@@ -13,11 +13,14 @@ Rules of this module:
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ipaddress
 
 SPACE = frozenset(b" \t\r\n")
 DIGITS = frozenset(b"0123456789")
@@ -611,6 +614,8 @@ _V4_PART = re.compile(r"0|[1-9][0-9]{0,2}")
 
 
 def _parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    import ipaddress  # only results with addresses need it; VERSION and DEL never do
+
     if "." in text and ":" not in text:
         parts = text.split(".")
         if len(parts) != 4 or not all(_V4_PART.fullmatch(p) and int(p) < 256 for p in parts):
@@ -625,6 +630,8 @@ def _parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None
 
 
 def _ip_string(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    import ipaddress
+
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         return str(ip.ipv4_mapped)
     return ip.compressed
@@ -638,6 +645,8 @@ def go_ip(text: str) -> str | None:
 
 def go_cidr(text: str) -> str | None:
     """`types.ParseCIDR(text)` printed back: the address keeps its host bits."""
+    import ipaddress
+
     addr, slash, mask = text.partition("/")
     if not slash or not mask.isdigit() or not mask.isascii() or int(mask) > 0xFFFFFF:
         return None
