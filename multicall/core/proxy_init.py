@@ -184,6 +184,25 @@ def parse_subnet(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
         raise FirewallError(f"{trimmed} is not a valid CIDR address") from exc
 
 
+def format_network(network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str:
+    """`ADDR/PREFIX` as iptables-save prints it (glibc inet_ntop for IPv6)."""
+    if isinstance(network, ipaddress.IPv4Network):
+        return str(network)
+    return f"{format_ipv6(network.network_address)}/{network.prefixlen}"
+
+
+def format_ipv6(address: ipaddress.IPv6Address) -> str:
+    """glibc's inet_ntop: like Python's compressed form, but IPv4-mapped and -compatible
+    addresses end in dotted quad (`::ffff:10.0.0.0`, `::1.2.3.4`)."""
+    words = [int.from_bytes(address.packed[i : i + 2], "big") for i in range(0, 16, 2)]
+    tail = str(ipaddress.IPv4Address(address.packed[12:]))
+    if words[:5] == [0] * 5 and words[5] == 0xFFFF:
+        return f"::ffff:{tail}"
+    if words[:6] == [0] * 6 and words[6] != 0:
+        return f"::{tail}"
+    return address.compressed
+
+
 def validate_options(options: ProxyInitOptions) -> ProxyInitOptions:
     """upstream BuildFirewallConfiguration: proxy ports in range, subnets parse (trimmed).
 
@@ -247,7 +266,7 @@ def ignore_subnet_step(chain: str, subnet: str, family: Family) -> Step:
         address = subnet.partition("/")[0]
         return _step(chain, argv, (), f"host/network `{address}' not found")
     # iptables-save omits a zero-length source match altogether.
-    source = ("-s", str(network)) if network.prefixlen else ()
+    source = ("-s", format_network(network)) if network.prefixlen else ()
     return _step(chain, argv, (*source, *comment, "-j", "RETURN"))
 
 

@@ -329,6 +329,21 @@ class TestValidation:
         assert rules[REDIRECT_CHAIN][0].spec[:2] == ("-s", "fd00::/64")
 
     @pytest.mark.parametrize(
+        ("subnet", "shown"),
+        [
+            ("::ffff:10.0.0.0/104", "::ffff:10.0.0.0/104"),
+            ("::1.2.3.4/128", "::1.2.3.4/128"),
+            ("::1/128", "::1/128"),
+            ("::ffff:0:0/96", "::ffff:0.0.0.0/96"),
+            ("1:0:0:1::/64", "1:0:0:1::/64"),
+        ],
+    )
+    def test_ipv6_like_inet_ntop(self, subnet: str, shown: str) -> None:
+        """IPv4-mapped and -compatible addresses print as glibc's inet_ntop writes them."""
+        rules = build_rules(ProxyInitOptions(subnets_to_ignore=(subnet,)), Family.IPV6)
+        assert rules[REDIRECT_CHAIN][0].spec[:2] == ("-s", shown)
+
+    @pytest.mark.parametrize(
         ("field", "flag"), [("incoming", "incoming"), ("outgoing", "outgoing")]
     )
     def test_proxy_ports(self, field: str, flag: str) -> None:
