@@ -385,7 +385,7 @@ class Bench:
         with entered_netns(self.cluster.node):
             done = self.spawner.run(plugin.argv, env, stdin)
         ok = self.verify(done, mode, netns, plugin.name)
-        self.drop_cache(env)
+        self.drop_cache(plugin, env)
         return done, ok
 
     def verify(self, done: Exit, mode: str, netns: str, who: str) -> bool:
@@ -401,8 +401,9 @@ class Bench:
         return not problem
 
     @staticmethod
-    def drop_cache(env: Mapping[str, str]) -> None:
-        if "CNIBOX_CACHE" in env:
+    def drop_cache(plugin: Plugin, env: Mapping[str, str]) -> None:
+        """Remove a first-start run's private CNIBOX_CACHE (never the warm one)."""
+        if plugin.fresh_cache is not None:
             shutil.rmtree(env["CNIBOX_CACHE"], ignore_errors=True)
 
     def add_row(self, name: str, plugin: Plugin, mode: str, iterations: int) -> Row:
@@ -442,7 +443,7 @@ class Bench:
                 done = Spawner.collect(run.start, child, run.out)
                 ok = self.verify(done, mode, run.netns, plugin.name)
                 row.add(done.ms, ok, done.cpu_ms)
-                self.drop_cache(run.env)
+                self.drop_cache(plugin, run.env)
             first = min(run.start for run in started.values())
             row.wall_ms = 1000 * (max(child.end for child in reaped) - first)
             row.note = f"wall {row.wall_ms:.0f} ms for {count} ADDs"
@@ -770,7 +771,7 @@ def phases(bench: Bench, plugin: Plugin, mode: str, n: int) -> list[Row]:
                 stdin = bench.cluster.stdin(netns, mode)
                 with entered_netns(bench.cluster.node):
                     done = bench.spawner.run(variant.argv, env, stdin)
-                bench.drop_cache(env)
+                bench.drop_cache(variant, env)
             row.add(done.ms, done.status == 0, done.cpu_ms)
         row.samples_ms.pop(0)  # the first run warms caches
         row.cpu_ms.pop(0)
