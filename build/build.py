@@ -17,6 +17,7 @@ Rules of this module:
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,8 @@ DIST = OUT / "cnibox_main.dist"
 MAIN_BINARY = "cnibox.bin"
 LAUNCHER = OUT / "launcher"
 ARTIFACT = REPO / "dist" / "cnibox"
+# glibc's loader, bundled at the dist root and run explicitly by the launcher.
+LOADERS = {"x86_64": "ld-linux-x86-64.so.2", "aarch64": "ld-linux-aarch64.so.1"}
 ZIPAPP = REPO / "dist" / "cnibox.pyz"
 
 # pyroute2's package __init__ imports nearly all of pyroute2; multicall imports submodules
@@ -53,9 +56,10 @@ PYROUTE2_PRUNED = (
 # Imported lazily by applets (so Nuitka may not see them yet) or needed at run time anyway.
 INCLUDED_PACKAGES = ("multicall", "yaml", "iptc")
 # pyroute2 submodules are imported by name (bundle.import_pyroute2), which Nuitka cannot follow:
-# list each one an applet uses here. pyroute2.iproute alone would add ~100 modules.
-PYROUTE2_MODULES = ("pyroute2.netns",)
-INCLUDED_MODULES = ("ssl", "http.client", "json", *PYROUTE2_MODULES)
+# list each one an applet uses here. No applet uses pyroute2 today; any module listed pulls in
+# pyroute2's package __init__ and what it imports beyond PYROUTE2_PRUNED (~100 modules).
+PYROUTE2_MODULES: tuple[str, ...] = ()
+INCLUDED_MODULES = ("ssl", "http.client", "json", "_json", *PYROUTE2_MODULES)
 # Pure-Python dependencies shipped inside the zipapp (C extensions cannot load from a zip).
 ZIPAPP_PACKAGES = ("multicall", "yaml", "pyroute2", "iptc")
 
@@ -81,10 +85,20 @@ def nuitka_command() -> list[str]:
 
 def build_dist() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
+    # Nuitka compiles every C file left in its build dir, including modules no longer
+    # followed; ccache makes the clean rebuild cheap.
+    shutil.rmtree(OUT / "cnibox_main.build", ignore_errors=True)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     started = time.monotonic()
     subprocess.run(["nice", "-n", "5", *nuitka_command()], check=True, cwd=REPO, env=env)
     print(f"build: dist in {time.monotonic() - started:.0f} s -> {DIST}")
+
+
+def loader_name() -> str:
+    machine = platform.machine()
+    if machine not in LOADERS:
+        raise SystemExit(f"build: no glibc loader name known for {machine}")
+    return LOADERS[machine]
 
 
 def zstd_inline_dir() -> Path:
@@ -119,7 +133,7 @@ def pack() -> None:
     from pack import pack_artifact
 
     ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
-    report = pack_artifact(LAUNCHER, DIST, MAIN_BINARY, ARTIFACT)
+    report = pack_artifact(LAUNCHER, DIST, (MAIN_BINARY, loader_name()), ARTIFACT)
     print(f"build: {report}")
 
 

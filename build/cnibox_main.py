@@ -1,7 +1,5 @@
 """Nuitka's main file: the compiled binary is the dispatcher, nothing else."""
 
-import sys
+from multicall.dispatch import exit_now, main
 
-from multicall.dispatch import main
-
-sys.exit(main())
+exit_now(main())

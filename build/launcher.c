@@ -11,7 +11,7 @@
  * 1. Fast path: for each extraction root (below), if <root>/<hash>/.ok exists, take a shared
  *    flock on it (kept across exec: it marks the directory as in use) and exec the bundled
  *    glibc loader on the main binary with argv unchanged:
- *      <dir>/ld-linux-x86-64.so.2 --argv0 ARGV0 --library-path <dir> --inhibit-cache
+ *      <dir>/LOADER --argv0 ARGV0 --library-path <dir> --inhibit-cache
  *                                 <dir>/cnibox.bin ARGS...
  *    One process (same pid), exit codes and signals direct, argv[0] preserved. Invoking the
  *    loader explicitly is what lets the root be chosen at run time: a PT_INTERP would have
@@ -63,7 +63,9 @@
 #ifndef MAIN_BINARY
 #define MAIN_BINARY "cnibox.bin"
 #endif
-#define LOADER "ld-linux-x86-64.so.2"
+#ifndef LOADER
+#define LOADER "ld-linux-x86-64.so.2" /* aarch64: ld-linux-aarch64.so.1 (build.py sets it) */
+#endif
 #define TRAILER_SIZE 64
 #define TRAILER_MAGIC "CNIBOX\x01\n"
 #define FORMAT_VERSION 1

@@ -114,9 +114,9 @@ def trailer(offset: int, size: int, raw_size: int, digest: str) -> bytes:
     return body + struct.pack("<Q", xxh64(body))
 
 
-def pack_artifact(launcher: Path, dist: Path, main_binary: str, out: Path) -> str:
-    """Write `out`; returns a one-line report (sizes and the content hash)."""
-    for required in (main_binary, "ld-linux-x86-64.so.2", "locale/C.utf8/LC_CTYPE"):
+def pack_artifact(launcher: Path, dist: Path, programs: tuple[str, str], out: Path) -> str:
+    """Write `out` from the dist whose (main binary, loader) are `programs`; returns a report."""
+    for required in (*programs, "locale/C.utf8/LC_CTYPE"):
         if not (dist / required).exists():
             raise SystemExit(f"pack: {dist / required} missing (was the dist built by build.py?)")
     raw = b"".join(records(dist))

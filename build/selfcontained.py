@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import glob
 import os
+import platform
 import re
 import shutil
 import subprocess
 
 from nuitka.plugins.PluginBase import NuitkaPluginBase
 
-MULTIARCH = os.environ.get("CNIBOX_MULTIARCH", "x86_64-linux-gnu")
+MULTIARCH = os.environ.get("CNIBOX_MULTIARCH", f"{platform.machine()}-linux-gnu")
 LIBDIR = os.environ.get("CNIBOX_HOST_LIBDIR", f"/usr/lib/{MULTIARCH}")
 XTABLES_DIR = os.environ.get("CNIBOX_HOST_XTABLES", f"{LIBDIR}/xtables")
 LOCALE_DIR = os.environ.get("CNIBOX_HOST_LOCALE", "/usr/lib/locale/C.utf8")

@@ -7,7 +7,11 @@ These suites exist only for the artifact: without CNIBOX they skip, even under C
 from __future__ import annotations
 
 import os
+import signal
 import struct
+import subprocess
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -40,3 +44,24 @@ def env_with_cache(cache: Path, **extra: str) -> dict[str, str]:
     env["CNIBOX_CACHE"] = str(cache)
     env.update(extra)
     return env
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextmanager
+def started(argv: list[str], env: Mapping[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """A running process with a stdout pipe; killed and reaped however the test ends."""
+    # A shell's background jobs ignore SIGINT, and the ignore survives exec: restore it.
+    with subprocess.Popen(
+        argv,
+        env=dict(env),
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,  # noqa: PLW1509 - started from the main thread only
+    ) as proc:
+        try:
+            yield proc
+        finally:
+            proc.kill()

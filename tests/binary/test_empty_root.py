@@ -6,26 +6,34 @@ of "read-only root with only a writable cache dir" through the default root list
 
 Adding an applet: add `def case_<applet>(root, rig, env) -> None` doing the applet's real job
 inside the root (see `case_netns_exec`) and list it in APPLET_CASES. The binary runs in the
-chroot only through `root.run([...])` (or `root.popen`); the netns directory is at
+chroot only through `root.run([...])` (or `root.started`); the netns directory is at
 /var/run/netns inside it. `test_every_applet_has_a_case` fails until each registered applet
 has one.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from multicall.applets import REGISTRY, all_names
+from tests.binary.artifact import started
 from tests.conftest import require_root, require_tool
-from tests.rig import NETNS_DIR, Rig, netns_inode
+from tests.installer.host import NETWORK_CONFIG, linkerd_count, make_host, put_config
+from tests.kubeapi import KubeApi, make_pki
+from tests.libcni import conflist, primary_plugin
+from tests.netns.test_linkerd_cni import MESHED, SAVE, fixture_text, save_text
+from tests.rig import NETNS_DIR, Netns, Rig, netns_inode
 
 pytestmark = [pytest.mark.binary, pytest.mark.netns]
 TIMEOUT = 120
@@ -78,8 +86,10 @@ class EmptyRoot:
             check=False,
         )
 
-    def popen(self, argv: list[str], env: Mapping[str, str]) -> subprocess.Popen[str]:
-        return subprocess.Popen(self.script(argv), env=dict(env), stdout=subprocess.PIPE, text=True)
+    def started(
+        self, argv: list[str], env: Mapping[str, str]
+    ) -> AbstractContextManager[subprocess.Popen[str]]:
+        return started(self.script(argv), env)
 
 
 def make_root(base: Path, artifact: Path) -> EmptyRoot:
@@ -157,8 +167,7 @@ def test_cnibox_cache_in_a_read_only_root(root: EmptyRoot) -> None:
 
 def test_maps_only_files_from_the_root(root: EmptyRoot) -> None:
     require_tool("nsenter")
-    proc = root.popen(["/cnibox", "--selftest-signal"], {})
-    try:
+    with root.started(["/cnibox", "--selftest-signal"], {}) as proc:
         assert proc.stdout is not None
         pid = int(proc.stdout.readline().split()[1])
         maps = subprocess.run(
@@ -170,9 +179,6 @@ def test_maps_only_files_from_the_root(root: EmptyRoot) -> None:
         ).stdout
         os.kill(pid, signal.SIGTERM)
         assert proc.wait(timeout=TIMEOUT) == 42
-    finally:
-        proc.kill()
-        proc.wait()
     files = {line.split(maxsplit=5)[5] for line in maps.splitlines() if len(line.split()) == 6}
     files = {f for f in files if f.startswith("/")}
     outside = sorted(f for f in files if not f.startswith(f"{root.path}/tmp/cnibox/"))
@@ -188,8 +194,8 @@ def case_netns_exec(root: EmptyRoot, rig: Rig, env: dict[str, str]) -> None:
     """netns-exec (and nsenter) enters a netns: the program it runs lives in that netns."""
     ns = rig.netns()
     for name in ("netns-exec", "nsenter"):
-        proc = root.popen([f"/{name}", f"--net={ns.path}", "/cnibox", "--selftest-signal"], env)
-        try:
+        argv = [f"/{name}", f"--net={ns.path}", "/cnibox", "--selftest-signal"]
+        with root.started(argv, env) as proc:
             assert proc.stdout is not None
             line = proc.stdout.readline()
             assert line.startswith("ready "), f"{name}: no output"
@@ -197,13 +203,100 @@ def case_netns_exec(root: EmptyRoot, rig: Rig, env: dict[str, str]) -> None:
             assert netns_inode(f"/proc/{pid}/ns/net") == netns_inode(ns.path), name
             os.kill(pid, signal.SIGTERM)
             assert proc.wait(timeout=TIMEOUT) == 42
-        finally:
-            proc.kill()
-            proc.wait()
+
+
+def cni_env(pod_netns: str, pod: dict[str, Any], env: dict[str, str]) -> dict[str, str]:
+    meta = pod["metadata"]
+    return {
+        **env,
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": "cbx-empty-root",
+        "CNI_NETNS": pod_netns,
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/",
+        "CNI_ARGS": f"K8S_POD_NAMESPACE={meta['namespace']};K8S_POD_NAME={meta['name']}",
+    }
+
+
+def plugin_add(root: EmptyRoot, rig: Rig, env: dict[str, str], mode: str) -> tuple[Netns, Path]:
+    """ADD of the meshed pod by /linkerd-cni inside the root, entered into the node netns by
+    /netns-exec, against a test API server; returns the pod netns and the config file."""
+    pki = make_pki(root.tmp / "pki")
+    node, pod_ns = rig.node(), rig.netns("p")
+    api = KubeApi(pki)
+    api.add_pod(MESHED)
+    api.start(node.path)
+    try:
+        api.kubeconfig(root.tmp / "kubeconfig")
+        plugin = conflist(
+            primary_plugin("bridge", Path("/tmp/ipam"), "10.89.0.0/24", "cbxbr0"),
+            "/tmp/kubeconfig",
+            linkerd={"iptables-mode": mode},
+        )["plugins"][1]
+        config = root.tmp / "netconf.json"
+        config.write_text(json.dumps({**plugin, "cniVersion": "1.0.0", "name": "cbxnet"}))
+        prev = {"cniVersion": "1.0.0", "ips": [{"address": "10.89.0.7/24"}]}
+        stdin = json.dumps({**plugin, "cniVersion": "1.0.0", "name": "cbxnet", "prevResult": prev})
+        argv = ["/netns-exec", f"--net={node.path}", "/linkerd-cni"]
+        result = root.run(argv, cni_env(pod_ns.path, MESHED, env), input_=stdin)
+    finally:
+        api.stop()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["ips"] == prev["ips"]
+    return pod_ns, config
+
+
+def case_linkerd_cni(root: EmptyRoot, rig: Rig, env: dict[str, str]) -> None:
+    """ADD programs upstream's nat table, through libiptc (legacy) and netlink (nft)."""
+    for mode, golden in (("legacy", "default-legacy"), ("nft", "default-nft")):
+        pod_ns, _config = plugin_add(root, rig, env, mode)
+        assert save_text(pod_ns, SAVE[mode]) == fixture_text(golden), mode
+
+
+def case_iptables_verify(root: EmptyRoot, rig: Rig, env: dict[str, str]) -> None:
+    """The verifier dumps a pod netns itself (both kernel interfaces) and finds the rules."""
+    for mode in ("legacy", "nft"):
+        pod_ns, _config = plugin_add(root, rig, env, mode)
+        (root.tmp / "pod.json").write_text(json.dumps(MESHED))
+        argv = ["/iptables-verify", "--config", "/tmp/netconf.json", "--pod", "/tmp/pod.json",
+                "--netns", pod_ns.path, "--mode", mode]  # fmt: skip
+        result = root.run(argv, env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        pod_ns.exec(["iptables-legacy" if mode == "legacy" else "iptables-nft",
+                     "-t", "nat", "-F", "PROXY_INIT_OUTPUT"])  # fmt: skip
+        broken = root.run(argv, env)
+        assert broken.returncode == 1, mode
+        assert "PROXY_INIT_OUTPUT" in broken.stdout, broken.stdout
+
+
+def case_install_cni(root: EmptyRoot, rig: Rig, env: dict[str, str]) -> None:
+    """--once copies the binary it runs from (CNIBOX_EXE: the single file), links linkerd-cni,
+    writes the kubeconfig and patches the network config, all inside the root."""
+    node = make_host(root.tmp / "node")
+    put_config(node, "10-calico.conflist")
+    inside = "/tmp/node"
+    installer_env = {
+        **env,
+        "CONTAINER_MOUNT_PREFIX": f"{inside}/host",
+        "SERVICE_ACCOUNT_DIR": f"{inside}/serviceaccount",
+        "KUBERNETES_SERVICE_HOST": "localhost",
+        "KUBERNETES_SERVICE_PORT": "8080",
+        "CNI_NETWORK_CONFIG": NETWORK_CONFIG,
+        "INSTALL_CNI_PID_FILE": f"{inside}/install-cni.pid",
+    }
+    result = root.run(["/install-cni", "--once"], installer_env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (node.bin_dir / "cnibox").read_bytes() == (root.path / "cnibox").read_bytes()
+    assert os.readlink(node.bin_dir / "linkerd-cni") == "cnibox"
+    assert linkerd_count(node.net_dir / "10-calico.conflist") == 1
+    assert node.kubeconfig.is_file()
 
 
 APPLET_CASES: dict[str, Callable[[EmptyRoot, Rig, dict[str, str]], None]] = {
     "netns-exec": case_netns_exec,
+    "linkerd-cni": case_linkerd_cni,
+    "iptables-verify": case_iptables_verify,
+    "install-cni": case_install_cni,
 }
 
 
