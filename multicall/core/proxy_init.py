@@ -242,19 +242,13 @@ def _comment(text: str) -> tuple[str, ...]:
     return ("-m", "comment", "--comment", COMMENT_PREFIX + text)
 
 
-def _step(
-    chain: str, argv: tuple[str, ...], spec: tuple[str, ...], error: str | None = None
-) -> Step:
-    return Step(chain, argv, spec, error)
-
-
 def ignore_ports_step(chain: str, group: tuple[str, ...]) -> Step:
     dports = ",".join(group)
     comment = _comment(f"ignore-port-{dports}")
     argv = ("-p", "tcp", "--match", "multiport", "--dports", dports, "-j", "RETURN", *comment)
     spec = ("-p", "tcp", "-m", "multiport", "--dports", dports, *comment, "-j", "RETURN")
     error = None if dports else "invalid port/service `' specified"
-    return _step(chain, argv, spec, error)
+    return Step(chain, argv, spec, error)
 
 
 def ignore_subnet_step(chain: str, subnet: str, family: Family) -> Step:
@@ -264,17 +258,17 @@ def ignore_subnet_step(chain: str, subnet: str, family: Family) -> Step:
     wanted = 4 if family is Family.IPV4 else 6
     if network.version != wanted:
         address = subnet.partition("/")[0]
-        return _step(chain, argv, (), f"host/network `{address}' not found")
+        return Step(chain, argv, (), f"host/network `{address}' not found")
     # iptables-save omits a zero-length source match altogether.
     source = ("-s", format_network(network)) if network.prefixlen else ()
-    return _step(chain, argv, (*source, *comment, "-j", "RETURN"))
+    return Step(chain, argv, (*source, *comment, "-j", "RETURN"))
 
 
 def redirect_all_step(chain: str, to_port: int, text: str) -> Step:
     comment = _comment(text)
     argv = ("-p", "tcp", "-j", "REDIRECT", "--to-port", str(to_port), *comment)
     spec = ("-p", "tcp", *comment, "-j", "REDIRECT", "--to-ports", str(to_port))
-    return _step(chain, argv, spec)
+    return Step(chain, argv, spec)
 
 
 def redirect_port_step(chain: str, port: int, to_port: int) -> Step:
@@ -285,7 +279,7 @@ def redirect_port_step(chain: str, port: int, to_port: int) -> Step:
     spec: tuple[str, ...] = ("-p", "tcp", "-m", "tcp", "--dport", str(port), *comment)
     spec += (*target, "--to-ports", str(to_port))
     error = None if is_port(port) else f"invalid port/service `{port}' specified"
-    return _step(chain, argv, spec, error)
+    return Step(chain, argv, spec, error)
 
 
 def ignore_owner_step(chain: str, option: str, value: int, text: str) -> Step:
@@ -295,18 +289,18 @@ def ignore_owner_step(chain: str, option: str, value: int, text: str) -> Step:
     error = None
     if value > OWNER_ID_MAX:
         error = f'owner: Bad value for "{option}" option: "{value}"'
-    return _step(chain, argv, spec, error)
+    return Step(chain, argv, spec, error)
 
 
 def ignore_loopback_step(chain: str) -> Step:
     comment = _comment("ignore-loopback")
     argv = ("-o", "lo", "-j", "RETURN", *comment)
-    return _step(chain, argv, ("-o", "lo", *comment, "-j", "RETURN"))
+    return Step(chain, argv, ("-o", "lo", *comment, "-j", "RETURN"))
 
 
 def jump_step(chain: str, target: str, text: str) -> Step:
     comment = _comment(text)
-    return _step(chain, ("-j", target, *comment), (*comment, "-j", target))
+    return Step(chain, ("-j", target, *comment), (*comment, "-j", target))
 
 
 PREROUTING_JUMP = jump_step("PREROUTING", REDIRECT_CHAIN, "install-proxy-init-prerouting")
