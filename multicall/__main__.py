@@ -1,7 +1,5 @@
 """`python -m multicall` behaves like the `cnibox` binary."""
 
-import sys
+from multicall.dispatch import exit_now, main
 
-from multicall.dispatch import main
-
-sys.exit(main())
+exit_now(main())
