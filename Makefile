@@ -55,9 +55,10 @@ unit: venv
 test-source: deps
 	$(call run_pytest,tests)
 
-# Every suite again, against the built single file (tests/binary only runs in this mode).
-test-binary: deps build
-	export CNIBOX=$(CURDIR)/dist/cnibox
+# Every suite again, against the built single file (tests/binary only runs in this mode,
+# the zipapp suite with it).
+test-binary: deps build zipapp
+	export CNIBOX=$(CURDIR)/dist/cnibox CNIBOX_PYZ=$(CURDIR)/dist/cnibox.pyz
 	$(call run_pytest,tests)
 
 test: deps lint type test-source test-binary
