@@ -552,8 +552,13 @@ def machine() -> dict[str, str]:
         "cores": str(os.cpu_count()),
         "kernel": platform.release(),
         "python": platform.python_version(),
-        "loadavg_at_start": Path("/proc/loadavg").read_text().split(" ", 3)[:3].__str__(),
+        "loadavg_at_end": loadavg(),
     }
+
+
+def loadavg() -> str:
+    """1, 5 and 15 minute load averages: the machine may be shared, read numbers with it."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def ratio(rows: dict[str, Row], num: str, den: str) -> float | None:
@@ -630,7 +635,11 @@ def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces
     workdir = spawner.workdir
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     rows: list[Row] = []
-    extra: dict[str, Any] = {"iterations": n, "concurrency": args.concurrency}
+    extra: dict[str, Any] = {
+        "iterations": n,
+        "concurrency": args.concurrency,
+        "loadavg_at_start": loadavg(),
+    }
 
     def add(row: Row) -> None:
         rows.append(row)
@@ -692,6 +701,7 @@ def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces
         )
     for problem in extra["problems"]:
         print(f"problem: {problem}")
+    print(f"load average: {extra['loadavg_at_start']} at start, {loadavg()} at the end")
     print(f"results: {save(rows, ratio_values, extra)}")
     failures = sum(r.failures for r in rows)
     return 1 if failures else 0
