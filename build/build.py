@@ -30,6 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "build" / "out"
 DIST = OUT / "cnibox_main.dist"
+# Dataclass methods compiled at build time (multicall/dataclass_cache.py), beside the code.
+DATACLASS_CACHE = OUT / "dataclasses.marshal"
 MAIN_BINARY = "cnibox.bin"
 LAUNCHER = OUT / "launcher"
 ARTIFACT = REPO / "dist" / "cnibox"
@@ -79,6 +81,7 @@ def nuitka_command() -> list[str]:
         *(f"--include-package={name}" for name in INCLUDED_PACKAGES),
         *(f"--include-module={name}" for name in INCLUDED_MODULES),
         *(f"--nofollow-import-to={name}" for name in PYROUTE2_PRUNED),
+        f"--include-data-files={DATACLASS_CACHE}=dataclasses.marshal",
         f"--output-dir={OUT}",
         f"--output-filename={MAIN_BINARY}",
         str(REPO / "build" / "cnibox_main.py"),
@@ -92,6 +95,8 @@ def build_dist() -> None:
     shutil.rmtree(OUT / "cnibox_main.build", ignore_errors=True)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     started = time.monotonic()
+    recorder = [sys.executable, "-m", "multicall.dataclass_cache", str(DATACLASS_CACHE)]
+    subprocess.run(recorder, check=True, cwd=REPO, env=env)
     subprocess.run(["nice", "-n", "5", *nuitka_command()], check=True, cwd=REPO, env=env)
     print(f"build: dist in {time.monotonic() - started:.0f} s -> {DIST}")
 
