@@ -76,6 +76,9 @@ def nuitka_command() -> list[str]:
         "--mode=standalone",
         f"--user-plugin={REPO / 'build' / 'selfcontained.py'}",
         "--python-flag=no_site",
+        # Without it the runtime exits 2 whenever any argument is "-c" or "-m" followed by
+        # another (a guard against self-spawning): `nsenter -m …` and `… sh -c …` are ours.
+        "--deployment",
         "--assume-yes-for-downloads",
         f"--jobs={os.cpu_count() or 2}",
         *(f"--include-package={name}" for name in INCLUDED_PACKAGES),

@@ -85,6 +85,10 @@ def test_exit_codes_pass_through(artifact: Path, cache: Path) -> None:
     assert run([str(artifact)], cache).returncode == 2  # usage, from Python
     assert run([str(artifact), "--version"], cache).returncode == 0
     assert run([str(artifact), "--no-such-option"], cache).returncode == 2
+    # A non-deployment Nuitka build refuses any "-c X" / "-m X" in argv with its own exit 2.
+    assert run([str(artifact), "nsenter", "sh", "-c", "exit 3"], cache).returncode == 3
+    nsenter_m = run([str(artifact), "nsenter", "-m", "-t", "1", "-c", "x"], cache)
+    assert "tried to call itself" not in nsenter_m.stderr
 
 
 def test_sigterm_reaches_the_python_handler_in_the_same_process(
