@@ -17,6 +17,7 @@ Rules of this module:
 from __future__ import annotations
 
 import compileall
+import fcntl
 import os
 import platform
 import py_compile
@@ -193,8 +194,12 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in STEPS:
         print(f"usage: build.py {{{'|'.join(STEPS)}}}", file=sys.stderr)
         return 2
-    for step in STEPS[argv[0]]:
-        step()
+    OUT.mkdir(parents=True, exist_ok=True)
+    with open(OUT / ".build.lock", "w") as lock:
+        # Two builds at once (make test and make bench, say) would share Nuitka's output dir.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for step in STEPS[argv[0]]:
+            step()
     return 0
 
 
