@@ -251,3 +251,18 @@ def test_noexec_cache_is_refused_with_127(artifact: Path, tmp_path: Path) -> Non
     result = run(["unshare", "-m", "--propagation", "private", "sh", "-ec", script], cache)
     assert result.returncode == 127
     assert f"{cache}: mounted noexec" in result.stderr
+
+
+def test_killed_first_start_leaves_nothing_that_breaks_the_next(
+    artifact: Path, cache: Path, content_hash: str
+) -> None:
+    """SIGKILL in the middle of unpacking: the next start unpacks again and works."""
+    for delay in (0.02, 0.1, 0.2):
+        shutil.rmtree(cache)
+        cache.mkdir()
+        with subprocess.Popen([str(artifact), "--list"], env=env_with_cache(cache)) as proc:
+            time.sleep(delay)
+            proc.kill()
+        result = run([str(artifact), "--list"], cache)
+        assert (result.returncode, result.stdout.split()) == (0, all_names()), delay
+        assert (cache / content_hash / ".ok").is_file()
