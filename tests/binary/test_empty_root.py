@@ -110,6 +110,7 @@ def root(artifact: Path, tmp_path: Path) -> EmptyRoot:
     require_root()
     for tool in ("unshare", "chroot", "mount"):
         require_tool(tool)
+    os.makedirs(NETNS_DIR, exist_ok=True)  # a fresh machine has none before `ip netns add`
     return make_root(tmp_path, artifact)
 
 
