@@ -746,12 +746,9 @@ def run_profile(
             "importtime": [sys.executable, "-X", "importtime", "-m", "multicall", "linkerd-cni"],
             "cprofile": [
                 sys.executable,
-                "-m",
-                "cProfile",
-                "-o",
+                str(REPO / "bench" / "dcprof.py"),
+                "--cprofile",
                 str(prof),
-                "-m",
-                "multicall",
                 "linkerd-cni",
             ],
         }

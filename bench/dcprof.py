@@ -1,16 +1,17 @@
 """Run cnibox (`python bench/dcprof.py APPLET ...`) and report on stderr, at exit, how many
 dataclasses it created and the CPU time their creation took, per module: in 3.11 each one
-compiles its generated methods with exec(), in the built binary too."""
+compiles its generated methods with exec() (the binary loads them precompiled, see
+multicall/dataclass_cache.py). With `--cprofile FILE` first, the run is also profiled."""
 
 from __future__ import annotations
 
-import atexit
+import cProfile
 import dataclasses
 import runpy
 import sys
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, NoReturn
 
 _stats: defaultdict[str, list[float]] = defaultdict(lambda: [0, 0.0])
 _process_class = dataclasses._process_class  # type: ignore[attr-defined]
@@ -38,7 +39,29 @@ def _report() -> None:
     sys.stderr.write("\n".join(lines) + "\n")
 
 
+_profile: cProfile.Profile | None = None
+
+
+def _report_and_exit(code: int) -> NoReturn:
+    # cnibox leaves through os._exit (no atexit): report first.
+    if _profile is not None:
+        _profile.disable()
+        _profile.dump_stats(_profile_path)
+    _report()
+    _exit_now(code)  # set below, once dataclasses are being counted
+
+
+args = sys.argv[1:]
+_profile_path = ""
+if args[:1] == ["--cprofile"]:
+    _profile_path, args = args[1], args[2:]
+    _profile = cProfile.Profile()
 dataclasses._process_class = _timed  # type: ignore[attr-defined]
-atexit.register(_report)
-sys.argv = ["multicall", *sys.argv[1:]]
+from multicall import dispatch  # noqa: E402 - after the patch: it makes dataclasses too
+
+_exit_now = dispatch.exit_now
+dispatch.exit_now = _report_and_exit
+sys.argv = ["multicall", *args]
+if _profile is not None:
+    _profile.enable()
 runpy.run_module("multicall", run_name="__main__")
