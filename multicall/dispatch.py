@@ -160,9 +160,10 @@ def _option(args: Sequence[str], stdout: BinaryIO, stderr: BinaryIO) -> int:
 def _selftest_signal(stdout: BinaryIO) -> int:
     """Wait up to 60 s for SIGTERM (-> 42) or SIGINT (-> KeyboardInterrupt, 130).
 
-    Compiled code has no eval loop: a Python handler runs only when C code checks for
-    signals (an interrupted blocking call, signal.pthread_sigmask). A signal arriving just
-    before a plain sleep would wait for the sleep to end; the wakeup fd catches it.
+    Compiled code has no eval loop: Nuitka runs Python handlers at loop iterations and
+    where C code checks (an interrupted system call, signal.pthread_sigmask, os.kill), not
+    between two plain calls. A signal arriving just before a plain sleep waited for the
+    sleep to end (seen under the binary); the wakeup fd catches it.
     """
     import select
     import signal
