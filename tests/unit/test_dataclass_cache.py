@@ -4,6 +4,7 @@ bad cache changes nothing."""
 
 from __future__ import annotations
 
+import marshal
 import subprocess
 import sys
 from pathlib import Path
@@ -85,7 +86,17 @@ except dataclasses.FrozenInstanceError:
     assert python("-c", script).strip() == "frozen"
 
 
-@pytest.mark.parametrize("content", [None, b"", b"not marshal", b"\xe9\x00\x00\x00\x00"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        None,
+        b"",
+        b"not marshal",
+        b"\xe9\x00\x00\x00\x00",
+        marshal.dumps(["a list"]),
+        marshal.dumps({"text": compile("1", "<string>", "exec")}),  # not the per-entry format
+    ],
+)
 def test_unusable_cache_changes_nothing(tmp_path: Path, content: bytes | None) -> None:
     """A missing, empty, corrupt or non-dict file: install says False, dataclasses untouched."""
     path = tmp_path / "dataclasses.marshal"
@@ -104,3 +115,30 @@ def test_the_binary_main_installs_the_cache_first() -> None:
     """The Nuitka main file installs the cache before importing the dispatcher."""
     text = (REPO / "build" / "cnibox_main.py").read_text()
     assert text.index("dataclass_cache.install(") < text.index("from multicall.dispatch")
+
+
+def test_a_corrupt_entry_is_compiled_instead(tmp_path: Path) -> None:
+    """An entry whose bytes are not a code object is compiled from the text as usual."""
+    path = tmp_path / "dataclasses.marshal"
+    code = """
+import dataclasses, marshal, sys
+from multicall import dataclass_cache as dc
+seen = {}
+assert dc._patch(dc._make_create_fn({}, seen))
+@dataclasses.dataclass(frozen=True)
+class P:
+    x: int
+bad = {text: b"garbage" for text in seen}
+open(sys.argv[1], "wb").write(marshal.dumps(bad))
+"""
+    python("-c", code, str(path))
+    check = f"""
+from multicall import dataclass_cache
+assert dataclass_cache.install({str(path)!r})
+import dataclasses
+@dataclasses.dataclass(frozen=True)
+class P:
+    x: int
+print(P(1) == P(1), repr(P(2)))
+"""
+    assert python("-c", check).split() == ["True", "P(x=2)"]
