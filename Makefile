@@ -86,8 +86,8 @@ zipapp: dist/cnibox.pyz
 dist/cnibox.pyz: $(APP_SOURCES) build/build.py build/cnibox_main.py | deps
 	$(BUILD) zipapp
 
-demo: deps
-	$(PY) -m tests.demo
+demo: deps build
+	CNIBOX=$(CURDIR)/dist/cnibox $(PY) -m tests.demo
 
 # Pod-start cost against upstream's nsenter+iptables approach (bench/bench.py; README
 # "Benchmark"). Throwaway netns only, all removed; raw numbers in bench/results/latest.json.

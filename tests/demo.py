@@ -1,9 +1,13 @@
 """`make demo`: a local pod-network scenario, step by step, in throwaway namespaces.
 
-Run as root with `python -m tests.demo`. Today it builds a node netns with a bridge and a
-pod netns on it, then works in the pod through a symlink named `nsenter` pointing to cnibox
-(what a Talos node gets instead of util-linux): it lists the pod's addresses, reads its
-/proc/net/dev, and does Linkerd's own call, `nsenter --net=<pod> -- iptables-nft-save -t nat`.
+Run as root with `python -m tests.demo` (`make demo` builds dist/cnibox first and uses it).
+It builds a node netns with a bridge and a pod netns on it, then works in the pod through a
+symlink named `nsenter` pointing to cnibox (what a Talos node gets instead of util-linux):
+it lists the pod's addresses, reads its /proc/net/dev, and does Linkerd's own call,
+`nsenter --net=<pod> -- iptables-nft-save -t nat`. Then the real libcni runs bridge +
+host-local + cnibox as `linkerd-cni` for a meshed and a plain pod: the meshed pod's rules are
+printed, checked by CNI CHECK and by `iptables-verify --netns`, and TCP connections show the
+inbound (4143) and outbound (4140) redirection and the proxy uid's exemption.
 Everything is removed at the end, also on failure.
 
 Extending it: write a `def step_x(demo: Demo) -> None` that prints what it shows and add it
@@ -152,10 +156,29 @@ def step_linkerd_cni(demo: Demo) -> None:
         check = runtime.run("check", conf, meshed_ns.path, container_id=f"c{meshed_ns.name}",
                             pod=(meta["namespace"], meta["name"]))  # fmt: skip
         say("libcni CHECK of the meshed pod", f"exit status {check.returncode}")
+        say("iptables-verify --netns (cnibox reads the pod's nat table itself)",
+            _verify(demo, conf, meshed, meshed_ns))  # fmt: skip
         say("TCP through the rules (the answer is the port of the listener that accepted)",
             _traffic(meshed_ns, plain_ns, ips[0], ips[1]))  # fmt: skip
     finally:
         api.stop()
+
+
+def _verify(demo: Demo, conf: dict[str, object], pod: dict[str, object], netns: Netns) -> str:
+    conf_file, pod_file = demo.workdir / "conflist.json", demo.workdir / "pod.json"
+    conf_file.write_text(json.dumps(conf))
+    pod_file.write_text(json.dumps(pod))
+    link = demo.links / "iptables-verify"
+    if not link.exists():
+        link.symlink_to(demo.cnibox)
+    argv = [str(link), "--config", str(conf_file), "--pod", str(pod_file), "--netns", netns.path,
+            "--mode", "nft"]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"demo: iptables-verify exited {proc.returncode}: {proc.stdout}{proc.stderr}"
+        )
+    return f"exit status 0\n{proc.stdout}{proc.stderr}".rstrip()
 
 
 def _traffic(meshed: Netns, plain: Netns, meshed_ip: str, plain_ip: str) -> str:
