@@ -830,6 +830,8 @@ def main() -> int:
         print("bench: needs root (network namespaces)", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _terminate)
+    # Even when started with SIGINT ignored (a background job): Ctrl-C must clean up.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     remove_stale()
     namespaces = Namespaces()
     with tempfile.TemporaryDirectory(prefix="cnibox-bench-") as tmp:
@@ -849,4 +851,8 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("bench: interrupted; every netns it made is removed", file=sys.stderr)
+        sys.exit(130)
