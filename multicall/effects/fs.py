@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Iterable
 
 TEMP_SUFFIX = ".cnibox-tmp"
 _CHUNK = 1 << 20
@@ -52,26 +53,22 @@ def _commit(tmp: str, fd: int, path: str) -> None:
 
 def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
     """Replace `path` with `data` (mode `mode`) atomically and durably."""
-    tmp, fd = _open_temp(path, mode)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        _commit(tmp, fd, path)
-    except BaseException:
-        _discard(tmp)
-        raise
+    _write_chunks_atomic(path, (data,), mode)
 
 
 def copy_atomic(source: str, path: str, mode: int = 0o755) -> None:
     """Copy the file `source` over `path` atomically (no 'text file busy', no half binary)."""
+    with open(source, "rb") as src:
+        _write_chunks_atomic(path, iter(lambda: src.read(_CHUNK), b""), mode)
+
+
+def _write_chunks_atomic(path: str, chunks: Iterable[bytes], mode: int) -> None:
     tmp, fd = _open_temp(path, mode)
     try:
-        with open(source, "rb") as src:
-            while chunk := src.read(_CHUNK):
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view) :]
+        for chunk in chunks:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view) :]
         _commit(tmp, fd, path)
     except BaseException:
         _discard(tmp)
