@@ -35,6 +35,7 @@ from multicall.core.ruleset import (
     Counters,
     Rule,
     Table,
+    format_network,
     render_rule,
     save_order,
 )
@@ -711,7 +712,7 @@ def render_spec_tokens(spec: RuleSpec) -> tuple[str, ...]:
     out: list[str] = []
     for opt, address in (("-s", spec.source), ("-d", spec.destination)):
         if address is not None:
-            out += [*_bang(address.invert), opt, _render_network(address.network)]
+            out += [*_bang(address.invert), opt, format_network(address.network)]
     for opt, iface in (("-i", spec.in_iface), ("-o", spec.out_iface)):
         if iface is not None:
             out += [*_bang(iface.invert), opt, iface.name]
@@ -726,24 +727,6 @@ def render_spec_tokens(spec: RuleSpec) -> tuple[str, ...]:
 
 def _bang(invert: bool) -> list[str]:
     return ["!"] if invert else []
-
-
-def _render_network(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str:
-    addr = net.network_address
-    text = format_ipv6(addr) if isinstance(addr, ipaddress.IPv6Address) else str(addr)
-    return f"{text}/{net.prefixlen}"
-
-
-def format_ipv6(addr: ipaddress.IPv6Address) -> str:
-    """glibc's inet_ntop, which iptables prints with: like Python's form, except that an
-    address whose first 96 bits are zero (or 80 zero bits then ffff) ends in dotted IPv4,
-    unless the zero run is longer (`::1`, `::`)."""
-    words = struct.unpack(">8H", addr.packed)
-    run = next((i for i, w in enumerate(words) if w), 8)
-    if run == 6 or (run == 5 and words[5] == 0xFFFF):
-        prefix = "::" if run == 6 else "::ffff:"
-        return prefix + str(ipaddress.IPv4Address(addr.packed[12:]))
-    return str(addr)
 
 
 def proto_name(number: int) -> str:

@@ -31,7 +31,15 @@ from multicall.core.firewall import (
     ProxyInitOptions,
     TableChange,
 )
-from multicall.core.ruleset import BUILTIN_CHAINS, Chain, Rule, Table, render_rule, save_order
+from multicall.core.ruleset import (
+    BUILTIN_CHAINS,
+    Chain,
+    Rule,
+    Table,
+    format_network,
+    render_rule,
+    save_order,
+)
 from multicall.errors import FirewallError
 
 TABLE = "nat"
@@ -182,25 +190,6 @@ def parse_subnet(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
         return ipaddress.ip_network(f"{address}/{int(prefix)}", strict=False)
     except ValueError as exc:
         raise FirewallError(f"{trimmed} is not a valid CIDR address") from exc
-
-
-def format_network(network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str:
-    """`ADDR/PREFIX` as iptables-save prints it (glibc inet_ntop for IPv6)."""
-    if isinstance(network, ipaddress.IPv4Network):
-        return str(network)
-    return f"{format_ipv6(network.network_address)}/{network.prefixlen}"
-
-
-def format_ipv6(address: ipaddress.IPv6Address) -> str:
-    """glibc's inet_ntop: like Python's compressed form, but IPv4-mapped and -compatible
-    addresses end in dotted quad (`::ffff:10.0.0.0`, `::1.2.3.4`)."""
-    words = [int.from_bytes(address.packed[i : i + 2], "big") for i in range(0, 16, 2)]
-    tail = str(ipaddress.IPv4Address(address.packed[12:]))
-    if words[:5] == [0] * 5 and words[5] == 0xFFFF:
-        return f"::ffff:{tail}"
-    if words[:6] == [0] * 6 and words[6] != 0:
-        return f"::{tail}"
-    return address.compressed
 
 
 def validate_options(options: ProxyInitOptions) -> ProxyInitOptions:

@@ -12,6 +12,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
 BUILTIN_CHAINS: dict[str, tuple[str, ...]] = {
@@ -129,3 +130,23 @@ def save_order(table_name: str, chain_names: set[str] | frozenset[str]) -> tuple
     builtins = BUILTIN_CHAINS.get(table_name, ())
     users = sorted(n for n in chain_names if n not in builtins)
     return (*builtins, *users)
+
+
+def format_ipv6(address: ipaddress.IPv6Address) -> str:
+    """glibc's inet_ntop, which iptables prints with: Python's compressed form, except that
+    IPv4-mapped and -compatible addresses end in dotted quad (`::ffff:10.0.0.0`, `::1.2.3.4`;
+    a longer zero run wins: `::1`, `::`)."""
+    words = [int.from_bytes(address.packed[i : i + 2], "big") for i in range(0, 16, 2)]
+    tail = str(ipaddress.IPv4Address(address.packed[12:]))
+    if words[:5] == [0] * 5 and words[5] == 0xFFFF:
+        return f"::ffff:{tail}"
+    if words[:6] == [0] * 6 and words[6] != 0:
+        return f"::{tail}"
+    return address.compressed
+
+
+def format_network(network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str:
+    """`ADDR/PREFIX` as iptables-save prints it."""
+    if isinstance(network, ipaddress.IPv4Network):
+        return str(network)
+    return f"{format_ipv6(network.network_address)}/{network.prefixlen}"

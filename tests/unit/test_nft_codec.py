@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from multicall.core import nft_codec as c
 from multicall.core.firewall import Family, TableChange
-from multicall.core.ruleset import Rule
+from multicall.core.ruleset import Rule, format_ipv6
 from multicall.errors import FirewallError
 from tests.conftest import FIXTURES
 
@@ -467,7 +467,7 @@ class TestAddressText:
     def test_ipv6_like_glibc(self, words: list[int]) -> None:
         """IPv6 addresses print as glibc's inet_ntop prints them (iptables uses it)."""
         addr = ipaddress.IPv6Address(struct.pack(">8H", *words))
-        assert c.format_ipv6(addr) == socket.inet_ntop(socket.AF_INET6, addr.packed)
+        assert format_ipv6(addr) == socket.inet_ntop(socket.AF_INET6, addr.packed)
 
     def test_embedded_ipv4_round_trips(self) -> None:
         """::4:0/110 prints (and parses back) as ::0.4.0.0/110, as ip6tables-save has it."""
