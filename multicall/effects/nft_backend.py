@@ -16,8 +16,9 @@ import os
 import select
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from multicall.core import nft_codec as codec
 from multicall.core.firewall import Family, TableChange
@@ -169,30 +170,38 @@ def _commit(sock: _Socket, batch: codec.Batch) -> None:
         )
 
 
-def read_rules(family: Family, table: str | None = None) -> list[codec.RuleInfo]:
-    """The raw rules (expressions as the kernel holds them) of one family, or one table."""
+T = TypeVar("T")
+
+
+def _read_consistent(read: Callable[[_Socket], T], what: str, table: str | None = None) -> T:
+    """`read` on a fresh socket, again when a dump was interrupted by a concurrent change."""
     with _netlink() as sock:
         for _ in range(ATTEMPTS):
             try:
-                return [
-                    codec.parse_rule(m) for m in _dump(sock, codec.NFT_MSG_GETRULE, family, table)
-                ]
+                return read(sock)
             except _Interrupted:
                 continue
-    raise FirewallError("the ruleset kept changing while being read")
+    raise FirewallError(f"{what} kept changing while being read", table=table)
+
+
+def read_rules(family: Family, table: str | None = None) -> list[codec.RuleInfo]:
+    """The raw rules (expressions as the kernel holds them) of one family, or one table."""
+    return _read_consistent(
+        lambda sock: [
+            codec.parse_rule(m) for m in _dump(sock, codec.NFT_MSG_GETRULE, family, table)
+        ],
+        "the ruleset",
+    )
 
 
 def read_chains(family: Family) -> list[codec.ChainInfo]:
     """The chains of every table of one family, as the kernel reports them."""
-    with _netlink() as sock:
-        for _ in range(ATTEMPTS):
-            try:
-                return [
-                    codec.parse_chain(m) for m in _dump(sock, codec.NFT_MSG_GETCHAIN, family, None)
-                ]
-            except _Interrupted:
-                continue
-    raise FirewallError("the ruleset kept changing while being read")
+    return _read_consistent(
+        lambda sock: [
+            codec.parse_chain(m) for m in _dump(sock, codec.NFT_MSG_GETCHAIN, family, None)
+        ],
+        "the ruleset",
+    )
 
 
 class NftBackend:
@@ -201,13 +210,9 @@ class NftBackend:
     name = "nft"
 
     def dump(self, family: Family, table: str = "nat") -> Table:
-        with _netlink() as sock:
-            for _ in range(ATTEMPTS):
-                try:
-                    return _read_table(sock, family, table)
-                except _Interrupted:
-                    continue
-        raise FirewallError(f"the {table} table kept changing while being read", table=table)
+        return _read_consistent(
+            lambda sock: _read_table(sock, family, table), f"the {table} table", table
+        )
 
     def apply(self, family: Family, change: TableChange) -> None:
         with _netlink() as sock:
