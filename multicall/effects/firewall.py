@@ -47,23 +47,17 @@ def legacy_backend() -> FirewallBackend:
 
 
 def nft_backend() -> FirewallBackend:
-    try:
-        from multicall.effects.nft_backend import NftBackend
-    except ImportError as exc:
-        raise FirewallError(
-            "iptables-mode nft: the nf_tables backend is not part of this build"
-        ) from exc
+    from multicall.effects.nft_backend import NftBackend
+
     backend: FirewallBackend = NftBackend()
     return backend
 
 
 def _nft_usable() -> FirewallBackend | None:
-    try:
-        backend = nft_backend()
-    except FirewallError:
-        return None
-    available = getattr(backend, "available", None)
-    return backend if available is None or available() else None
+    from multicall.effects.nft_backend import NftBackend
+
+    backend = NftBackend()
+    return backend if backend.available() else None
 
 
 def _legacy_has_rules(family: Family) -> bool:
