@@ -52,9 +52,10 @@ from multicall.errors import (
 
 if TYPE_CHECKING:
     from multicall.core.firewall import Mode, ProxyInitOptions
-    from multicall.core.k8s import Pod, Service
+    from multicall.core.k8s import Service
     from multicall.core.ruleset import Table
     from multicall.core.ruleset_diff import RulesetDiff
+    from multicall.effects.kube import PodInputs
 
 PROG = "iptables-verify"
 JSON_SCHEMA = "cnibox.iptables-verify/v1"
@@ -259,18 +260,12 @@ def expected(opts: Options, stdin: BinaryIO, env: Mapping[str, str]) -> Expectat
     return Expectation(table, mode, pod_name, True, "")
 
 
-@dataclass(frozen=True, slots=True)
-class PodInputs:
-    pod: Pod
-    namespace_annotations: Mapping[str, str] | None
-    service: Service | None
-
-
 def _pod_inputs(
     opts: Options, stdin: BinaryIO, env: Mapping[str, str], kubeconfig: str
 ) -> PodInputs:
     """The pod, its namespace's annotations and the API service, from files or the API."""
     from multicall.core.k8s import parse_namespace, parse_pod, parse_service
+    from multicall.effects.kube import PodInputs
 
     assert opts.pod is not None
     namespace = service = None
@@ -290,11 +285,13 @@ def _fetch(
     namespace: Mapping[str, str] | None,
     service: Service | None,
 ) -> PodInputs:
-    """What ADD reads from the API (pod; namespace and service only when it would read
-    them), except what was given as files."""
-    from multicall.core.pod_policy import decide, needs_namespace, needs_service
-    from multicall.effects.kube import KubeClient, read_kubeconfig, timeout_from_env
-    from multicall.errors import KubeError
+    """What ADD reads from the API, except what was given as files."""
+    from multicall.effects.kube import (
+        KubeClient,
+        read_kubeconfig,
+        read_pod_inputs,
+        timeout_from_env,
+    )
 
     assert opts.namespace is not None
     assert opts.pod is not None
@@ -303,17 +300,9 @@ def _fetch(
         raise UsageError("--namespace needs --kubeconfig (the config names no kubeconfig)")
     client = KubeClient(read_kubeconfig(path), timeout=timeout_from_env(env))
     try:
-        pod = client.get_pod(opts.namespace, opts.pod)
-        if not decide(pod).meshed:
-            return PodInputs(pod, namespace, service)
-        if namespace is None and needs_namespace(pod):
-            namespace = client.get_namespace(pod.namespace or opts.namespace).annotations
-        if service is None and needs_service(pod):
-            try:
-                service = client.get_service("default", "kubernetes")
-            except KubeError:
-                service = None  # upstream then falls back to 443,6443
-        return PodInputs(pod, namespace, service)
+        return read_pod_inputs(
+            client, opts.namespace, opts.pod, namespace_annotations=namespace, service=service
+        )
     finally:
         client.close()
 

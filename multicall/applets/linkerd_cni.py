@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from multicall.core.cni_config import NetConf
     from multicall.core.cni_protocol import CniEnv, PodIdentity, Result
     from multicall.core.firewall import ProxyInitOptions
-    from multicall.core.k8s import Pod, Service
     from multicall.effects.kube import KubeClient
+    from multicall.errors import KubeError
 
 LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
 CNI_NOT_READY = 50
@@ -228,37 +228,28 @@ def configure_pod(inv: Invocation, conf: NetConf, identity: PodIdentity) -> None
 def pod_options(inv: Invocation, conf: NetConf, identity: PodIdentity) -> ProxyInitOptions | None:
     """The effective options for a meshed pod, None for a pod that gets no rules."""
     from multicall.core.cni_config import base_options
-    from multicall.core.pod_policy import decide, effective_options, needs_namespace
+    from multicall.core.pod_policy import decide, effective_options
+    from multicall.effects.kube import read_pod_inputs
+
+    def service_error(exc: KubeError) -> None:
+        inv.log.error(f"linkerd-cni: could not retrieve ports from 'kubernetes' service: {exc}")
 
     client = kube_client(inv, conf)
     try:
-        pod = client.get_pod(identity.namespace, identity.name)
-        decision = decide(pod)
-        inv.log.debug(decision.message)
-        if not decision.meshed:
-            return None
-        namespace = None
-        if needs_namespace(pod):
-            namespace = client.get_namespace(pod.namespace or identity.namespace).annotations
-        service = api_server_service(inv, client, pod)
-        options = effective_options(base_options(conf), pod, namespace, service)
-        inv.log.debug(f"linkerd-cni: effective options {options}")
-        return options
+        inputs = read_pod_inputs(
+            client, identity.namespace, identity.name, on_service_error=service_error
+        )
     finally:
         client.close()
-
-
-def api_server_service(inv: Invocation, client: KubeClient, pod: Pod) -> Service | None:
-    from multicall.core.pod_policy import needs_service
-    from multicall.errors import KubeError
-
-    if not needs_service(pod):
+    decision = decide(inputs.pod)
+    inv.log.debug(decision.message)
+    if not decision.meshed:
         return None
-    try:
-        return client.get_service("default", "kubernetes")
-    except KubeError as exc:
-        inv.log.error(f"linkerd-cni: could not retrieve ports from 'kubernetes' service: {exc}")
-        return None
+    options = effective_options(
+        base_options(conf), inputs.pod, inputs.namespace_annotations, inputs.service
+    )
+    inv.log.debug(f"linkerd-cni: effective options {options}")
+    return options
 
 
 def kube_client(inv: Invocation, conf: NetConf) -> KubeClient:
