@@ -15,10 +15,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.rig import Rig, run
+
+if TYPE_CHECKING:
+    from tests.kubeapi import Pki
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("CNIBOX_SHARED", REPO.parent / "shared"))
@@ -55,6 +59,15 @@ def cnibox_argv(applet: str | None = None) -> list[str]:
     binary = os.environ.get("CNIBOX")
     base = [binary] if binary else [sys.executable, "-m", "multicall"]
     return [*base, applet] if applet else base
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """One CA and server certificate (openssl CLI) for every test API server of the run."""
+    require_tool("openssl")
+    from tests.kubeapi import make_pki
+
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import FIXTURES, cnibox_argv, require_tool
-from tests.kubeapi import KubeApi, Pki, make_pki, pods_from_golden, refused_port, service_doc
+from tests.kubeapi import KubeApi, Pki, pods_from_golden, refused_port, service_doc
 from tests.libcni import Runtime, build_driver, conflist, plugin_dir, primary_plugin
 from tests.rig import Netns, Rig
 
@@ -68,12 +68,6 @@ def proxy_init_lines(netns: Netns) -> list[str]:
             line for line in netns.exec([tool, "-t", "nat"]).splitlines() if "PROXY_INIT" in line
         ]
     return out
-
-
-@pytest.fixture(scope="session")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    require_tool("openssl")
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="session")

@@ -23,8 +23,8 @@ from multicall.core.proxy_init import expected_table
 from multicall.core.ruleset import render_rule
 from multicall.core.ruleset_diff import diff_tables, format_diff
 from multicall.errors import UsageError
-from tests.conftest import FIXTURES, cnibox_argv, require_tool
-from tests.kubeapi import KubeApi, Pki, make_pki, service_doc
+from tests.conftest import FIXTURES, cnibox_argv
+from tests.kubeapi import KubeApi, Pki, service_doc
 
 LINKERD = FIXTURES / "derived/linkerd-iptables"
 CANON = FIXTURES / "derived/iptables-canonicalization"
@@ -380,12 +380,6 @@ def test_render_rule_is_what_reports_print() -> None:
     assert table is not None
     text = (LINKERD / "default-nft.iptables-save.txt").read_text()
     assert all(render_rule(r) in text for r in table.rules)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    require_tool("openssl")
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture

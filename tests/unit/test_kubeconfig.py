@@ -14,7 +14,7 @@ from multicall.core.installer_config import render_kubeconfig
 from multicall.core.kubeconfig import parse_kubeconfig
 from multicall.effects.kube import KubeClient, read_kubeconfig, timeout_from_env
 from multicall.errors import ConfigError, KubeError
-from tests.conftest import FIXTURES, require_tool
+from tests.conftest import FIXTURES
 from tests.kubeapi import KubeApi, Pki, make_pki, pods_from_golden, refused_port
 
 GOLDEN = FIXTURES / "upstream" / "linkerd2" / "inject-goldens"
@@ -91,12 +91,6 @@ class TestParse:
         assert timeout_from_env({}) == 5.0
         assert timeout_from_env({"CNIBOX_KUBE_TIMEOUT": "0.5"}) == 0.5
         assert timeout_from_env({"CNIBOX_KUBE_TIMEOUT": "-1"}) == 5.0
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    require_tool("openssl")
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture
