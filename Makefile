@@ -75,7 +75,7 @@ build: dist/cnibox
 $(NUITKA_DIST): $(APP_SOURCES) build/build.py build/cnibox_main.py build/selfcontained.py | deps
 	$(BUILD) dist
 
-build/out/launcher: build/launcher.c build/build.py | deps
+build/out/launcher: build/launcher.c build/agent_client.c build/build.py | deps
 	$(BUILD) launcher
 
 dist/cnibox: $(NUITKA_DIST) build/out/launcher build/pack.py | deps

@@ -35,6 +35,12 @@ def _linkerd_cni() -> AppletSpec:
     return linkerd_cni.SPEC
 
 
+def _agent() -> AppletSpec:
+    from multicall.applets import agent
+
+    return agent.SPEC
+
+
 def _iptables_verify() -> AppletSpec:
     from multicall.applets import iptables_verify
 
@@ -47,6 +53,7 @@ LOADERS: tuple[tuple[tuple[str, ...], Callable[[], AppletSpec]], ...] = (
     (("install-cni",), _install_cni),
     (("linkerd-cni",), _linkerd_cni),
     (("iptables-verify",), _iptables_verify),
+    (("linkerd-cni-agent", "agent"), _agent),
 )
 
 

@@ -130,7 +130,8 @@ def apply_proxy_init(
     if simulate:
         log_simulation(netns_path, options, wanted, mode, log)
         return
-    with ns.entered_netns(netns_path, allow_own=allow_own_netns):
+    nft = mode is Mode.NFT
+    with ns.entered_netns(netns_path, allow_own=allow_own_netns, netlink_only=nft):
         passes = [plan_pass(options, family, mode, log) for family in wanted]
         for planned in passes:
             planned.backend.apply(planned.family, planned.change)
@@ -167,5 +168,6 @@ def dump_nat(
     log: Log = _quiet,
 ) -> Table:
     """The nat table of `family` in the netns, read through `mode`'s backend."""
-    with ns.entered_netns(netns_path, allow_own=allow_own_netns):
+    nft = mode is Mode.NFT
+    with ns.entered_netns(netns_path, allow_own=allow_own_netns, netlink_only=nft):
         return backend_for(mode, family, log).dump(family, "nat")

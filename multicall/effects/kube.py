@@ -46,9 +46,11 @@ def read_kubeconfig(path: str) -> KubeConfig:
             "invalid configuration: no configuration has been provided, try setting "
             "KUBERNETES_MASTER environment variable"
         )
+    from multicall.effects.caller import read_bytes
+
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        # open()'s text mode: universal newlines
+        text = read_bytes(path).decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except FileNotFoundError:
         raise KubeError(f"stat {path}: no such file or directory", path=path) from None
     except OSError as exc:
@@ -324,9 +326,10 @@ def _exactly(reader: BinaryIO, size: int) -> bytes:
 def _token(config: KubeConfig) -> str:
     if config.token or not config.token_file:
         return config.token.strip()
+    from multicall.effects.caller import read_bytes
+
     try:
-        with open(config.token_file, encoding="utf-8") as f:
-            return f.read().strip()
+        return read_bytes(config.token_file).decode("utf-8").strip()
     except OSError as exc:
         raise KubeError(f"open {config.token_file}: {(exc.strerror or '').lower()}") from None
 
@@ -349,10 +352,26 @@ def _tls_context(config: KubeConfig) -> ssl.SSLContext:
         if config.ca_data:
             return ssl.create_default_context(cadata=config.ca_data.decode("ascii", "replace"))
         if config.ca_file:
-            return ssl.create_default_context(cafile=config.ca_file)
+            return _ca_file_context(config.ca_file)
     except (ssl.SSLError, OSError, ValueError) as exc:
         raise KubeError(f"unable to load root certificates: {exc}") from None
     return ssl.create_default_context()
+
+
+def _ca_file_context(path: str) -> ssl.SSLContext:
+    """`certificate-authority` as the caller sees it (an agent worker reads it through the
+    caller's root, `effects.caller`)."""
+    import ssl
+
+    from multicall.effects import caller
+
+    if not caller.active():
+        return ssl.create_default_context(cafile=path)
+    try:
+        data = caller.read_bytes(path)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror) from None  # as ssl words it: no file name
+    return ssl.create_default_context(cadata=data.decode("ascii", "replace"))
 
 
 def _x509(exc: ssl.SSLCertVerificationError) -> str:

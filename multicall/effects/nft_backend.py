@@ -23,6 +23,7 @@ from typing import TypeVar
 from multicall.core import nft_codec as codec
 from multicall.core.firewall import Family, TableChange
 from multicall.core.ruleset import Table
+from multicall.effects import caller
 from multicall.errors import FirewallError
 
 NETLINK_NETFILTER = 12
@@ -39,17 +40,26 @@ class _Socket:
     """A NETLINK_NETFILTER socket with sequence numbers and reply collection."""
 
     def __init__(self) -> None:
+        handed = caller.netlink_fd()  # an agent worker: the caller's socket in the pod netns
         try:
-            self.sock = socket.socket(
-                socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_NETFILTER
-            )
+            if handed is not None:
+                self.sock = socket.socket(fileno=handed)
+            else:
+                self.sock = socket.socket(
+                    socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_NETFILTER
+                )
         except OSError as exc:
             raise FirewallError(
                 f"nf_tables is not available: {exc.strerror}", errno=exc.errno
             ) from exc
         for option in (NETLINK_CAP_ACK, NETLINK_EXT_ACK):
             self.sock.setsockopt(SOL_NETLINK, option, 1)
-        self.sock.bind((0, 0))
+        try:
+            self.sock.bind((0, 0))
+        except OSError as exc:
+            if handed is None or exc.errno != errno_mod.EINVAL:
+                raise
+            # A handed socket is bound (port id assigned) by its first use already.
         self.seq = int(time.time()) & 0x3FFFFFFF
 
     def next_seq(self) -> int:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 
+from multicall.effects import caller
 from multicall.errors import NetnsError, NetnsNotFound
 
 CLONE_NEWTIME = 0x00000080
@@ -48,7 +49,7 @@ def unshare(flags: int) -> None:
 
 
 def ns_identity(path: str) -> tuple[int, int]:
-    st = os.stat(path)
+    st = os.stat(caller.resolve_netns(path))
     return (st.st_dev, st.st_ino)
 
 
@@ -60,7 +61,7 @@ def is_own_netns(path: str) -> bool:
 def open_netns(path: str) -> int:
     """An O_RDONLY fd on a netns path, with NetnsNotFound / NetnsError for the two failures."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return os.open(caller.resolve_netns(path), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError as exc:
         raise NetnsNotFound(f"{path}: no such network namespace", netns=path) from exc
     except OSError as exc:
@@ -68,12 +69,16 @@ def open_netns(path: str) -> int:
 
 
 @contextmanager
-def entered_netns(path: str, *, allow_own: bool = False) -> Iterator[None]:
+def entered_netns(
+    path: str, *, allow_own: bool = False, netlink_only: bool = False
+) -> Iterator[None]:
     """Run the body inside the netns at `path`, then return to the original one.
 
     Refuses the current netns (the host's, for a CNI plugin) unless `allow_own`, like
     libcni's CNI_NETNS_OVERRIDE. If the way back fails the process cannot be trusted any
     more, so it exits at once rather than run anything in the wrong namespace.
+    `netlink_only`: the body only talks netlink, so when the caller handed over a netlink
+    socket made inside that netns (an agent worker, `effects.caller`) nothing is entered.
     """
     target = open_netns(path)
     try:
@@ -83,6 +88,9 @@ def entered_netns(path: str, *, allow_own: bool = False) -> Iterator[None]:
                 netns=path,
                 hint="set CNI_NETNS_OVERRIDE=1 to allow it",
             )
+        if netlink_only and caller.has_netlink(path):
+            yield
+            return
         original = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         try:
             _switch(target, path)
@@ -100,6 +108,8 @@ def _switch(fd: int, path: str) -> None:
     try:
         setns(fd, CLONE_NEWNET)
     except OSError as exc:
+        if exc.errno == errno_mod.EPERM and caller.active():
+            raise caller.ServeElsewhere("no CAP_SYS_ADMIN to enter the pod netns") from None
         hint = "is it a network namespace (nsfs) file?" if exc.errno == errno_mod.EINVAL else None
         raise NetnsError(
             f"cannot enter {path}: {exc.strerror}", netns=path, errno=exc.errno, hint=hint

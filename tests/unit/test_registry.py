@@ -16,6 +16,7 @@ APPLET_MODULES = {
     "install-cni": "install_cni",
     "linkerd-cni": "linkerd_cni",
     "iptables-verify": "iptables_verify",
+    "linkerd-cni-agent": "agent",
 }
 
 

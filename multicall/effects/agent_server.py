@@ -1,0 +1,513 @@
+"""The node agent's process machinery: the listening socket, a pool of pre-forked single-use
+workers, cancellation, deadlines, the admin HTTP endpoints, SIGTERM (docs/agent.md).
+
+One single-threaded parent runs a poll loop; it never runs a request itself. Each request
+goes to a worker forked earlier from the warm parent (every module already imported), which
+serves exactly one request and exits: a crash, a hang or a leak in one request cannot reach
+the parent or any other request, and the fork is off the request's critical path.
+
+Rules of this module:
+1. The parent owns: the listening socket (bound under a temporary name, then renamed over
+   the socket path, so an upgrade takes over without a window), one control socketpair per
+   worker, its own copy of each client connection (only to notice a caller that went away:
+   it never reads or writes it), the admin sockets.
+2. A client that hangs up before its worker reported a result gets that worker SIGKILLed;
+   so does a worker past the request deadline. Either way the client sees EOF and (if it is
+   still there) runs the one-shot path; a worker that dies leaves nothing half-applied,
+   because each firewall change is one kernel transaction.
+3. Workers report to the parent over their control socket: "S" + JSON when a request was
+   accepted, "D" + JSON when its reply was sent. Metrics come from those reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from multicall.core.agent_metrics import Metrics, render
+
+Log = Callable[[str, str], None]  # (level, message)
+# A worker's job: serve one accepted connection, reporting through the callable.
+Serve = Callable[[socket.socket, Callable[[str, dict[str, object]], None]], None]
+
+POLLRDHUP = getattr(select, "POLLRDHUP", 0x2000)
+MAX_ADMIN_REQUEST = 8192
+# After a caller hung up, how long its worker may still report a result it already sent.
+CALLER_GRACE = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    socket_path: str
+    admin_addr: str  # "HOST:PORT" or "" (no admin server)
+    workers: int = 4  # idle, pre-forked
+    max_requests: int = 256  # in flight at once; beyond, callers fall back
+    request_timeout: float = 60.0
+    shutdown_grace: float = 25.0
+    build: str = ""
+
+
+@dataclass
+class Worker:
+    pid: int
+    ctl: socket.socket
+    state: str = "idle"  # idle -> busy -> done (reported, or killed)
+    conn: socket.socket | None = None
+    watching: bool = False  # the parent polls conn for the caller hanging up
+    accepted_at: float = 0.0
+    caller_gone_at: float = 0.0
+    command: str = ""
+    killed: str = ""
+
+
+@dataclass
+class _AdminConn:
+    sock: socket.socket
+    data: bytes = b""
+    opened: float = field(default_factory=time.monotonic)
+
+
+class Server:
+    def __init__(self, options: ServerOptions, log: Log, serve: Serve) -> None:
+        self.options = options
+        self.log = log
+        self.serve = serve
+        self.metrics = Metrics()
+        self.workers: dict[int, Worker] = {}  # by control socket fd
+        self.by_conn: dict[int, Worker] = {}  # by the parent's client-connection fd
+        self.admin_conns: dict[int, _AdminConn] = {}
+        self.poll = select.poll()
+        self.listener: socket.socket | None = None
+        self.admin: socket.socket | None = None
+        self.socket_id: tuple[int, int] | None = None
+        self.draining = False
+        self.terminate_at = 0.0
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    # ------------------------------------------------------------------ setup
+
+    def bind(self) -> None:
+        path = self.options.socket_path
+        directory = os.path.dirname(path) or "."
+        if not os.path.isdir(directory):
+            os.makedirs(directory, mode=0o700)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.bind(tmp)
+        os.chmod(tmp, 0o600)
+        sock.listen(1024)
+        sock.setblocking(False)
+        os.rename(tmp, path)  # atomic takeover from a previous agent (rule 1)
+        st = os.stat(path)
+        self.socket_id = (st.st_dev, st.st_ino)
+        self.listener = sock
+        self.poll.register(sock, select.POLLIN)
+        if self.options.admin_addr:
+            self.admin = _listen_tcp(self.options.admin_addr)
+            self.poll.register(self.admin, select.POLLIN)
+        self.poll.register(self.wake_r, select.POLLIN)
+
+    @property
+    def admin_port(self) -> int | None:
+        return self.admin.getsockname()[1] if self.admin is not None else None
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> int:
+        signal.set_wakeup_fd(self.wake_w)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+        self.fill_pool()
+        self.log("info", f"agent ready on {self.options.socket_path} (build {self.options.build})")
+        while True:
+            try:
+                events = self.poll.poll(self.poll_timeout())
+            except InterruptedError:
+                continue
+            for fd, mask in events:
+                self.handle(fd, mask)
+            self.check_deadlines()
+            if self.draining and self.finished_draining():
+                break
+        self.stop_workers()
+        self.log("info", "agent stopped")
+        return 0
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if not self.draining:
+            self.start_draining(signal.Signals(signum).name)
+
+    def handle(self, fd: int, mask: int) -> None:
+        if fd == self.wake_r:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.wake_r, 512)
+        elif self.listener is not None and fd == self.listener.fileno():
+            self.accept_clients()
+        elif self.admin is not None and fd == self.admin.fileno():
+            self.accept_admin()
+        elif fd in self.workers:
+            self.worker_event(self.workers[fd], mask)
+        elif fd in self.by_conn:
+            self.client_gone(self.by_conn[fd])
+        elif fd in self.admin_conns:
+            self.admin_event(self.admin_conns[fd], mask)
+
+    # ------------------------------------------------------------------ clients
+
+    def accept_clients(self) -> None:
+        assert self.listener is not None
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and the like: the callers fall back
+                self.log("error", f"accept: {exc.strerror}")
+                return
+            self.dispatch(conn)
+
+    def dispatch(self, conn: socket.socket) -> None:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        if uid != 0:
+            self.metrics.refused["not root"] += 1
+            self.log("warning", f"refused a client with uid {uid}: only root may call the agent")
+            conn.close()
+            return
+        if self.in_flight() >= self.options.max_requests:
+            self.metrics.fell_back("overloaded")
+            conn.close()
+            return
+        worker = self.idle_worker() or self.spawn()
+        if worker is None:
+            self.metrics.fell_back("no worker")
+            conn.close()
+            return
+        try:
+            socket.send_fds(worker.ctl, [b"R"], [conn.fileno()])
+        except OSError:
+            self.metrics.fell_back("no worker")
+            conn.close()
+            return
+        worker.state = "busy"
+        worker.conn = conn
+        worker.accepted_at = time.monotonic()
+        conn.setblocking(False)
+        self.by_conn[conn.fileno()] = worker
+        self.poll.register(conn, POLLRDHUP)
+        worker.watching = True
+        self.fill_pool()
+
+    def in_flight(self) -> int:
+        return sum(1 for w in self.workers.values() if w.state == "busy")
+
+    def client_gone(self, worker: Worker) -> None:
+        """The caller closed its end. If the result was sent it is just done; if not (killed,
+        or it gave up and fell back), the worker is killed after CALLER_GRACE: its report
+        may be on the way (rule 3)."""
+        self.unwatch(worker)
+        if worker.state == "busy" and not worker.caller_gone_at:
+            worker.caller_gone_at = time.monotonic()
+
+    def unwatch(self, worker: Worker) -> None:
+        if worker.conn is not None and worker.watching:
+            self.poll.unregister(worker.conn.fileno())
+            worker.watching = False
+
+    def release_conn(self, worker: Worker) -> None:
+        if worker.conn is None:
+            return
+        self.unwatch(worker)
+        del self.by_conn[worker.conn.fileno()]
+        worker.conn.close()
+        worker.conn = None
+
+    # ------------------------------------------------------------------ workers
+
+    def idle_worker(self) -> Worker | None:
+        return next((w for w in self.workers.values() if w.state == "idle"), None)
+
+    def idle_count(self) -> int:
+        return sum(1 for w in self.workers.values() if w.state == "idle")
+
+    def fill_pool(self) -> None:
+        if self.draining:
+            return
+        while self.idle_count() < self.options.workers:
+            if self.spawn() is None:
+                return
+
+    def spawn(self) -> Worker | None:
+        parent_end, child_end = socket.socketpair(
+            socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC
+        )
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            self.log("error", f"cannot fork a worker: {exc.strerror}")
+            parent_end.close()
+            child_end.close()
+            return None
+        if pid == 0:  # pragma: no cover - the child's coverage is not collected
+            os.close(parent_end.detach())
+            self._become_worker(child_end)
+        child_end.close()
+        worker = Worker(pid, parent_end)
+        parent_end.setblocking(False)
+        self.workers[parent_end.fileno()] = worker
+        self.poll.register(parent_end, select.POLLIN)
+        return worker
+
+    def _become_worker(self, ctl: socket.socket) -> None:  # pragma: no cover - in the child
+        """Drop everything of the parent's, wait for one connection, serve it, exit."""
+        code = 0
+        try:
+            signal.set_wakeup_fd(-1)
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, signal.SIG_IGN)  # the parent decides when workers stop
+            for fd in self._parent_fds():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            ctl.setblocking(True)
+            msg, fds, _flags, _addr = socket.recv_fds(ctl, 16, 1)
+            if msg == b"R" and len(fds) == 1:
+                conn = socket.socket(fileno=fds[0])
+                self.serve(conn, lambda kind, data: _report(ctl, kind, data))
+        except BaseException:  # noqa: BLE001 - a worker never returns into the parent's loop
+            code = 70
+        os._exit(code)
+
+    def _parent_fds(self) -> list[int]:
+        """Every descriptor the parent owns, detached from its Python object (a later
+        collection of that object must not close a reused number)."""
+        fds = [self.wake_r, self.wake_w]
+        socks = [self.listener, self.admin]
+        socks += [w.ctl for w in self.workers.values()]
+        socks += [w.conn for w in self.workers.values()]
+        socks += [a.sock for a in self.admin_conns.values()]
+        for sock in socks:
+            if sock is not None and sock.fileno() >= 0:
+                fds.append(sock.detach())
+        return fds
+
+    def worker_event(self, worker: Worker, mask: int) -> None:
+        while True:
+            try:
+                msg = worker.ctl.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                msg = b""
+            if not msg:
+                self.worker_exited(worker)
+                return
+            self.worker_report(worker, msg)
+        if mask & (select.POLLHUP | select.POLLERR):
+            self.worker_exited(worker)
+
+    def worker_report(self, worker: Worker, msg: bytes) -> None:
+        try:
+            data = json.loads(msg[1:])
+        except ValueError:
+            data = {}
+        if msg[:1] == b"S":
+            worker.command = str(data.get("command", ""))
+            return
+        if msg[:1] != b"D" or worker.state != "busy":
+            return
+        worker.state = "done"
+        seconds = time.monotonic() - worker.accepted_at
+        fallback = str(data.get("fallback", ""))
+        command = str(data.get("command", worker.command)) or "unknown"
+        if fallback:
+            self.metrics.fell_back(fallback)
+            self.log("info", f"handed a {command} back to the caller: {fallback}")
+        else:
+            result = "ok" if data.get("exit") == 0 else "error"
+            code = str(data.get("cni_code", ""))
+            self.metrics.served(command, result, code, seconds)
+            self.log("debug", f"served {command} ({result}) in {seconds * 1000:.1f} ms")
+        self.release_conn(worker)
+
+    def worker_exited(self, worker: Worker) -> None:
+        fd = worker.ctl.fileno()
+        self.poll.unregister(fd)
+        del self.workers[fd]
+        worker.ctl.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(worker.pid, 0)
+        if worker.state == "busy":  # died without a report, and nobody killed it
+            self.metrics.worker_crashes += 1
+            self.metrics.fell_back("worker died")
+            self.log("error", f"worker {worker.pid} died serving {worker.command or 'a request'}")
+        worker.state = "done"
+        self.release_conn(worker)
+        self.fill_pool()
+
+    def kill(self, worker: Worker, why: str) -> None:
+        """SIGKILL a busy worker; counted as a fallback for `why` (its caller, if alive,
+        runs the one-shot path)."""
+        worker.state = "done"
+        worker.killed = why
+        self.metrics.fell_back(why)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker.pid, signal.SIGKILL)
+
+    def check_deadlines(self) -> None:
+        now = time.monotonic()
+        for worker in list(self.workers.values()):
+            if worker.state != "busy":
+                continue
+            if worker.caller_gone_at and now - worker.caller_gone_at > CALLER_GRACE:
+                self.kill(worker, "caller gone")
+            elif now - worker.accepted_at > self.options.request_timeout:
+                self.log("error", f"worker {worker.pid} passed the request deadline; killed")
+                self.kill(worker, "deadline")
+            elif self.draining and now > self.terminate_at:
+                self.kill(worker, "shutdown")
+        for admin in list(self.admin_conns.values()):
+            if now - admin.opened > 5:
+                self.close_admin(admin)
+
+    def poll_timeout(self) -> int:
+        """Milliseconds until the next deadline check is due (short while a caller is gone)."""
+        pending = any(w.state == "busy" and w.caller_gone_at for w in self.workers.values())
+        return int(CALLER_GRACE * 1000) if pending else 250
+
+    # ------------------------------------------------------------------ shutdown
+
+    def start_draining(self, why: str) -> None:
+        """Stop taking requests (the socket goes first: new callers fall back at once), let
+        the ones in flight finish until the grace period ends."""
+        self.draining = True
+        self.terminate_at = time.monotonic() + self.options.shutdown_grace
+        self.log("info", f"{why}: stopping; {self.in_flight()} request(s) in flight")
+        self.remove_socket()
+        if self.listener is not None:
+            self.poll.unregister(self.listener)
+            self.listener.close()
+            self.listener = None
+
+    def remove_socket(self) -> None:
+        """Unlink the socket path only while it is still ours (not a successor's)."""
+        path = self.options.socket_path
+        with contextlib.suppress(FileNotFoundError):
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) == self.socket_id:
+                os.unlink(path)
+
+    def finished_draining(self) -> bool:
+        return self.in_flight() == 0
+
+    def stop_workers(self) -> None:
+        for worker in list(self.workers.values()):
+            if worker.state == "idle":
+                worker.ctl.shutdown(socket.SHUT_RDWR)  # an idle worker exits on EOF
+        deadline = time.monotonic() + 5
+        while self.workers and time.monotonic() < deadline:
+            for fd, mask in self.poll.poll(100):
+                if fd in self.workers:
+                    self.worker_event(self.workers[fd], mask)
+        for worker in list(self.workers.values()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGKILL)
+            self.worker_exited(worker)
+        if self.admin is not None:
+            self.admin.close()
+
+    # ------------------------------------------------------------------ admin HTTP
+
+    def accept_admin(self) -> None:
+        assert self.admin is not None
+        try:
+            sock, _ = self.admin.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        sock.setblocking(False)
+        self.admin_conns[sock.fileno()] = _AdminConn(sock)
+        self.poll.register(sock, select.POLLIN)
+
+    def admin_event(self, admin: _AdminConn, mask: int) -> None:
+        try:
+            chunk = admin.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        admin.data += chunk
+        if not chunk or len(admin.data) > MAX_ADMIN_REQUEST:
+            self.close_admin(admin)
+            return
+        if b"\r\n\r\n" not in admin.data and b"\n\n" not in admin.data:
+            return
+        line = admin.data.split(b"\n", 1)[0].decode("latin-1").split()
+        status, ctype, body = self.admin_response(line)
+        head = (
+            f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n"
+        ).encode("latin-1")
+        with contextlib.suppress(OSError):
+            admin.sock.setblocking(True)
+            admin.sock.settimeout(2)
+            admin.sock.sendall(head + (body if line[:1] != ["HEAD"] else b""))
+        self.close_admin(admin)
+
+    def admin_response(self, line: list[str]) -> tuple[str, str, bytes]:
+        text = "text/plain; charset=utf-8"
+        if len(line) < 2 or line[0] not in ("GET", "HEAD"):
+            return "405 Method Not Allowed", text, b"only GET\n"
+        path = line[1].split("?", 1)[0]
+        if path == "/healthz":
+            return "200 OK", text, b"ok\n"
+        if path == "/readyz":
+            if self.draining or self.listener is None:
+                return "503 Service Unavailable", text, b"stopping\n"
+            return "200 OK", text, b"ready\n"
+        if path == "/metrics":
+            self.metrics.idle_workers = self.idle_count()
+            self.metrics.in_flight = self.in_flight()
+            body = render(self.metrics, self.options.build).encode()
+            return "200 OK", "text/plain; version=0.0.4; charset=utf-8", body
+        return "404 Not Found", text, b"not found\n"
+
+    def close_admin(self, admin: _AdminConn) -> None:
+        fd = admin.sock.fileno()
+        self.poll.unregister(fd)
+        del self.admin_conns[fd]
+        admin.sock.close()
+
+
+def _report(ctl: socket.socket, kind: str, data: dict[str, object]) -> None:
+    with contextlib.suppress(OSError):
+        ctl.send(kind.encode() + json.dumps(data).encode())
+
+
+def _listen_tcp(addr: str) -> socket.socket:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--admin-addr {addr!r}: expected HOST:PORT")
+    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - the probes' default, as upstream's
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, int(port)))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ValueError(f"--admin-addr {addr}: address already in use") from None
+        raise ValueError(f"--admin-addr {addr}: {exc.strerror}") from None
+    sock.listen(64)
+    sock.setblocking(False)
+    return sock
