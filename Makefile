@@ -15,7 +15,7 @@ APT_PACKAGES := iptables nftables util-linux iproute2 containernetworking-plugin
 	golang-github-appc-cni-dev patchelf ccache hyperfine libxtables-dev musl-tools time strace \
 	skopeo umoci libc-bin python3-dev openssl
 
-.PHONY: deps apt venv lint type unit test test-source test-binary build zipapp demo bench clean
+.PHONY: deps apt venv lint type unit test test-source test-binary test-agent build zipapp demo bench clean
 
 deps: apt venv
 
@@ -61,7 +61,14 @@ test-binary: deps build zipapp
 	export CNIBOX=$(CURDIR)/dist/cnibox CNIBOX_PYZ=$(CURDIR)/dist/cnibox.pyz
 	$(call run_pytest,tests)
 
-test: deps lint type test-source test-binary
+# The suites that run linkerd-cni once more, with a node agent serving the whole session
+# (tests/conftest.py session_agent); tests/agent runs in test-binary already.
+AGENT_SUITES := tests/netns/test_linkerd_cni.py tests/binary/test_empty_root.py tests/binary/test_launcher.py
+test-agent: deps build
+	export CNIBOX=$(CURDIR)/dist/cnibox CNIBOX_TEST_AGENT=1
+	$(call run_pytest,$(AGENT_SUITES))
+
+test: deps lint type test-source test-binary test-agent
 
 # The single file (README.md "Building"): Nuitka standalone dist, static musl
 # launcher, packed. Each step reruns only when its inputs changed; Nuitka keeps its own cache

@@ -15,8 +15,13 @@ Rows:
                    source mode (`python -m multicall linkerd-cni`), the built binary through a
                    `linkerd-cni` symlink warm, and its first start after install (empty
                    CNIBOX_CACHE each time); legacy and nft
+  agent ADD        the same invocation through the built file's launcher with `cnibox agent`
+                   answering (docs/agent.md): meshed (nft, legacy) and unmeshed; the agent
+                   runs in the node netns, as a DaemonSet pod with hostNetwork would
+  after install    the first ADD of a new version when the installer unpacked it first
+                   (CNIBOX_UNPACK_ONLY=1, untimed), no agent
   bare start       `cnibox --version`, `python -m multicall --version`, `python3 -c pass`
-  concurrency      N ADDs launched at once against N fresh netns
+  concurrency      N ADDs launched at once against N fresh netns (also through the agent)
 
 Each ADD is checked outside the timed region: exit status 0, stdout is the prevResult, and
 the pod's nat table (Debian's iptables-save) equals upstream's golden for the mode.
@@ -62,6 +67,8 @@ GOLDEN = (
     / "inject-goldens"
     / ("inject_emojivoto_deployment_no_init_container.golden.yml")
 )
+UNMESHED_GOLDEN = GOLDEN.with_name("inject_emojivoto_deployment_overridden_noinject.golden.yml")
+UNMESHED_NAME = "web-plain"  # the golden's pod renamed beside the meshed one
 RESULTS = REPO / "bench" / "results"
 NETNS_DIR = "/var/run/netns"
 SAVE = {"nft": "iptables-nft-save", "legacy": "iptables-legacy-save"}
@@ -288,6 +295,7 @@ class Plugin:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     fresh_cache: Path | None = None  # set: an empty CNIBOX_CACHE under it per invocation
+    unpack_first: bool = False  # with fresh_cache: unpack it untimed first (as install-cni)
 
 
 @dataclass
@@ -320,7 +328,10 @@ class Cluster:
         path.write_text(json.dumps(conf))
         return path
 
-    def env(self, netns: str, plugin: Plugin, seq: int) -> dict[str, str]:
+    def env(
+        self, netns: str, plugin: Plugin, seq: int, pod: tuple[str, str] | None = None
+    ) -> dict[str, str]:
+        namespace, name = pod or self.pod
         env = {
             "CNI_COMMAND": "ADD",
             "CNI_CONTAINERID": f"bench{seq:08d}",
@@ -328,7 +339,7 @@ class Cluster:
             "CNI_IFNAME": "eth0",
             "CNI_PATH": "/opt/cni/bin:/usr/lib/cni",
             "CNI_ARGS": (
-                f"IgnoreUnknown=1;K8S_POD_NAMESPACE={self.pod[0]};K8S_POD_NAME={self.pod[1]};"
+                f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};"
                 f"K8S_POD_INFRA_CONTAINER_ID=bench{seq:08d}"
             ),
             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
@@ -336,6 +347,9 @@ class Cluster:
         }
         if plugin.fresh_cache is not None:
             env["CNIBOX_CACHE"] = tempfile.mkdtemp(dir=plugin.fresh_cache)
+            if plugin.unpack_first:  # what install-cni does for a new version (untimed)
+                subprocess.run([plugin.argv[-1]], env={**env, "CNIBOX_UNPACK_ONLY": "1"},
+                               check=True, capture_output=True)  # fmt: skip
         return env
 
 
@@ -347,6 +361,9 @@ def cluster(namespaces: Namespaces, workdir: Path) -> Iterator[Cluster]:
     api = KubeApi(make_pki(workdir / "pki"))
     pod = pods_from_golden(GOLDEN)[0]
     api.add_pod(pod)
+    unmeshed = pods_from_golden(UNMESHED_GOLDEN)[0]
+    unmeshed["metadata"] = {**unmeshed["metadata"], "name": UNMESHED_NAME}
+    api.add_pod(unmeshed)
     api.start(node)
     # A real API server's backlog is somaxconn; the test server's 16 would drop the SYNs of a
     # 100-pod burst and add TCP's 1 s retransmit to the concurrency row.
@@ -377,25 +394,30 @@ class Bench:
         self.seq = 0
         self.problems: list[str] = []
 
-    def add_once(self, plugin: Plugin, mode: str, netns: str) -> tuple[Exit, bool]:
+    def add_once(
+        self, plugin: Plugin, mode: str, netns: str, *, meshed: bool = True
+    ) -> tuple[Exit, bool]:
         """One timed ADD, then (untimed) the proof that it programmed upstream's rules."""
         self.seq += 1
         stdin = self.cluster.stdin(netns, mode)
-        env = self.cluster.env(netns, plugin, self.seq)
+        pod = None if meshed else (self.cluster.pod[0], UNMESHED_NAME)
+        env = self.cluster.env(netns, plugin, self.seq, pod)
         with entered_netns(self.cluster.node):
             done = self.spawner.run(plugin.argv, env, stdin)
-        ok = self.verify(done, mode, netns, plugin.name)
+        ok = self.verify(done, mode, netns, plugin.name, meshed=meshed)
         self.drop_cache(plugin, env)
         return done, ok
 
-    def verify(self, done: Exit, mode: str, netns: str, who: str) -> bool:
+    def verify(self, done: Exit, mode: str, netns: str, who: str, *, meshed: bool = True) -> bool:
         problem = ""
         if done.status != 0:
             problem = f"exit {done.status}: {done.stdout[:300]!r} {done.stderr[-300:]!r}"
         elif not _passes_on(_parsed(done.stdout), self.cluster.prev_for(netns)):
             problem = f"stdout is not the prevResult: {done.stdout!r}"
-        elif nat_table(netns, mode) != golden_table(mode):
+        elif meshed and nat_table(netns, mode) != golden_table(mode):
             problem = f"nat table differs from default-{mode}: {done.stderr[-300:]!r}"
+        elif not meshed and "PROXY_INIT" in nat_table(netns, mode):
+            problem = "an unmeshed pod got rules"
         if problem and len(self.problems) < 20:
             self.problems.append(f"{who} {mode}: {problem}")
         return not problem
@@ -406,15 +428,18 @@ class Bench:
         if plugin.fresh_cache is not None:
             shutil.rmtree(env["CNIBOX_CACHE"], ignore_errors=True)
 
-    def add_row(self, name: str, plugin: Plugin, mode: str, iterations: int) -> Row:
+    def add_row(
+        self, name: str, plugin: Plugin, mode: str, iterations: int, *, meshed: bool = True
+    ) -> Row:
         row = Row(name)
         with self.namespaces.fresh() as netns:  # warm-up, not counted: its peak RSS
-            timed = Plugin(plugin.name, [*TIME_RSS, *plugin.argv], plugin.env, plugin.fresh_cache)
-            done, _ = self.add_once(timed, mode, netns)
+            timed = Plugin(plugin.name, [*TIME_RSS, *plugin.argv], plugin.env, plugin.fresh_cache,
+                           plugin.unpack_first)  # fmt: skip
+            done, _ = self.add_once(timed, mode, netns, meshed=meshed)
             row.peak_rss_kb = parse_rss(done.stderr)
         for _ in range(iterations):
             with self.namespaces.fresh() as netns:
-                done, ok = self.add_once(plugin, mode, netns)
+                done, ok = self.add_once(plugin, mode, netns, meshed=meshed)
             row.add(done.ms, ok, done.cpu_ms)
         return row
 
@@ -593,12 +618,45 @@ def ratios(rows: dict[str, Row], impl: str) -> dict[str, dict[str, Any]]:
                 "cpu_value": ratio(rows, add, den, cpu=True),
                 "goal": goal,
             }
+    if impl == "binary":
+        out.update(agent_ratios(rows))
     conc = rows.get(f"concurrency: {impl}, nft")
     if conc is not None and conc.samples_ms:
         out[f"concurrency p99 / p50 ({impl})"] = {
             "value": conc.p99 / conc.median,
             "cpu_value": None,
             "goal": 3.0,
+        }
+    return out
+
+
+def agent_ratios(rows: dict[str, Row]) -> dict[str, dict[str, Any]]:
+    """Issue 11's goals: the agent against upstream's replay, its burst against the one-shot
+    burst, the first ADD after install against a warm one-shot ADD."""
+    out: dict[str, dict[str, Any]] = {}
+    pairs = (
+        ("agent ADD / upstream replay (nft)", "cnibox ADD, agent, nft", "upstream replay, nft", 0.5),
+        ("agent ADD / upstream replay (legacy)", "cnibox ADD, agent, legacy",
+         "upstream replay, legacy", 0.5),
+        ("agent unmeshed ADD / upstream replay (nft)", "cnibox ADD unmeshed, agent, nft",
+         "upstream replay, nft", 0.25),
+        ("first ADD after install / warm one-shot (nft)", "cnibox ADD, binary after install, nft",
+         "cnibox ADD, binary, nft", 1.5),
+        ("one-shot binary ADD / upstream replay (nft)", "cnibox ADD, binary, nft",
+         "upstream replay, nft", 1.5),
+    )  # fmt: skip
+    for label, num, den, goal in pairs:
+        out[label] = {
+            "value": ratio(rows, num, den),
+            "cpu_value": ratio(rows, num, den, cpu=True),
+            "goal": goal,
+        }
+    burst, alone = rows.get("concurrency: agent, nft"), rows.get("concurrency: binary, nft")
+    if burst and alone and burst.wall_ms and alone.wall_ms:
+        out["agent burst wall / one-shot burst wall (nft)"] = {
+            "value": burst.wall_ms / alone.wall_ms,
+            "cpu_value": None,
+            "goal": 0.2,
         }
     return out
 
@@ -642,9 +700,40 @@ def plugins(workdir: Path, binary: Path | None) -> dict[str, Plugin]:
     first = workdir / "cache-first"
     first.mkdir(mode=0o700)
     argv = [str(links / "linkerd-cni")]
-    found["binary"] = Plugin("binary", argv, {"CNIBOX_CACHE": str(warm)})
-    found["binary first start"] = Plugin("binary first start", argv, fresh_cache=first)
+    off = {"CNIBOX_AGENT_SOCKET": ""}  # never an agent that happens to run on this machine
+    found["binary"] = Plugin("binary", argv, {"CNIBOX_CACHE": str(warm), **off})
+    found["binary first start"] = Plugin("binary first start", argv, off, fresh_cache=first)
     return found
+
+
+def agent_plugin(workdir: Path, socket_path: Path) -> Plugin:
+    """The launcher with an agent answering: CNIBOX_CACHE is empty and stays so."""
+    cache = workdir / "cache-agent-caller"
+    cache.mkdir(mode=0o700)
+    argv = [str(workdir / "bin" / "linkerd-cni")]
+    env = {"CNIBOX_CACHE": str(cache), "CNIBOX_AGENT_SOCKET": str(socket_path)}
+    return Plugin("agent", argv, env)
+
+
+@contextmanager
+def agent_running(binary: Path, cl: Cluster, workdir: Path) -> Iterator[tuple[Path, Path]]:
+    """`cnibox agent` in the node netns (a DaemonSet pod with hostNetwork); (socket, log)."""
+    sock = workdir / "agent" / "agent.sock"
+    log = workdir / "agent.log"
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNIBOX_CACHE": str(workdir / "cache-warm")}
+    argv = [str(binary), "agent", "--socket", str(sock), "--admin-addr", "", "--log-level", "debug"]
+    with open(log, "wb") as out, entered_netns(cl.node):
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while b"agent ready" not in log.read_bytes():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"agent did not start: {log.read_text()[-500:]}")
+            time.sleep(0.05)
+        yield sock, log
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces) -> int:
@@ -699,6 +788,8 @@ def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces
                         f"concurrency: {impl}, nft", impls[impl], "nft", args.concurrency
                     )
                 )
+        if binary is not None:
+            extra["agent"] = agent_rows(bench, binary, impls, workdir, n, args.concurrency, add)
         extra["problems"] = bench.problems
     if binary is not None:
         extra["binary"]["extracted_bytes"] = _tree_size(Path(impls["binary"].env["CNIBOX_CACHE"]))
@@ -723,6 +814,41 @@ def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces
     print(f"results: {save(rows, ratio_values, extra)}")
     failures = sum(r.failures for r in rows)
     return 1 if failures else 0
+
+
+def agent_rows(
+    bench: Bench,
+    binary: Path,
+    impls: dict[str, Plugin],
+    workdir: Path,
+    n: int,
+    burst: int,
+    add: Any,
+) -> dict[str, Any]:
+    """The node agent's rows (issue 11), and the one-shot rows they are compared with."""
+    add(bench.add_row("cnibox ADD unmeshed, binary, nft", impls["binary"], "nft", n, meshed=False))
+    after = Plugin("binary after install", impls["binary first start"].argv,
+                   impls["binary first start"].env, impls["binary first start"].fresh_cache,
+                   unpack_first=True)  # fmt: skip
+    add(bench.add_row("cnibox ADD, binary after install, nft", after, "nft", n))
+    with agent_running(binary, bench.cluster, workdir) as (sock, log):
+        plugin = agent_plugin(workdir, sock)
+        calls = 0
+        for mode in ("nft", "legacy"):
+            add(bench.add_row(f"cnibox ADD, agent, {mode}", plugin, mode, n))
+            calls += n + 1
+        add(bench.add_row("cnibox ADD unmeshed, agent, nft", plugin, "nft", n, meshed=False))
+        calls += n + 1
+        if burst:
+            add(bench.concurrency("concurrency: agent, nft", plugin, "nft", burst))
+            calls += burst
+        served = log.read_text().count("served ADD (ok)")
+    caller_cache = Path(plugin.env["CNIBOX_CACHE"])
+    unpacked = any(caller_cache.iterdir())
+    print(f"agent served {served} of {calls} ADDs; caller cache unpacked: {unpacked}")
+    if served != calls or unpacked:
+        bench.problems.append(f"agent served {served} of {calls} ADDs (unpacked: {unpacked})")
+    return {"served": served, "calls": calls}
 
 
 def _tree_size(root: Path) -> int:

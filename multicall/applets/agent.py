@@ -31,7 +31,7 @@ from multicall.applet import AppletSpec, write_text
 from multicall.errors import UsageError
 
 DEFAULT_SOCKET = "/var/run/linkerd-cni/agent.sock"
-DEFAULT_ADMIN = "0.0.0.0:9991"  # noqa: S104 - kubelet probes reach it on the node's address
+DEFAULT_ADMIN = "0.0.0.0:9991"
 READ_TIMEOUT = 5.0
 LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
 
@@ -165,6 +165,7 @@ def preload() -> None:
     from multicall.effects import firewall, kube, nft_backend  # noqa: F401
     from multicall.errors import FirewallError
 
+    kube.keep_spare_tls_context()
     try:
         from multicall.effects.iptc_backend import iptc
 
@@ -176,9 +177,7 @@ def preload() -> None:
 # ----------------------------------------------------------------------------- a worker
 
 
-def serve(
-    conn: socket.socket, report: Report, build: str, own_netns: tuple[int, int]
-) -> None:
+def serve(conn: socket.socket, report: Report, build: str, own_netns: tuple[int, int]) -> None:
     """One request on `conn`, in a single-use worker process (agent_server)."""
     from multicall.core import agent_protocol as proto
 

@@ -18,7 +18,9 @@ Environment (empty means unset): DEST_CNI_NET_DIR (/etc/cni/net.d), DEST_CNI_BIN
 KUBECONFIG_FILE_NAME (ZZZ-linkerd-cni-kubeconfig), KUBERNETES_SERVICE_HOST,
 KUBERNETES_SERVICE_PORT, KUBE_CA_FILE (ca.crt beside the token), SERVICE_ACCOUNT_DIR
 (/var/run/secrets/kubernetes.io/serviceaccount), CNI_CONF_NAME (only this file),
-CNIBOX_HOST_BINARY (/usr/local/lib/cnibox/cnibox), INSTALL_CNI_PID_FILE (/tmp/install-cni.pid).
+CNIBOX_HOST_BINARY (/usr/local/lib/cnibox/cnibox), INSTALL_CNI_PID_FILE (/tmp/install-cni.pid),
+CNIBOX_HOST_CACHE (where the node's launcher cache, /var/lib/cnibox, is mounted: the new
+version is unpacked into it at install time, so no pod start pays for the unpack).
 """
 
 from __future__ import annotations
@@ -114,11 +116,14 @@ class State:
 
 
 class Installer:
-    def __init__(self, config: InstallerConfig, options: Options, log: Log, binary: str) -> None:
+    def __init__(
+        self, config: InstallerConfig, options: Options, log: Log, binary: str, host_cache: str = ""
+    ) -> None:
         self.config = config
         self.options = options
         self.log = log
         self.binary = binary
+        self.host_cache = host_cache
         self.state = State()
         self.network_config = b""
 
@@ -147,6 +152,25 @@ class Installer:
         names = [PLUGIN_LINK, NSENTER_LINK] if self.options.link_nsenter else [PLUGIN_LINK]
         for name in names:
             self._link(os.path.join(bin_dir, name), target)
+        linked = os.path.join(bin_dir, target)  # target is relative, or the node's own file
+        self.unpack_for_node(
+            self.config.host_binary_in_container if target == self.config.host_binary else linked
+        )
+
+    def unpack_for_node(self, single_file: str) -> None:
+        """Unpack the file the plugin link points at into the node's launcher cache
+        (CNIBOX_HOST_CACHE) now; a failure only costs the first pod start its unpack, so it
+        is logged, not fatal."""
+        if not self.host_cache:
+            return
+        from multicall.effects.bundle import unpack_for_node
+
+        try:
+            where = unpack_for_node(single_file, self.host_cache)
+        except (OSError, RuntimeError, ValueError) as exc:
+            self.log.info(f"could not unpack cnibox into {self.host_cache}: {exc}")
+            return
+        self.log.info(f"unpacked cnibox for the node into {where}")
 
     def _binary_target(self, bin_dir: str) -> str:
         on_node = self.config.host_binary_in_container
@@ -499,7 +523,9 @@ def main(
     log = Log(stderr, options.verbose)
     if options.mode == "uninstall":
         return uninstall(config, options, log)
-    installer = Installer(config, options, log, resolve_binary(env))
+    installer = Installer(
+        config, options, log, resolve_binary(env), env.get("CNIBOX_HOST_CACHE", "")
+    )
     if options.mode == "once":
         install(installer)
         return EXIT_OK

@@ -133,7 +133,7 @@ def _encode(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-def encode_request(
+def encode_request(  # noqa: PLR0917 - the wire fields, in wire order
     build: str,
     argv: tuple[str, ...] | list[str],
     env: Mapping[str, str],

@@ -29,7 +29,7 @@ RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
 
 
-class ServeElsewhere(BaseException):  # noqa: N818 - not an error: a routing decision
+class ServeElsewhere(BaseException):
     """The request must be served by the caller's one-shot path (nothing was changed).
 
     A BaseException so that the plugin's own catch-all (its CNI error boundary) lets it
