@@ -201,8 +201,9 @@ def serve(conn: socket.socket, report: Report, build: str, own_netns: tuple[int,
         report("D", {"command": command, "fallback": exc.reason})
         _send(conn, proto.fallback_frame(exc.reason))
         return
-    _send(conn, proto.result_frame(code, out, err))
+    # Reported first: whoever asks /metrics once the caller has its result sees it counted.
     report("D", {"command": command, "exit": code, "cni_code": _cni_code(code, out)})
+    _send(conn, proto.result_frame(code, out, err))
 
 
 class _Fallback(Exception):

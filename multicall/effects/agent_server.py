@@ -135,7 +135,8 @@ class Server:
                 events = self.poll.poll(self.poll_timeout())
             except InterruptedError:
                 continue
-            for fd, mask in events:
+            # Workers' reports first: an admin request in the same round sees them counted.
+            for fd, mask in sorted(events, key=lambda event: event[0] not in self.workers):
                 self.handle(fd, mask)
             self.check_deadlines()
             if self.draining and self.finished_draining():

@@ -44,7 +44,10 @@ def caller_fds(env: Mapping[str, str], *, netlink: bool = True) -> tuple[int, li
         if netlink and env.get("CNI_COMMAND") in ("ADD", "CHECK"):
             from multicall.effects.ns import CLONE_NEWNET, setns
 
-            setns(target, CLONE_NEWNET)
+            try:
+                setns(target, CLONE_NEWNET)
+            except PermissionError:  # as the launcher: no socket, the agent decides
+                return flags, fds
             try:
                 nl = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 12)
             finally:
@@ -112,7 +115,11 @@ def call(path: str, env: Mapping[str, str], stdin: bytes, *, build: str) -> list
 
 def main() -> int:
     build = os.environ.get("CNIBOX_TEST_BUILD", proto.SOURCE_BUILD)
-    frames = call(sys.argv[1], dict(os.environ), sys.stdin.buffer.read(), build=build)
+    try:
+        frames = call(sys.argv[1], dict(os.environ), sys.stdin.buffer.read(), build=build)
+    except OSError as exc:  # refused: closed before or while the request was sent
+        print(f"no result: {exc}", file=sys.stderr)
+        return 98
     for reply in frames:
         if reply.kind == proto.FRAME_RESULT:
             sys.stderr.buffer.write(reply.stderr)
