@@ -15,7 +15,8 @@
  *   strings argv..., env ("K=V")..., cwd: each NUL-terminated
  *   stdin   the bytes this process read from its stdin (all of it, up to AGENT_MAX_STDIN)
  * Replies (frames: u32 type, u32 length, payload):
- *   ACCEPT   the agent took the request (build matched, a worker owns it)
+ *   ACCEPT   the agent's event loop took the connection (sent at once, before a worker
+ *            reads the request: its absence within the short deadline means a stuck agent)
  *   FALLBACK reason: the agent asks the caller to run the one-shot path itself
  *   RESULT   u32 exit code, u32 stdout length, u32 stderr length, stdout, stderr
  * Nothing reaches this process's stdout or stderr before a complete RESULT: up to that point

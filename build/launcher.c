@@ -21,7 +21,8 @@
  *    deletes its copy and uses the winner's. Then old versions that nobody holds a lock on
  *    (flock LOCK_EX|LOCK_NB succeeds) and temp leftovers older than 10 minutes are removed.
  * 3. Extraction roots, first usable wins: $CNIBOX_CACHE if set (then the only candidate),
- *    else /run/cnibox, /var/lib/cnibox, /var/tmp/cnibox, /tmp/cnibox, /dev/shm/cnibox.
+ *    else /var/lib/cnibox, /run/cnibox, /var/tmp/cnibox, /tmp/cnibox, /dev/shm/cnibox (disk
+ *    first: on Talos /run is RAM, and a copy on disk survives a reboot).
  *    Usable = on a mount that is neither read-only nor noexec, and (for the defaults)
  *    owned by us and not writable by group or others, so nobody else can plant a payload.
  * 4. Exports LOCPATH=<dir>/locale (Nuitka's runtime aborts without a usable locale),
@@ -79,7 +80,7 @@
 #define TMPFS_MAGIC_ 0x01021994
 
 static const char *const DEFAULT_ROOTS[] = {
-    "/run/cnibox", "/var/lib/cnibox", "/var/tmp/cnibox", "/tmp/cnibox", "/dev/shm/cnibox", NULL,
+    "/var/lib/cnibox", "/run/cnibox", "/var/tmp/cnibox", "/tmp/cnibox", "/dev/shm/cnibox", NULL,
 };
 
 struct trailer {

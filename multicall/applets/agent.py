@@ -193,7 +193,6 @@ def serve(conn: socket.socket, report: Report, build: str, own_netns: tuple[int,
         report("D", {"command": command, "fallback": "other build"})
         _send(conn, proto.fallback_frame("other build"))
         return
-    _send(conn, proto.accept_frame())
     report("S", {"command": command})
     try:
         code, out, err = run_request(request, own_netns)

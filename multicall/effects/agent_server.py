@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from multicall.core.agent_metrics import Metrics, render
+from multicall.core.agent_protocol import accept_frame
 
 Log = Callable[[str, str], None]  # (level, message)
 # A worker's job: serve one accepted connection, reporting through the callable.
@@ -188,6 +189,13 @@ class Server:
             return
         if self.in_flight() >= self.options.max_requests:
             self.metrics.fell_back("overloaded")
+            conn.close()
+            return
+        # ACCEPT before anything slow (a fork when the pool is empty): the launcher's short
+        # deadline is for an agent that does not answer at all, not for a busy one.
+        try:
+            conn.send(accept_frame(), socket.MSG_DONTWAIT)
+        except OSError:
             conn.close()
             return
         worker = self.idle_worker() or self.spawn()

@@ -115,6 +115,8 @@ class AgentProcess:
             code = self.proc.wait()
         if self._reader is not None:
             self._reader.join(5)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
         return code
 
     def __enter__(self) -> AgentProcess:

@@ -1,0 +1,101 @@
+"""The node agent run from source (`python -m multicall agent`), driven by the tests' Python
+client (tests/agent/client.py, the launcher's protocol): the agent's Python half in the
+suites without a built file. The launcher's half is tests/agent/test_agent.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from multicall.core.agent_protocol import SOURCE_BUILD
+from tests.agent import AgentProcess
+from tests.conftest import REPO, require_root, require_tool
+from tests.kubeapi import KubeApi, Pki
+from tests.libcni import CHART_LINKERD
+from tests.netns.test_linkerd_cni import MESHED, NOT_INJECTED, SAVE, fixture_text, save_text
+from tests.rig import Netns, Rig
+
+pytestmark = pytest.mark.netns
+STAMP = re.compile(r'time="[^"]*"')
+PREV = {"cniVersion": "1.0.0", "ips": [{"address": "10.89.0.7/24"}]}
+
+
+@pytest.fixture
+def setup(tmp_path: Path, pki: Pki) -> Iterator[tuple[Rig, Netns, Path, AgentProcess]]:
+    require_root()
+    require_tool("iptables-nft-save")
+    rig, api = Rig(), KubeApi(pki)
+    agent = AgentProcess(tmp_path / "run" / "agent.sock", argv=[sys.executable, "-m", "multicall"],
+                         env={"PYTHONPATH": str(REPO)})  # fmt: skip
+    try:
+        node = rig.node()
+        api.add_pod(MESHED)
+        api.add_pod(NOT_INJECTED)
+        api.start(node.path)
+        with agent:
+            yield rig, node, api.kubeconfig(tmp_path / "kubeconfig"), agent
+    finally:
+        api.stop()
+        rig.cleanup()
+
+
+def invoke(node: Netns, argv: list[str], env: dict[str, str], stdin: str) -> tuple[int, str, list[str]]:
+    proc = subprocess.run(["ip", "netns", "exec", node.name, *argv], env=env, input=stdin,
+                          capture_output=True, text=True, timeout=120, cwd=REPO, check=False)  # fmt: skip
+    return proc.returncode, proc.stdout, [STAMP.sub("time=T", x) for x in proc.stderr.splitlines()]
+
+
+def env_for(pod_ns: Netns, pod: dict[str, Any], command: str = "ADD") -> dict[str, str]:
+    meta = pod["metadata"]
+    return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO),
+            "CNI_COMMAND": command, "CNI_CONTAINERID": "cbxsrc", "CNI_NETNS": pod_ns.path,
+            "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin",
+            "CNI_ARGS": f"K8S_POD_NAMESPACE={meta['namespace']};K8S_POD_NAME={meta['name']}"}  # fmt: skip
+
+
+def conf(kubeconfig: Path, mode: str) -> str:
+    return json.dumps({"cniVersion": "1.0.0", "name": "cbxnet", "type": "linkerd-cni",
+                       "log_level": "debug", "kubernetes": {"kubeconfig": str(kubeconfig)},
+                       "linkerd": {**CHART_LINKERD, "iptables-mode": mode}, "prevResult": PREV})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("mode", "pod", "command"),
+    [("nft", MESHED, "ADD"), ("legacy", MESHED, "ADD"), ("nft", NOT_INJECTED, "ADD"),
+     ("nft", MESHED, "DEL"), ("nft", MESHED, "CHECK")],  # fmt: skip
+)
+def test_agent_result_is_the_one_shot_result(
+    setup: tuple[Rig, Netns, Path, AgentProcess], mode: str, pod: dict[str, Any], command: str
+) -> None:
+    rig, node, kubeconfig, agent = setup
+    client = [sys.executable, "-m", "tests.agent.client", agent.socket]
+    one_shot = [sys.executable, "-m", "multicall", "linkerd-cni"]
+    results = []
+    for argv in (client, one_shot):
+        pod_ns = rig.pod().netns
+        env = env_for(pod_ns, pod, command)
+        code, out, err = invoke(node, argv, env, conf(kubeconfig, mode))
+        out = out.replace(pod_ns.name, "POD")
+        results.append((code, out, [line.replace(pod_ns.name, "POD") for line in err]))
+        if pod is MESHED and command == "ADD":
+            assert save_text(pod_ns, SAVE[mode]) == fixture_text(f"default-{mode}")
+    assert results[0] == results[1]
+    assert agent.served(command, "ok" if results[0][0] == 0 else "error",
+                        "" if results[0][0] == 0 else "999") == 1  # fmt: skip
+
+
+def test_another_build_is_handed_back(setup: tuple[Rig, Netns, Path, AgentProcess]) -> None:
+    rig, node, kubeconfig, agent = setup
+    env = {**env_for(rig.pod().netns, MESHED), "CNIBOX_TEST_BUILD": "0000000000000000"}
+    code, _out, err = invoke(node, [sys.executable, "-m", "tests.agent.client", agent.socket],
+                             env, conf(kubeconfig, "nft"))  # fmt: skip
+    assert (code, err) == (99, ["fallback: other build"])
+    assert agent.fallbacks("other build") == 1
+    assert SOURCE_BUILD != "0000000000000000"
