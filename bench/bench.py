@@ -635,7 +635,8 @@ def agent_ratios(rows: dict[str, Row]) -> dict[str, dict[str, Any]]:
     burst, the first ADD after install against a warm one-shot ADD."""
     out: dict[str, dict[str, Any]] = {}
     pairs = (
-        ("agent ADD / upstream replay (nft)", "cnibox ADD, agent, nft", "upstream replay, nft", 0.5),
+        ("agent ADD / upstream replay (nft)", "cnibox ADD, agent, nft", "upstream replay, nft",
+         0.5),
         ("agent ADD / upstream replay (legacy)", "cnibox ADD, agent, legacy",
          "upstream replay, legacy", 0.5),
         ("agent unmeshed ADD / upstream replay (nft)", "cnibox ADD unmeshed, agent, nft",
@@ -816,7 +817,7 @@ def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces
     return 1 if failures else 0
 
 
-def agent_rows(
+def agent_rows(  # noqa: PLR0917 - the bench's state, passed down as run_bench has it
     bench: Bench,
     binary: Path,
     impls: dict[str, Plugin],

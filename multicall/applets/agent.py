@@ -25,7 +25,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from multicall.applet import AppletSpec, write_text
 from multicall.errors import UsageError
@@ -34,6 +34,9 @@ DEFAULT_SOCKET = "/var/run/linkerd-cni/agent.sock"
 DEFAULT_ADMIN = "0.0.0.0:9991"
 READ_TIMEOUT = 5.0
 LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
+
+if TYPE_CHECKING:
+    from multicall.core.agent_protocol import Request
 
 Report = Callable[[str, dict[str, object]], None]
 
@@ -211,7 +214,7 @@ class _Fallback(Exception):
         self.reason = reason
 
 
-def read_request(conn: socket.socket) -> object:
+def read_request(conn: socket.socket) -> Request:
     from multicall.core import agent_protocol as proto
 
     head = b""
@@ -232,14 +235,13 @@ def read_request(conn: socket.socket) -> object:
     return proto.parse_body(header, bytes(body), fds)
 
 
-def run_request(request: object, own_netns: tuple[int, int]) -> tuple[int, bytes, bytes]:
+def run_request(request: Request, own_netns: tuple[int, int]) -> tuple[int, bytes, bytes]:
     """The plugin, in this process, in the caller's context (effects.caller)."""
     from multicall.applets import linkerd_cni
     from multicall.core import agent_protocol as proto
     from multicall.dispatch import run_applet
     from multicall.effects import caller, ns
 
-    assert isinstance(request, proto.Request)
     fds = request.fds
     root, home = fds.get(proto.FD_ROOT), fds.get(proto.FD_CALLER_NETNS)
     target = fds.get(proto.FD_TARGET_NETNS)

@@ -32,8 +32,18 @@ class AgentProcess:
         preexec: list[str] | None = None,
     ) -> None:
         self.socket = str(socket_path)
-        self.argv = [*(preexec or []), *(argv or cnibox_argv()), "agent", "--socket", self.socket,
-                     "--admin-addr", "127.0.0.1:0", "--log-level", "debug", *(extra or [])]  # fmt: skip
+        self.argv = [
+            *(preexec or []),
+            *(argv or cnibox_argv()),
+            "agent",
+            "--socket",
+            self.socket,
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--log-level",
+            "debug",
+            *(extra or []),
+        ]
         self.env = {k: v for k, v in os.environ.items() if k != "CNIBOX_AGENT_SOCKET"}
         self.env.update(env or {})
         self.proc: subprocess.Popen[str] | None = None
@@ -42,12 +52,19 @@ class AgentProcess:
         self._reader: threading.Thread | None = None
 
     def start(self, timeout: float = 60) -> AgentProcess:
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         ready = threading.Event()
 
         def read() -> None:
-            assert self.proc is not None and self.proc.stderr is not None
+            assert self.proc is not None
+            assert self.proc.stderr is not None
             for line in self.proc.stderr:
                 self.log.append(line)
                 if m := ADMIN.search(line):
@@ -86,7 +103,8 @@ class AgentProcess:
         return out
 
     def served(self, command: str = "ADD", result: str = "ok", code: str = "") -> int:
-        key = f'cnibox_agent_requests_total{{command="{command}",result="{result}",cni_code="{code}"}}'
+        labels = f'command="{command}",result="{result}",cni_code="{code}"'
+        key = f"cnibox_agent_requests_total{{{labels}}}"
         return int(self.metrics().get(key, 0))
 
     def fallbacks(self, reason: str) -> int:

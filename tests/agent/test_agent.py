@@ -13,9 +13,9 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -137,8 +137,11 @@ def node(tmp_path: Path, pki: Pki) -> Iterator[Node]:
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[AgentProcess]:
     run_dir = tmp_path / "run"
-    process = AgentProcess(run_dir / "agent.sock", argv=[str(artifact_path())],
-                           env={"CNIBOX_CACHE": str(tmp_path / "agent-cache")})  # fmt: skip
+    process = AgentProcess(
+        run_dir / "agent.sock",
+        argv=[str(artifact_path())],
+        env={"CNIBOX_CACHE": str(tmp_path / "agent-cache")},
+    )
     with process:
         yield process
 
@@ -225,9 +228,14 @@ def test_results_match_one_shot(node: Node, agent: AgentProcess, case: str) -> N
             assert node.run(node.env(pod_ns, pod), node.stdin()).returncode == 0
         proc = subprocess.run(
             ["ip", "netns", "exec", node.node.name, str(node.plugin)],
-            env=env, input=stdin, capture_output=True, text=True, timeout=60,
+            check=False,
+            env=env,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
             cwd=node.tmp,  # the relative kubeconfig case resolves against the caller's cwd
-        )  # fmt: skip
+        )
         lines = [
             STAMP.sub("time=T", line).replace(pod_ns.name, "POD")
             for line in proc.stderr.splitlines()
@@ -261,8 +269,11 @@ def test_fallback_on_a_stale_socket(node: Node, tmp_path: Path) -> None:
 
 def test_fallback_to_an_agent_of_another_build(node: Node, tmp_path: Path) -> None:
     """An agent run from source has another build id: it answers FALLBACK, never serves."""
-    other = AgentProcess(tmp_path / "src" / "agent.sock", argv=[sys.executable, "-m", "multicall"],
-                         env={"PYTHONPATH": str(REPO)})  # fmt: skip
+    other = AgentProcess(
+        tmp_path / "src" / "agent.sock",
+        argv=[sys.executable, "-m", "multicall"],
+        env={"PYTHONPATH": str(REPO)},
+    )
     with other:
         _fallback_add(node, via(other))
         _wait(lambda: other.fallbacks("other build") == 1, "the fallback counted")
@@ -292,8 +303,12 @@ def test_least_privilege_nft_served_legacy_handed_back(node: Node, tmp_path: Pat
     sockets, so the pod netns would have to be entered."""
     require_tool("setpriv")
     inside = ["ip", "netns", "exec", node.node.name, "setpriv", "--bounding-set=-sys_admin"]
-    weak = AgentProcess(tmp_path / "weak" / "agent.sock", argv=[str(artifact_path())],
-                        preexec=inside, env={"CNIBOX_CACHE": str(tmp_path / "agent-cache")})  # fmt: skip
+    weak = AgentProcess(
+        tmp_path / "weak" / "agent.sock",
+        argv=[str(artifact_path())],
+        preexec=inside,
+        env={"CNIBOX_CACHE": str(tmp_path / "agent-cache")},
+    )
     with weak:
         nft_pod = node.rig.pod().netns
         result = node.run(node.env(nft_pod, MESHED, **via(weak)), node.stdin("nft"))
@@ -319,7 +334,7 @@ def test_a_client_that_is_not_root_is_refused(node: Node) -> None:
     require_tool("setpriv")
     public = Path(tempfile.mkdtemp(prefix="cbxagent-"))
     try:
-        public.chmod(0o755)  # noqa: S103 - so that uid 65534 reaches the socket at all
+        public.chmod(0o755)
         with AgentProcess(public / "run" / "agent.sock", argv=[str(artifact_path())]) as agent:
             os.chmod(os.path.dirname(agent.socket), 0o755)  # noqa: S103 - see above
             os.chmod(agent.socket, 0o666)  # noqa: S103 - see above
@@ -328,9 +343,13 @@ def test_a_client_that_is_not_root_is_refused(node: Node) -> None:
             proc = subprocess.run(
                 ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *client],
                 env={**node.env(pod_ns, MESHED), "PYTHONPATH": str(REPO)},
-                input=node.stdin(), capture_output=True, text=True, timeout=60, cwd=REPO,
+                input=node.stdin(),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=REPO,
                 check=False,
-            )  # fmt: skip
+            )
             assert proc.returncode == 98, proc.stdout + proc.stderr  # EOF, no frame at all
             key = 'cnibox_agent_refused_total{reason="not root"}'
             _wait(lambda: agent.metrics().get(key) == 1, "the refusal counted")
@@ -356,7 +375,8 @@ def test_a_killed_caller_cancels_its_request(node: Node, agent: AgentProcess) ->
     _wait(lambda: agent.metrics().get("cnibox_agent_in_flight") == 0, "nothing in flight")
     _wait(lambda: len(agent.workers()) == len(baseline_workers), "pool refilled")
     gone = busy - set(agent.workers())
-    assert len(gone) == 1 and gone <= set(baseline_workers), "exactly the busy worker is gone"
+    assert len(gone) == 1, "exactly the busy worker is gone"
+    assert gone <= set(baseline_workers)
     assert not os.path.exists(f"/proc/{gone.pop()}")
     assert agent.fd_count() == baseline_fds
     node.api.mode = "normal"
@@ -422,8 +442,11 @@ def test_agent_sigkilled_at_random_points_during_100_adds(node: Node, tmp_path: 
     def killer() -> None:
         rng = random.Random(11)
         while not stop.is_set():
-            current = AgentProcess(path, argv=[str(artifact_path())],
-                                   env={"CNIBOX_CACHE": str(tmp_path / "agent-cache")})  # fmt: skip
+            current = AgentProcess(
+                path,
+                argv=[str(artifact_path())],
+                env={"CNIBOX_CACHE": str(tmp_path / "agent-cache")},
+            )
             agents.append(current.start())
             time.sleep(rng.uniform(0.0, 0.4))
             current.stop(signal.SIGKILL)
@@ -434,8 +457,9 @@ def test_agent_sigkilled_at_random_points_during_100_adds(node: Node, tmp_path: 
         pods = [node.rig.pod().netns for _ in range(100)]
 
         def add(pod_ns: Netns) -> tuple[Netns, subprocess.CompletedProcess[str]]:
-            return pod_ns, node.run(node.env(pod_ns, MESHED, CNIBOX_AGENT_SOCKET=str(path)),
-                                    node.stdin())  # fmt: skip
+            return pod_ns, node.run(
+                node.env(pod_ns, MESHED, CNIBOX_AGENT_SOCKET=str(path)), node.stdin()
+            )
 
         with ThreadPoolExecutor(4) as pool:
             results = list(pool.map(add, pods))
@@ -473,16 +497,20 @@ def test_sigterm_removes_the_socket_and_finishes_in_flight(node: Node, agent: Ag
     agent.proc.send_signal(signal.SIGTERM)
     _wait(lambda: not os.path.exists(agent.socket), "socket removed")
     out, _err = proc.communicate(timeout=60)
-    assert proc.returncode == 1 and json.loads(out)["code"] == 999  # the API timed out
+    assert proc.returncode == 1
+    assert json.loads(out)["code"] == 999  # the API timed out
     assert not unpacked(node), "the in-flight request was served by the agent"
     assert agent.proc.wait(30) == 0
     assert "agent stopped" in "".join(agent.log)
 
 
 def test_log_format_json(tmp_path: Path) -> None:
-    process = AgentProcess(tmp_path / "j" / "agent.sock", argv=[str(artifact_path())],
-                           extra=["--log-format", "json"],
-                           env={"CNIBOX_CACHE": str(tmp_path / "agent-cache")})  # fmt: skip
+    process = AgentProcess(
+        tmp_path / "j" / "agent.sock",
+        argv=[str(artifact_path())],
+        extra=["--log-format", "json"],
+        env={"CNIBOX_CACHE": str(tmp_path / "agent-cache")},
+    )
     require_root()
     with process:
         pass

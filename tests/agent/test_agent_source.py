@@ -32,8 +32,11 @@ def setup(tmp_path: Path, pki: Pki) -> Iterator[tuple[Rig, Netns, Path, AgentPro
     require_root()
     require_tool("iptables-nft-save")
     rig, api = Rig(), KubeApi(pki)
-    agent = AgentProcess(tmp_path / "run" / "agent.sock", argv=[sys.executable, "-m", "multicall"],
-                         env={"PYTHONPATH": str(REPO)})  # fmt: skip
+    agent = AgentProcess(
+        tmp_path / "run" / "agent.sock",
+        argv=[sys.executable, "-m", "multicall"],
+        env={"PYTHONPATH": str(REPO)},
+    )
     try:
         node = rig.node()
         api.add_pod(MESHED)
@@ -46,30 +49,59 @@ def setup(tmp_path: Path, pki: Pki) -> Iterator[tuple[Rig, Netns, Path, AgentPro
         rig.cleanup()
 
 
-def invoke(node: Netns, argv: list[str], env: dict[str, str], stdin: str) -> tuple[int, str, list[str]]:
-    proc = subprocess.run(["ip", "netns", "exec", node.name, *argv], env=env, input=stdin,
-                          capture_output=True, text=True, timeout=120, cwd=REPO, check=False)  # fmt: skip
+def invoke(
+    node: Netns, argv: list[str], env: dict[str, str], stdin: str
+) -> tuple[int, str, list[str]]:
+    proc = subprocess.run(
+        ["ip", "netns", "exec", node.name, *argv],
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        check=False,
+    )
     return proc.returncode, proc.stdout, [STAMP.sub("time=T", x) for x in proc.stderr.splitlines()]
 
 
 def env_for(pod_ns: Netns, pod: dict[str, Any], command: str = "ADD") -> dict[str, str]:
     meta = pod["metadata"]
-    return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO),
-            "CNI_COMMAND": command, "CNI_CONTAINERID": "cbxsrc", "CNI_NETNS": pod_ns.path,
-            "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin",
-            "CNI_ARGS": f"K8S_POD_NAMESPACE={meta['namespace']};K8S_POD_NAME={meta['name']}"}  # fmt: skip
+    return {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "PYTHONPATH": str(REPO),
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": "cbxsrc",
+        "CNI_NETNS": pod_ns.path,
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/opt/cni/bin",
+        "CNI_ARGS": f"K8S_POD_NAMESPACE={meta['namespace']};K8S_POD_NAME={meta['name']}",
+    }
 
 
 def conf(kubeconfig: Path, mode: str) -> str:
-    return json.dumps({"cniVersion": "1.0.0", "name": "cbxnet", "type": "linkerd-cni",
-                       "log_level": "debug", "kubernetes": {"kubeconfig": str(kubeconfig)},
-                       "linkerd": {**CHART_LINKERD, "iptables-mode": mode}, "prevResult": PREV})  # fmt: skip
+    return json.dumps(
+        {
+            "cniVersion": "1.0.0",
+            "name": "cbxnet",
+            "type": "linkerd-cni",
+            "log_level": "debug",
+            "kubernetes": {"kubeconfig": str(kubeconfig)},
+            "linkerd": {**CHART_LINKERD, "iptables-mode": mode},
+            "prevResult": PREV,
+        }
+    )
 
 
 @pytest.mark.parametrize(
     ("mode", "pod", "command"),
-    [("nft", MESHED, "ADD"), ("legacy", MESHED, "ADD"), ("nft", NOT_INJECTED, "ADD"),
-     ("nft", MESHED, "DEL"), ("nft", MESHED, "CHECK")],  # fmt: skip
+    [
+        ("nft", MESHED, "ADD"),
+        ("legacy", MESHED, "ADD"),
+        ("nft", NOT_INJECTED, "ADD"),
+        ("nft", MESHED, "DEL"),
+        ("nft", MESHED, "CHECK"),
+    ],
 )
 def test_agent_result_is_the_one_shot_result(
     setup: tuple[Rig, Netns, Path, AgentProcess], mode: str, pod: dict[str, Any], command: str
@@ -87,15 +119,23 @@ def test_agent_result_is_the_one_shot_result(
         if pod is MESHED and command == "ADD":
             assert save_text(pod_ns, SAVE[mode]) == fixture_text(f"default-{mode}")
     assert results[0] == results[1]
-    assert agent.served(command, "ok" if results[0][0] == 0 else "error",
-                        "" if results[0][0] == 0 else "999") == 1  # fmt: skip
+    assert (
+        agent.served(
+            command, "ok" if results[0][0] == 0 else "error", "" if results[0][0] == 0 else "999"
+        )
+        == 1
+    )
 
 
 def test_another_build_is_handed_back(setup: tuple[Rig, Netns, Path, AgentProcess]) -> None:
     rig, node, kubeconfig, agent = setup
     env = {**env_for(rig.pod().netns, MESHED), "CNIBOX_TEST_BUILD": "0000000000000000"}
-    code, _out, err = invoke(node, [sys.executable, "-m", "tests.agent.client", agent.socket],
-                             env, conf(kubeconfig, "nft"))  # fmt: skip
+    code, _out, err = invoke(
+        node,
+        [sys.executable, "-m", "tests.agent.client", agent.socket],
+        env,
+        conf(kubeconfig, "nft"),
+    )
     assert (code, err) == (99, ["fallback: other build"])
     assert agent.fallbacks("other build") == 1
     assert SOURCE_BUILD != "0000000000000000"

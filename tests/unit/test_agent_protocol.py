@@ -58,11 +58,26 @@ def test_non_utf8_survives() -> None:
     ],
 )
 def test_header_bounds(fields: dict[str, object], message: str) -> None:
-    values: dict[str, object] = {"magic": proto.MAGIC, "flags": 0, "argc": 1, "envc": 0,
-                                 "strings": 2, "stdin": 0, "reserved": 0, **fields}  # fmt: skip
-    raw = proto.HEADER.pack(values["magic"], BUILD.encode(), values["flags"], values["argc"],
-                            values["envc"], values["strings"], values["stdin"],
-                            values["reserved"])  # fmt: skip
+    values: dict[str, object] = {
+        "magic": proto.MAGIC,
+        "flags": 0,
+        "argc": 1,
+        "envc": 0,
+        "strings": 2,
+        "stdin": 0,
+        "reserved": 0,
+        **fields,
+    }
+    raw = proto.HEADER.pack(
+        values["magic"],
+        BUILD.encode(),
+        values["flags"],
+        values["argc"],
+        values["envc"],
+        values["strings"],
+        values["stdin"],
+        values["reserved"],
+    )
     with pytest.raises(proto.ProtocolError, match=message):
         proto.parse_header(raw)
 
@@ -136,9 +151,11 @@ def test_flags() -> None:
     opts = parse_args(["--socket", "/s", "--admin-addr=", "--log-level", "warn"])
     assert opts is not None
     assert (opts["socket"], opts["admin-addr"], opts["log-level"]) == ("/s", "", "warning")
-    assert parse_args([]) == {**parse_args([])} and parse_args(["-h"]) is None
-    assert parse_args([])["socket"] == "/var/run/linkerd-cni/agent.sock"  # type: ignore[index]
-    assert parse_args([])["admin-addr"] == "0.0.0.0:9991"  # type: ignore[index]
+    assert parse_args(["-h"]) is None
+    defaults = parse_args([])
+    assert defaults is not None
+    assert defaults["socket"] == "/var/run/linkerd-cni/agent.sock"
+    assert defaults["admin-addr"] == "0.0.0.0:9991"
     for bad in (["--nope"], ["--socket"], ["--log-level", "loud"], ["--log-format", "xml"], ["x"]):
         with pytest.raises(UsageError):
             parse_args(bad)
