@@ -168,34 +168,43 @@ class Server:
     # ------------------------------------------------------------------ clients
 
     def accept_clients(self) -> None:
+        """Accept (and answer ACCEPT to) every waiting caller first, then hand them to
+        workers: a burst's last caller must not wait for the forks of the ones before it
+        to hear that the agent is alive (the launcher's short deadline)."""
         assert self.listener is not None
+        accepted = []
         while True:
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError as exc:  # EMFILE and the like: the callers fall back
                 self.log("error", f"accept: {exc.strerror}")
-                return
+                break
+            if self.admit(conn):
+                accepted.append(conn)
+        for conn in accepted:
             self.dispatch(conn)
 
-    def dispatch(self, conn: socket.socket) -> None:
+    def admit(self, conn: socket.socket) -> bool:
+        """Root only; then ACCEPT at once (before any fork)."""
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _pid, uid, _gid = struct.unpack("3i", creds)
         if uid != 0:
             self.metrics.refused["not root"] += 1
             self.log("warning", f"refused a client with uid {uid}: only root may call the agent")
             conn.close()
-            return
-        if self.in_flight() >= self.options.max_requests:
-            self.metrics.fell_back("overloaded")
-            conn.close()
-            return
-        # ACCEPT before anything slow (a fork when the pool is empty): the launcher's short
-        # deadline is for an agent that does not answer at all, not for a busy one.
+            return False
         try:
             conn.send(accept_frame(), socket.MSG_DONTWAIT)
         except OSError:
+            conn.close()
+            return False
+        return True
+
+    def dispatch(self, conn: socket.socket) -> None:
+        if self.in_flight() >= self.options.max_requests:
+            self.metrics.fell_back("overloaded")
             conn.close()
             return
         worker = self.idle_worker() or self.spawn()
@@ -216,7 +225,6 @@ class Server:
         self.by_conn[conn.fileno()] = worker
         self.poll.register(conn, POLLRDHUP)
         worker.watching = True
-        self.fill_pool()
 
     def in_flight(self) -> int:
         return sum(1 for w in self.workers.values() if w.state == "busy")
@@ -251,6 +259,9 @@ class Server:
         return sum(1 for w in self.workers.values() if w.state == "idle")
 
     def fill_pool(self) -> None:
+        """Fork idle workers up to --workers. Called when a worker exits, not when one
+        takes a request: on a small node the fork would compete with that request for CPU
+        (a burst beyond the pool forks on demand instead)."""
         if self.draining:
             return
         while self.idle_count() < self.options.workers:
