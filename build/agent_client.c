@@ -134,7 +134,10 @@ static int read_stdin(struct agent_call *c) {
         }
         ssize_t n = read(0, c->stdin_data + c->stdin_len, cap - c->stdin_len);
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && errno == EBADF) return 0; /* no stdin at all: empty, as Python sees it */
+        if (n < 0 && c->stdin_len == 0) {
+            c->stdin_read = 0; /* no readable stdin at all (closed, a directory...): leave the */
+            return -1;         /* one-shot path the very same fd 0 to fail on in its own words */
+        }
         if (n < 0) return -1;
         if (n == 0) return c->stdin_len > AGENT_MAX_STDIN ? -1 : 0;
         c->stdin_len += (size_t)n;

@@ -97,8 +97,12 @@ def agent_mode() -> bool:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def session_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The agent every plugin invocation of the session goes through, in agent mode."""
+def session_agent(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """The agent every plugin invocation of the session goes through, in agent mode. A
+    session that ran the libcni suite must have been served by it (not silently by the
+    fallback)."""
     if not agent_mode():
         os.environ["CNIBOX_AGENT_SOCKET"] = ""
         yield
@@ -117,6 +121,8 @@ def session_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         served = sum(v for k, v in agent.metrics().items() if "requests_total" in k)
         assert agent.stop() == 0, "".join(agent.log[-20:])
         print(f"\nsession agent served {served:.0f} requests")
+    ran_libcni = any("test_linkerd_cni" in item.nodeid for item in request.session.items)
+    assert served > 0 or not ran_libcni, "agent mode, but the agent served no request"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -322,13 +322,7 @@ class Server:
         return fds
 
     def worker_event(self, worker: Worker, mask: int) -> None:
-        while True:
-            try:
-                msg = worker.ctl.recv(65536)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                msg = b""
+        while (msg := _recv_ready(worker.ctl, 65536)) is not None:
             if not msg:
                 self.worker_exited(worker)
                 return
@@ -459,12 +453,9 @@ class Server:
         self.poll.register(sock, select.POLLIN)
 
     def admin_event(self, admin: _AdminConn, mask: int) -> None:
-        try:
-            chunk = admin.sock.recv(4096)
-        except (BlockingIOError, InterruptedError):
+        chunk = _recv_ready(admin.sock, 4096)
+        if chunk is None:
             return
-        except OSError:
-            chunk = b""
         admin.data += chunk
         if not chunk or len(admin.data) > MAX_ADMIN_REQUEST:
             self.close_admin(admin)
@@ -506,6 +497,16 @@ class Server:
         self.poll.unregister(fd)
         del self.admin_conns[fd]
         admin.sock.close()
+
+
+def _recv_ready(sock: socket.socket, size: int) -> bytes | None:
+    """What a non-blocking socket has: None when nothing yet, b"" at EOF or on an error."""
+    try:
+        return sock.recv(size)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
 
 
 def _report(ctl: socket.socket, kind: str, data: dict[str, object]) -> None:
