@@ -41,8 +41,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import partial
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -717,8 +719,11 @@ def agent_plugin(workdir: Path, socket_path: Path) -> Plugin:
 
 
 @contextmanager
-def agent_running(binary: Path, cl: Cluster, workdir: Path) -> Iterator[tuple[Path, Path]]:
-    """`cnibox agent` in the node netns (a DaemonSet pod with hostNetwork); (socket, log)."""
+def agent_running(
+    binary: Path, cl: Cluster, workdir: Path
+) -> Iterator[tuple[Path, Path, subprocess.Popen[bytes]]]:
+    """`cnibox agent` in the node netns (a DaemonSet pod with hostNetwork); (socket, log,
+    process)."""
     sock = workdir / "agent" / "agent.sock"
     log = workdir / "agent.log"
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNIBOX_CACHE": str(workdir / "cache-warm")}
@@ -731,7 +736,7 @@ def agent_running(binary: Path, cl: Cluster, workdir: Path) -> Iterator[tuple[Pa
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"agent did not start: {log.read_text()[-500:]}")
             time.sleep(0.05)
-        yield sock, log
+        yield sock, log, proc
     finally:
         proc.terminate()
         proc.wait(30)
@@ -832,24 +837,66 @@ def agent_rows(  # noqa: PLR0917 - the bench's state, passed down as run_bench h
                    impls["binary first start"].env, impls["binary first start"].fresh_cache,
                    unpack_first=True)  # fmt: skip
     add(bench.add_row("cnibox ADD, binary after install, nft", after, "nft", n))
-    with agent_running(binary, bench.cluster, workdir) as (sock, log):
+    with agent_running(binary, bench.cluster, workdir) as (sock, log, proc):
         plugin = agent_plugin(workdir, sock)
         calls = 0
+
+        def measured(row_of: Callable[[], Row], count: int) -> None:
+            """A row whose CPU column adds the agent's (its workers are reaped by it, so
+            their time is in its cutime/cstime) to each caller's, averaged over the row."""
+            before = _agent_cpu_ms(proc.pid)
+            row = row_of()
+            _settle(proc.pid)
+            per_add = (_agent_cpu_ms(proc.pid) - before) / count
+            row.cpu_ms = [c + per_add for c in row.cpu_ms]
+            row.note = f"{row.note}; agent CPU {per_add:.1f} ms/ADD".lstrip("; ")
+            add(row)
+
         for mode in ("nft", "legacy"):
-            add(bench.add_row(f"cnibox ADD, agent, {mode}", plugin, mode, n))
+            measured(partial(bench.add_row, f"cnibox ADD, agent, {mode}", plugin, mode, n), n + 1)
             calls += n + 1
-        add(bench.add_row("cnibox ADD unmeshed, agent, nft", plugin, "nft", n, meshed=False))
+        measured(
+            lambda: bench.add_row(
+                "cnibox ADD unmeshed, agent, nft", plugin, "nft", n, meshed=False
+            ),
+            n + 1,
+        )
         calls += n + 1
         if burst:
-            add(bench.concurrency("concurrency: agent, nft", plugin, "nft", burst))
+            measured(
+                lambda: bench.concurrency("concurrency: agent, nft", plugin, "nft", burst), burst
+            )
             calls += burst
-        served = log.read_text().count("served ADD (ok)")
+        text = log.read_text()
+    served = text.count("served ADD (ok)")
+    handed = Counter(line.split("back to the caller: ", 1)[1].rstrip('"') for line in
+                     text.splitlines() if "back to the caller: " in line)  # fmt: skip
     caller_cache = Path(plugin.env["CNIBOX_CACHE"])
     unpacked = any(caller_cache.iterdir())
-    print(f"agent served {served} of {calls} ADDs; caller cache unpacked: {unpacked}")
+    own = calls - served - sum(handed.values())
+    print(f"agent served {served} of {calls} ADDs; handed back {dict(handed)}; "
+          f"callers that fell back on their own (no ACCEPT in time, connect failed): {own}; "
+          f"caller cache unpacked: {unpacked}")  # fmt: skip
     if served != calls or unpacked:
         bench.problems.append(f"agent served {served} of {calls} ADDs (unpacked: {unpacked})")
-    return {"served": served, "calls": calls}
+    return {"served": served, "calls": calls, "handed_back": dict(handed), "own_fallbacks": own}
+
+
+def _agent_cpu_ms(pid: int) -> float:
+    """utime + stime + cutime + cstime of a process, in ms (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = sum(int(x) for x in fields[11:15])
+    return 1000 * ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _settle(pid: int) -> None:
+    """Wait (briefly) until the agent has reaped the workers of the row's requests."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if len(children) <= 4 + 1:  # the idle pool (plus one being forked)
+            return
+        time.sleep(0.05)
 
 
 def _tree_size(root: Path) -> int:
