@@ -98,6 +98,7 @@ class KubeApi:
     mode: str = "ok"
     status: int = 500
     requests: list[str] = field(default_factory=list)
+    connections: int = 0  # TCP connections accepted (each a TLS handshake)
     port: int = 0
     _server: ThreadingHTTPServer | None = None
     _silent: socket.socket | None = None
@@ -218,6 +219,7 @@ class _TlsServer(ThreadingHTTPServer):
         # The TLS handshake happens in the request's thread, so a stalled client blocks nobody.
         # Go servers set TCP_NODELAY; without it Nagle + delayed ACKs add ~40 ms per response.
         request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.api.connections += 1
         try:
             wrapped = self.tls.wrap_socket(request, server_side=True)
         except (ssl.SSLError, OSError):

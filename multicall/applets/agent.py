@@ -68,7 +68,9 @@ def main(
         build=build,
     )
     own_netns = _identity("/proc/self/ns/net")
-    server = Server(options, log, lambda conn, report: serve(conn, report, build, own_netns))
+    server = Server(
+        options, log, lambda conn, report: serve(conn, report, build, own_netns), prepare=warm_up
+    )
     try:
         server.bind()
     except (OSError, ValueError) as exc:
@@ -153,6 +155,14 @@ def make_log(stream: BinaryIO, level: str, fmt: str) -> Callable[[str, str], Non
     return log
 
 
+def warm_up(hint: object) -> None:
+    """In a new worker: dial the API server the previous request used (effects.kube)."""
+    from multicall.effects import kube
+
+    if isinstance(hint, dict):
+        kube.warm_up(hint)
+
+
 def preload() -> None:
     """Import once, in the parent, everything a request may need: workers fork from here."""
     import ssl  # noqa: F401
@@ -204,7 +214,10 @@ def serve(conn: socket.socket, report: Report, build: str, own_netns: tuple[int,
         _send(conn, proto.fallback_frame(exc.reason))
         return
     # Reported first: whoever asks /metrics once the caller has its result sees it counted.
-    report("D", {"command": command, "exit": code, "cni_code": _cni_code(code, out)})
+    from multicall.effects import kube
+
+    done = {"command": command, "exit": code, "cni_code": _cni_code(code, out)}
+    report("D", {**done, "warm": kube.warm_hint()} if code == 0 else done)
     _send(conn, proto.result_frame(code, out, err))
 
 
@@ -256,6 +269,9 @@ def run_request(request: Request, own_netns: tuple[int, int]) -> tuple[int, byte
             ns.setns(home, ns.CLONE_NEWNET)
         except OSError as exc:
             raise _Fallback(f"cannot enter the caller's netns: {exc.strerror}") from None
+        from multicall.effects import kube
+
+        kube.drop_warm()  # dialled from the agent's netns, not the caller's
     caller.install(
         caller.CallerContext(
             root_fd=root,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import json
 import os
 import select
@@ -39,9 +40,13 @@ from multicall.core.agent_protocol import accept_frame
 Log = Callable[[str, str], None]  # (level, message)
 # A worker's job: serve one accepted connection, reporting through the callable.
 Serve = Callable[[socket.socket, Callable[[str, dict[str, object]], None]], None]
+# What a new worker does before it waits for its request, with the "warm" value of the
+# latest report (the applet: dial the API server the previous request used).
+Prepare = Callable[[object], None]
 
 POLLRDHUP = getattr(select, "POLLRDHUP", 0x2000)
 MAX_ADMIN_REQUEST = 8192
+MAX_REPORT = 256 * 1024
 # After a caller hung up, how long its worker may still report a result it already sent.
 CALLER_GRACE = 0.05
 
@@ -78,10 +83,14 @@ class _AdminConn:
 
 
 class Server:
-    def __init__(self, options: ServerOptions, log: Log, serve: Serve) -> None:
+    def __init__(
+        self, options: ServerOptions, log: Log, serve: Serve, prepare: Prepare | None = None
+    ) -> None:
         self.options = options
         self.log = log
         self.serve = serve
+        self.prepare = prepare
+        self.warm: object = None
         self.metrics = Metrics()
         self.workers: dict[int, Worker] = {}  # by control socket fd
         self.by_conn: dict[int, Worker] = {}  # by the parent's client-connection fd
@@ -299,6 +308,12 @@ class Server:
             for fd in self._parent_fds():
                 with contextlib.suppress(OSError):
                     os.close(fd)
+            # One short request: nothing worth collecting, and a collection would walk (and
+            # so copy-on-write) every object inherited from the parent.
+            gc.disable()
+            if self.prepare is not None and self.warm is not None:
+                with contextlib.suppress(Exception):
+                    self.prepare(self.warm)
             ctl.setblocking(True)
             msg, fds, _flags, _addr = socket.recv_fds(ctl, 16, 1)
             if msg == b"R" and len(fds) == 1:
@@ -322,7 +337,7 @@ class Server:
         return fds
 
     def worker_event(self, worker: Worker, mask: int) -> None:
-        while (msg := _recv_ready(worker.ctl, 65536)) is not None:
+        while (msg := _recv_ready(worker.ctl, MAX_REPORT)) is not None:
             if not msg:
                 self.worker_exited(worker)
                 return
@@ -344,6 +359,9 @@ class Server:
         seconds = time.monotonic() - worker.accepted_at
         fallback = str(data.get("fallback", ""))
         command = str(data.get("command", worker.command)) or "unknown"
+        if (warm := data.get("warm")) is not None and warm != self.warm:
+            self.warm = warm
+            self.recycle_idle()
         if fallback:
             self.metrics.fell_back(fallback)
             self.log("info", f"handed a {command} back to the caller: {fallback}")
@@ -368,6 +386,14 @@ class Server:
         worker.state = "done"
         self.release_conn(worker)
         self.fill_pool()
+
+    def recycle_idle(self) -> None:
+        """Idle workers forked before the latest warm value exit (EOF on their control
+        socket) and are forked again with it."""
+        for worker in list(self.workers.values()):
+            if worker.state == "idle":
+                worker.state = "done"
+                worker.ctl.shutdown(socket.SHUT_RDWR)
 
     def kill(self, worker: Worker, why: str) -> None:
         """SIGKILL a busy worker; counted as a fallback for `why` (its caller, if alive,

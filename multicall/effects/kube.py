@@ -91,6 +91,7 @@ class KubeClient:
         self.endpoint = _endpoint(config.server)
         self._token = _token(config)
         self._conn: _Connection | None = None
+        _last_config[:] = [config]
 
     def close(self) -> None:
         if self._conn is not None:
@@ -134,7 +135,17 @@ class KubeClient:
         self._conn = conn
         try:
             conn.open(self.config, deadline)
-            return conn.get(path, self._headers(), deadline)
+            try:
+                return conn.get(path, self._headers(), deadline)
+            except (OSError, ValueError):
+                if not conn.warm:
+                    raise
+                # A connection made ahead of time that the server closed meanwhile: GET is
+                # idempotent, so once more on a new one (as Go's transport does).
+                self.close()
+                conn = self._conn = _Connection(self.endpoint)
+                conn.open(self.config, deadline)
+                return conn.get(path, self._headers(), deadline)
         except ssl.SSLCertVerificationError as exc:
             self.close()
             raise KubeError(
@@ -217,9 +228,14 @@ class _Connection:
         self.stage = "dial"
         self.sock: socket.socket | None = None
         self.reader: BinaryIO | None = None
+        self.warm = False  # adopted from `warm_up`, not dialled for this request
 
     def open(self, config: KubeConfig, deadline: float) -> None:
         if self.sock is not None:
+            return
+        if (adopted := _adopt_warm(self.endpoint, config)) is not None:
+            self.sock, self.reader, self.warm = adopted.sock, adopted.reader, True
+            self.stage = "request"
             return
         import socket
 
@@ -263,6 +279,101 @@ class _Connection:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+
+# ----------------------------------------------------------------------------- warm connections
+# A node agent's idle worker dials the API server (TCP + TLS) before its request arrives
+# (`warm_up`, with the endpoint and CA of the previous request, `warm_hint`); the request's
+# KubeClient adopts that connection when endpoint and TLS settings are the same, so the
+# handshake is off the pod's critical path. Never in a one-shot process.
+WARM_MAX_AGE = 60.0  # older: not trusted to be alive (idle-connection reapers in between)
+MAX_HINT_CA = 16 * 1024
+
+
+@dataclass
+class _Warm:
+    key: tuple[str, str, int, bytes, bool]
+    sock: socket.socket
+    reader: BinaryIO
+    made: float
+
+
+_warm: list[_Warm] = []
+_last_config: list[KubeConfig] = []
+
+
+def _warm_key(endpoint: _Endpoint, config: KubeConfig) -> tuple[str, str, int, bytes, bool]:
+    return (endpoint.scheme, endpoint.host, endpoint.port, config.ca_data,
+            config.insecure_skip_tls_verify)  # fmt: skip
+
+
+def warm_hint() -> dict[str, object] | None:
+    """What `warm_up` needs to reach the API server of this process's last request (not its
+    token: a warm connection sends nothing); None when it used a CA file or none at all."""
+    if not _last_config:
+        return None
+    config = _last_config[0]
+    if config.ca_file or len(config.ca_data) > MAX_HINT_CA:
+        return None
+    return {"server": config.server, "ca_data": config.ca_data.decode("ascii", "replace"),
+            "insecure": config.insecure_skip_tls_verify}  # fmt: skip
+
+
+def warm_up(hint: Mapping[str, object], timeout: float = 2.0) -> None:
+    """Dial and handshake now, for the next request; failures are the request's to see."""
+    server, ca_data = hint.get("server"), hint.get("ca_data")
+    if not isinstance(server, str) or not isinstance(ca_data, str):
+        return
+    config = KubeConfig(server=server, ca_data=ca_data.encode("ascii"),
+                        insecure_skip_tls_verify=hint.get("insecure") is True)  # fmt: skip
+    try:
+        endpoint = _endpoint(server)
+        conn = _Connection(endpoint)
+        conn.open(config, time.monotonic() + timeout)
+    except (KubeError, OSError, ValueError):
+        return
+    assert conn.sock is not None
+    assert conn.reader is not None
+    _warm[:] = [_Warm(_warm_key(endpoint, config), conn.sock, conn.reader, time.monotonic())]
+
+
+def drop_warm() -> None:
+    """Forget the warm connection (the request runs from another netns than it was made in)."""
+    for warm in _warm:
+        warm.reader.close()
+        warm.sock.close()
+    _warm.clear()
+
+
+def _still_open(sock: socket.socket) -> bool:
+    """Nothing but TLS housekeeping (TLS 1.3 session tickets) arrived since the handshake:
+    no EOF, no unexpected bytes."""
+    import select
+    import ssl
+
+    if not select.select([sock], [], [], 0)[0]:
+        return True
+    sock.setblocking(False)
+    try:
+        sock.recv(1)  # b"": closed; a byte: the server is talking out of turn
+    except (ssl.SSLWantReadError, BlockingIOError):
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _adopt_warm(endpoint: _Endpoint, config: KubeConfig) -> _Warm | None:
+    if not _warm:
+        return None
+    warm = _warm.pop()
+
+    fresh = time.monotonic() - warm.made < WARM_MAX_AGE
+    if warm.key == _warm_key(endpoint, config) and fresh and _still_open(warm.sock):
+        return warm
+    warm.reader.close()
+    warm.sock.close()
+    return None
 
 
 MAX_HEAD = 64 * 1024

@@ -30,8 +30,12 @@ class AgentProcess:
         extra: list[str] | None = None,
         env: dict[str, str] | None = None,
         preexec: list[str] | None = None,
+        netns: str | None = None,
     ) -> None:
         self.socket = str(socket_path)
+        self.netns = netns  # the agent's netns when not the test's own (its admin server)
+        if netns is not None:
+            preexec = ["ip", "netns", "exec", os.path.basename(netns), *(preexec or [])]
         self.argv = [
             *(preexec or []),
             *(argv or cnibox_argv()),
@@ -85,6 +89,14 @@ class AgentProcess:
         return self.proc.pid
 
     def get(self, path: str) -> tuple[int, str]:
+        if self.netns is not None:
+            from multicall.effects.ns import entered_netns
+
+            with entered_netns(self.netns):
+                return self._get(path)
+        return self._get(path)
+
+    def _get(self, path: str) -> tuple[int, str]:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as r:
                 return r.status, r.read().decode()

@@ -325,6 +325,25 @@ def test_least_privilege_nft_served_legacy_handed_back(node: Node, tmp_path: Pat
     assert "handed a ADD back to the caller: no CAP_SYS_ADMIN to enter the pod netns" in log
 
 
+def test_agent_in_the_callers_netns_uses_warm_api_connections(node: Node, tmp_path: Path) -> None:
+    """As a DaemonSet pod with hostNetwork: the agent shares the caller's netns, so a worker
+    dials the API server before its request (the previous request's server and CA) and the
+    request adopts that connection. Every ADD is still served and exactly right, and the
+    server sees about one connection per request, not more."""
+    near = AgentProcess(tmp_path / "near" / "agent.sock", argv=[str(artifact_path())],
+                        netns=node.node.path,
+                        env={"CNIBOX_CACHE": str(tmp_path / "agent-cache")})  # fmt: skip
+    with near:
+        for _ in range(6):
+            pod_ns = node.rig.pod().netns
+            result = node.run(node.env(pod_ns, MESHED, **via(near)), node.stdin())
+            assert result.returncode == 0, result.stdout + result.stderr
+            assert_meshed(pod_ns, "nft")
+        _wait(lambda: near.served("ADD") == 6, "all served")
+    assert not unpacked(node)
+    assert node.api.connections <= 6 + 4 + 1  # requests, the pool's warm-ups, one spare
+
+
 # ----------------------------------------------------------------------------- isolation
 
 
