@@ -33,7 +33,7 @@ def install(sock: socket.socket, config: KubeConfig = CONFIG, age: float = 0.0) 
     kube._warm[:] = [
         kube._Warm(
             kube._warm_key(endpoint, config), sock, sock.makefile("rb"), time.monotonic() - age
-        )  # fmt: skip
+        )
     ]
 
 
