@@ -41,7 +41,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -727,7 +726,7 @@ def agent_running(
     sock = workdir / "agent" / "agent.sock"
     log = workdir / "agent.log"
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNIBOX_CACHE": str(workdir / "cache-warm")}
-    argv = [str(binary), "agent", "--socket", str(sock), "--admin-addr", "", "--log-level", "debug"]
+    argv = [str(binary), "agent", "--socket", str(sock), "--admin-addr", "127.0.0.1:0"]
     with open(log, "wb") as out, entered_netns(cl.node):
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
     try:
@@ -867,10 +866,9 @@ def agent_rows(  # noqa: PLR0917 - the bench's state, passed down as run_bench h
                 lambda: bench.concurrency("concurrency: agent, nft", plugin, "nft", burst), burst
             )
             calls += burst
-        text = log.read_text()
-    served = text.count("served ADD (ok)")
-    handed = Counter(line.split("back to the caller: ", 1)[1].rstrip('"') for line in
-                     text.splitlines() if "back to the caller: " in line)  # fmt: skip
+        metrics = agent_metrics(bench.cluster.node, log)
+    served = int(sum(v for k, v in metrics.items() if k.startswith(SERVED_ADD)))
+    handed = {k.split('"')[1]: int(v) for k, v in metrics.items() if k.startswith(FALLBACKS)}
     caller_cache = Path(plugin.env["CNIBOX_CACHE"])
     unpacked = any(caller_cache.iterdir())
     own = calls - served - sum(handed.values())
@@ -880,6 +878,29 @@ def agent_rows(  # noqa: PLR0917 - the bench's state, passed down as run_bench h
     if served != calls or unpacked:
         bench.problems.append(f"agent served {served} of {calls} ADDs (unpacked: {unpacked})")
     return {"served": served, "calls": calls, "handed_back": dict(handed), "own_fallbacks": own}
+
+
+SERVED_ADD = 'cnibox_agent_requests_total{command="ADD",result="ok"'
+FALLBACKS = "cnibox_agent_fallbacks_total{"
+
+
+def agent_metrics(node: str, log: Path) -> dict[str, float]:
+    """The agent's /metrics samples (its admin server is on 127.0.0.1 of the node netns)."""
+    import re
+    import urllib.request
+
+    port = re.search(rb"admin endpoints on \S+ \(port (\d+)\)", log.read_bytes())
+    if port is None:
+        return {}
+    with entered_netns(node):
+        url = f"http://127.0.0.1:{int(port.group(1))}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            text = reply.read().decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
 def _agent_cpu_ms(pid: int) -> float:
