@@ -146,8 +146,13 @@ class Server:
             except InterruptedError:
                 continue
             # Workers' reports first: an admin request in the same round sees them counted.
-            for fd, mask in sorted(events, key=lambda event: event[0] not in self.workers):
-                self.handle(fd, mask)
+            # Each event is bound to the object that owned its descriptor when poll returned:
+            # handling one event can close a descriptor whose number a new socket of the same
+            # round then reuses, and a stale event must not reach the new owner.
+            bound = [(fd, mask, self.owner(fd)) for fd, mask in events]
+            for fd, mask, owner in sorted(bound, key=lambda e: not isinstance(e[2], Worker)):
+                if self.owner(fd) is owner:
+                    self.handle(fd, mask)
             self.check_deadlines()
             if self.draining and self.finished_draining():
                 break
@@ -158,6 +163,11 @@ class Server:
     def _on_signal(self, signum: int, _frame: object) -> None:
         if not self.draining:
             self.start_draining(signal.Signals(signum).name)
+
+    def owner(self, fd: int) -> object:
+        """What a descriptor belongs to now (a Worker by its control socket or by its client
+        connection, an admin connection), or the descriptor itself for the fixed ones."""
+        return self.workers.get(fd) or self.by_conn.get(fd) or self.admin_conns.get(fd) or fd
 
     def handle(self, fd: int, mask: int) -> None:
         if fd == self.wake_r:
@@ -319,7 +329,9 @@ class Server:
             if msg == b"R" and len(fds) == 1:
                 conn = socket.socket(fileno=fds[0])
                 self.serve(conn, lambda kind, data: _report(ctl, kind, data))
-        except BaseException:  # noqa: BLE001 - a worker never returns into the parent's loop
+        except BaseException as exc:  # noqa: BLE001 - a worker never returns into the loop
+            with contextlib.suppress(Exception):
+                self.log("error", f"worker {os.getpid()} failed: {type(exc).__name__}: {exc}")
             code = 70
         os._exit(code)
 
