@@ -139,3 +139,38 @@ def test_another_build_is_handed_back(setup: tuple[Rig, Netns, Path, AgentProces
     assert (code, err) == (99, ["fallback: other build"])
     assert agent.fallbacks("other build") == 1
     assert SOURCE_BUILD != "0000000000000000"
+
+
+def test_concurrent_requests_are_all_served(
+    setup: tuple[Rig, Netns, Path, AgentProcess], tmp_path: Path
+) -> None:
+    """60 callers at once against an agent in their netns (warm API connections): every one
+    served by it, none handed back, no worker lost (a reused descriptor number once made a
+    stale hang-up event reach a new worker)."""
+    rig, node, kubeconfig, _ = setup
+    near = AgentProcess(tmp_path / "near" / "agent.sock", argv=[sys.executable, "-m", "multicall"],
+                        env={"PYTHONPATH": str(REPO)}, netns=node.path)  # fmt: skip
+    client = [sys.executable, "-m", "tests.agent.client", near.socket]
+    with near:
+        pods = [rig.pod().netns for _ in range(60)]
+        procs = [
+            subprocess.Popen(
+                ["ip", "netns", "exec", node.name, *client],
+                env=env_for(p, MESHED),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=REPO,
+            )
+            for p in pods
+        ]
+        results = [proc.communicate(conf(kubeconfig, "nft"), timeout=120) for proc in procs]
+        assert [proc.returncode for proc in procs] == [0] * 60, results[0]
+        for pod_ns in pods:
+            assert save_text(pod_ns, SAVE["nft"]) == fixture_text("default-nft")
+        metrics = near.metrics()
+    key = 'cnibox_agent_requests_total{command="ADD",result="ok",cni_code=""}'
+    assert metrics[key] == 60
+    assert metrics["cnibox_agent_worker_crashes_total"] == 0
+    assert not [k for k in metrics if k.startswith("cnibox_agent_fallbacks_total")]
