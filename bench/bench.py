@@ -513,25 +513,34 @@ def parse_rss(stderr: bytes) -> int | None:
 
 
 def upstream_row(name: str, spawner: Spawner, namespaces: Namespaces, mode: str, n: int) -> Row:
-    commands = upstream_commands(mode)
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     row = Row(name)
     for i in range(n + 1):
-        with namespaces.fresh() as netns:
-            total, cpu, ok = 0.0, 0.0, True
-            for argv in commands:
-                wrap = [] if i else TIME_RSS  # the uncounted first pass measures memory
-                done = spawner.run([*wrap, "nsenter", f"--net={netns}", "--", *argv], env)
-                total += done.ms
-                cpu += done.cpu_ms
-                if not i:
-                    row.peak_rss_kb = max(row.peak_rss_kb or 0, parse_rss(done.stderr) or 0)
-                ok = ok and done.status == 0
-            ok = ok and nat_table(netns, mode) == golden_table(mode)
-        if i:  # the first pass warms the page cache and modules; not counted
+        # the uncounted first pass warms the page cache and modules, and measures memory
+        total, cpu, ok, rss = replay_once(spawner, namespaces, mode, [] if i else TIME_RSS)
+        if i:
             row.add(total, ok, cpu)
-    row.note = f"{len(commands)} processes"
+        else:
+            row.peak_rss_kb = rss
+    row.note = f"{len(upstream_commands(mode))} processes"
     return row
+
+
+def replay_once(
+    spawner: Spawner, namespaces: Namespaces, mode: str, wrap: list[str]
+) -> tuple[float, float, bool, int]:
+    """Upstream's command sequence once, on a fresh pod netns: (wall ms, CPU ms, table right,
+    peak RSS KiB when `wrap` is TIME_RSS)."""
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    total, cpu, ok, rss = 0.0, 0.0, True, 0
+    with namespaces.fresh() as netns:
+        for argv in upstream_commands(mode):
+            done = spawner.run([*wrap, "nsenter", f"--net={netns}", "--", *argv], env)
+            total += done.ms
+            cpu += done.cpu_ms
+            rss = max(rss, parse_rss(done.stderr) or 0) if wrap else 0
+            ok = ok and done.status == 0
+        ok = ok and nat_table(netns, mode) == golden_table(mode)
+    return total, cpu, ok, rss
 
 
 def command_row(
@@ -636,12 +645,12 @@ def agent_ratios(rows: dict[str, Row]) -> dict[str, dict[str, Any]]:
     burst, the first ADD after install against a warm one-shot ADD."""
     out: dict[str, dict[str, Any]] = {}
     pairs = (
-        ("agent ADD / upstream replay (nft)", "cnibox ADD, agent, nft", "upstream replay, nft",
-         0.5),
+        ("agent ADD / upstream replay (nft)", "cnibox ADD, agent, nft",
+         "upstream replay, nft (interleaved with agent ADD)", 0.5),
         ("agent ADD / upstream replay (legacy)", "cnibox ADD, agent, legacy",
-         "upstream replay, legacy", 0.5),
+         "upstream replay, legacy (interleaved with agent ADD)", 0.5),
         ("agent unmeshed ADD / upstream replay (nft)", "cnibox ADD unmeshed, agent, nft",
-         "upstream replay, nft", 0.25),
+         "upstream replay, nft (interleaved with agent ADD unmeshed)", 0.25),
         ("first ADD after install / warm one-shot (nft)", "cnibox ADD, binary after install, nft",
          "cnibox ADD, binary, nft", 1.5),
         ("one-shot binary ADD / upstream replay (nft)", "cnibox ADD, binary, nft",
@@ -851,16 +860,13 @@ def agent_rows(  # noqa: PLR0917 - the bench's state, passed down as run_bench h
             row.note = f"{row.note}; agent CPU {per_add:.1f} ms/ADD".lstrip("; ")
             add(row)
 
-        for mode in ("nft", "legacy"):
-            measured(partial(bench.add_row, f"cnibox ADD, agent, {mode}", plugin, mode, n), n + 1)
+        # Each agent ADD right after one upstream replay: on a shared machine both see the
+        # same load, so their ratio holds even when the load moves during the run.
+        for mode, meshed in (("nft", True), ("legacy", True), ("nft", False)):
+            pair: list[Row] = []
+            measured(partial(interleaved, bench, plugin, mode, n, meshed=meshed, pair=pair), n + 1)
+            add(pair[0])
             calls += n + 1
-        measured(
-            lambda: bench.add_row(
-                "cnibox ADD unmeshed, agent, nft", plugin, "nft", n, meshed=False
-            ),
-            n + 1,
-        )
-        calls += n + 1
         if burst:
             measured(
                 lambda: bench.concurrency("concurrency: agent, nft", plugin, "nft", burst), burst
@@ -901,6 +907,26 @@ def agent_metrics(node: str, log: Path) -> dict[str, float]:
         for line in text.splitlines()
         if line and not line.startswith("#")
     }
+
+
+def interleaved(
+    bench: Bench, plugin: Plugin, mode: str, n: int, *, meshed: bool, pair: list[Row]
+) -> Row:
+    """n ADDs through the agent, each right after one upstream replay; returns the agent's
+    row and puts the replay's (same samples' time slots) in `pair`."""
+    kind = "ADD" if meshed else "ADD unmeshed"
+    replay = Row(f"upstream replay, {mode} (interleaved with agent {kind})")
+    agent = Row(f"cnibox {kind}, agent, {mode}")
+    for i in range(n + 1):
+        total, cpu, ok, _ = replay_once(bench.spawner, bench.namespaces, mode, [])
+        with bench.namespaces.fresh() as netns:
+            done, served_ok = bench.add_once(plugin, mode, netns, meshed=meshed)
+        if i:  # the first pair warms both up
+            replay.add(total, ok, cpu)
+            agent.add(done.ms, served_ok, done.cpu_ms)
+    replay.note = "11 processes"
+    pair.append(replay)
+    return agent
 
 
 def _agent_cpu_ms(pid: int) -> float:
