@@ -188,11 +188,18 @@ class Server:
 
     def accept_clients(self) -> None:
         """Accept (and answer ACCEPT to) every waiting caller first, then hand them to
-        workers: a burst's last caller must not wait for the forks of the ones before it
-        to hear that the agent is alive (the launcher's short deadline)."""
-        assert self.listener is not None
-        accepted = []
-        while True:
+        workers, accepting again after each fork: a burst's late callers must not wait for
+        the forks of the ones before them to hear that the agent is alive (the launcher's
+        short deadline)."""
+        accepted = self.accept_waiting()
+        while accepted:
+            if self.dispatch(accepted.pop(0)):
+                accepted += self.accept_waiting()
+
+    def accept_waiting(self) -> list[socket.socket]:
+        """Every connection in the backlog now, admitted (ACCEPT sent) or closed."""
+        accepted: list[socket.socket] = []
+        while self.listener is not None:
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -202,8 +209,7 @@ class Server:
                 break
             if self.admit(conn):
                 accepted.append(conn)
-        for conn in accepted:
-            self.dispatch(conn)
+        return accepted
 
     def admit(self, conn: socket.socket) -> bool:
         """Root only; then ACCEPT at once (before any fork)."""
@@ -221,22 +227,25 @@ class Server:
             return False
         return True
 
-    def dispatch(self, conn: socket.socket) -> None:
+    def dispatch(self, conn: socket.socket) -> bool:
+        """Hand `conn` to an idle worker, or a new one; True when that took a fork."""
         if self.in_flight() >= self.options.max_requests:
             self.metrics.fell_back("overloaded")
             conn.close()
-            return
-        worker = self.idle_worker() or self.spawn()
+            return False
+        worker = self.idle_worker()
+        forked = worker is None
+        worker = worker or self.spawn()
         if worker is None:
             self.metrics.fell_back("no worker")
             conn.close()
-            return
+            return forked
         try:
             socket.send_fds(worker.ctl, [b"R"], [conn.fileno()])
         except OSError:
             self.metrics.fell_back("no worker")
             conn.close()
-            return
+            return forked
         worker.state = "busy"
         worker.conn = conn
         worker.accepted_at = time.monotonic()
@@ -244,6 +253,7 @@ class Server:
         self.by_conn[conn.fileno()] = worker
         self.poll.register(conn, POLLRDHUP)
         worker.watching = True
+        return forked
 
     def in_flight(self) -> int:
         return sum(1 for w in self.workers.values() if w.state == "busy")
