@@ -109,6 +109,13 @@ bench: deps build
 images: dist/cnibox
 	$(PY) packaging/build.py --binary dist/cnibox --out dist/images
 
+# Every artifact of one build, reproducibly, with SHA256SUMS (packaging/release.py, docs/release.md).
+RELEASE_DIR := dist/release
+.PHONY: release
+release: dist/cnibox dist/cnibox.pyz tools
+	$(PY) packaging/release.py --binary dist/cnibox --zipapp dist/cnibox.pyz \
+		--dist build/out/cnibox_main.dist --out $(RELEASE_DIR)
+
 # packaging/kubernetes/*.yaml: the chart rendered with `helm template` (docs/helm.md).
 manifests: tools
 	$(PY) packaging/helm/manifests.py
