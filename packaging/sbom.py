@@ -459,112 +459,100 @@ def _files_property(attributions: Iterable[Attribution]) -> list[Property]:
     return props
 
 
+def component(
+    purl: PackageURL,
+    name: str,
+    licenses: Sequence[DisjunctiveLicense | LicenseExpression],
+    properties: Sequence[Property] = (),
+    *,
+    description: str | None = None,
+    references: Sequence[ExternalReference] = (),
+    kind: ComponentType = ComponentType.LIBRARY,
+) -> Component:
+    """One component, identified (bom-ref) by its purl."""
+    return Component(
+        name=name,
+        version=purl.version,
+        type=kind,
+        bom_ref=purl.to_string(),
+        purl=purl,
+        licenses=licenses,
+        properties=properties,
+        description=description,
+        external_references=references,
+    )
+
+
 def build_bom(inv: Inventory, arch: str, root: Path) -> Bom:
     by_owner: dict[str, list[Attribution]] = {}
     for a in inv.attributions:
         by_owner.setdefault(a.owner, []).append(a)
     distro, distro_version = os_release(root)
-    components: list[Component] = []
+    qualifiers = {"distro": f"{distro}-{distro_version}"}
+    components = []
     for name, package in sorted(inv.packages.items()):
         purl = PackageURL(
-            "deb",
-            distro,
-            package.name,
-            package.version,
-            {"arch": package.arch, "distro": f"{distro}-{distro_version}"},
+            "deb", distro, package.name, package.version, {"arch": package.arch, **qualifiers}
         )
         props = _files_property(by_owner[f"deb:{name}"])
         props.append(Property(name="cnibox:debian-source", value=package.source_version))
         props.append(Property(name="cnibox:debian-source-package", value=package.source))
         if not package.licenses:
-            props.append(
-                Property(name="cnibox:copyright-file", value=f"/usr/share/doc/{name}/copyright")
-            )
-        refs = []
-        if package.homepage:
-            refs.append(
-                ExternalReference(type=ExternalReferenceType.WEBSITE, url=XsUri(package.homepage))
-            )
-        components.append(
-            Component(
-                name=package.name,
-                version=package.version,
-                type=ComponentType.LIBRARY,
-                bom_ref=purl.to_string(),
-                purl=purl,
-                licenses=[DisjunctiveLicense(name=n) for n in package.licenses],
-                properties=props,
-                external_references=refs,
-            )
+            path = f"/usr/share/doc/{name}/copyright"
+            props.append(Property(name="cnibox:copyright-file", value=path))
+        refs = (
+            [ExternalReference(type=ExternalReferenceType.WEBSITE, url=XsUri(package.homepage))]
+            if package.homepage
+            else []
         )
+        licenses = [DisjunctiveLicense(name=n) for n in package.licenses]
+        components.append(component(purl, package.name, licenses, props, references=refs))
     python = f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
-    cpython_purl = PackageURL("generic", None, "cpython", python)
     components.append(
-        Component(
-            name="cpython",
-            version=python,
-            type=ComponentType.LIBRARY,
-            bom_ref=cpython_purl.to_string(),
-            purl=cpython_purl,
-            licenses=[LicenseExpression("PSF-2.0")],
+        component(
+            PackageURL("generic", None, "cpython", python),
+            "cpython",
+            [LicenseExpression("PSF-2.0")],
+            _files_property(by_owner.get("cpython", [])),
             description="the interpreter's runtime and standard library, compiled in by Nuitka",
-            properties=_files_property(by_owner.get("cpython", [])),
         )
     )
     for name, version in sorted(inv.distributions.items()):
-        purl = PackageURL("pypi", None, name.lower(), version)
         license_text = python_license(name)
         components.append(
-            Component(
-                name=name,
-                version=version,
-                type=ComponentType.LIBRARY,
-                bom_ref=purl.to_string(),
-                purl=purl,
-                licenses=[DisjunctiveLicense(name=license_text)] if license_text else [],
-                properties=_files_property(by_owner.get(f"pypi:{name}", [])),
+            component(
+                PackageURL("pypi", None, name.lower(), version),
+                name,
+                [DisjunctiveLicense(name=license_text)] if license_text else [],
+                _files_property(by_owner.get(f"pypi:{name}", [])),
             )
         )
-    nuitka = importlib.metadata.version("nuitka")
-    nuitka_purl = PackageURL("pypi", None, "nuitka", nuitka)
     components.append(
-        Component(
-            name="Nuitka",
-            version=nuitka,
-            type=ComponentType.LIBRARY,
-            bom_ref=nuitka_purl.to_string(),
-            purl=nuitka_purl,
-            licenses=[LicenseExpression("Apache-2.0")],
+        component(
+            PackageURL("pypi", None, "nuitka", importlib.metadata.version("nuitka")),
+            "Nuitka",
+            [LicenseExpression("Apache-2.0")],
             description="its runtime library, compiled into cnibox.bin",
         )
     )
-    zstd_purl = PackageURL("generic", None, "zstd", nuitka_zstd_version())
     components.append(
-        Component(
-            name="zstd",
-            version=nuitka_zstd_version(),
-            type=ComponentType.LIBRARY,
-            bom_ref=zstd_purl.to_string(),
-            purl=zstd_purl,
-            licenses=[LicenseExpression("BSD-3-Clause OR GPL-2.0-only")],
+        component(
+            PackageURL("generic", None, "zstd", nuitka_zstd_version()),
+            "zstd",
+            [LicenseExpression("BSD-3-Clause OR GPL-2.0-only")],
             description="the decoder in the launcher (Nuitka's inline copy)",
         )
     )
-    main_purl = PackageURL("generic", None, "cnibox", __version__)
-    main = Component(
-        name="cnibox",
-        version=__version__,
-        type=ComponentType.APPLICATION,
-        bom_ref=main_purl.to_string(),
-        purl=main_purl,
-        licenses=[LicenseExpression("Apache-2.0")],
-        properties=[
+    main = component(
+        PackageURL("generic", None, "cnibox", __version__),
+        "cnibox",
+        [LicenseExpression("Apache-2.0")],
+        [
             Property(name="cnibox:architecture", value=arch),
             *_files_property(by_owner.get("cnibox", [])),
         ],
-        external_references=[
-            ExternalReference(type=ExternalReferenceType.VCS, url=XsUri(SOURCE_URL))
-        ],
+        references=[ExternalReference(type=ExternalReferenceType.VCS, url=XsUri(SOURCE_URL))],
+        kind=ComponentType.APPLICATION,
     )
     bom = Bom(
         components=components,

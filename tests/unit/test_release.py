@@ -324,21 +324,13 @@ class TestRelease:
         env = {k: v for k, v in ENV.items() if not k.startswith("HELM_")}
         for name in ("CACHE", "CONFIG", "DATA"):
             env[f"HELM_{name}_HOME"] = str(releases[0].parent / "helm" / name)
-        shown = subprocess.run(
-            [helm(), "show", "chart", str(package)],
-            capture_output=True,
-            text=True,
-            check=True,
-            env=env,
+        shown, rendered = (
+            subprocess.run(
+                [helm(), *args, str(package)], capture_output=True, text=True, check=True, env=env
+            )
+            for args in (["show", "chart"], ["template", "linkerd2-cni"])
         )
         assert f"version: {__version__}" in shown.stdout
-        rendered = subprocess.run(
-            [helm(), "template", "linkerd2-cni", str(package)],
-            capture_output=True,
-            text=True,
-            check=True,
-            env=env,
-        )
         assert "name: linkerd-cni-config" in rendered.stdout
 
     def test_extension_rootfs_is_the_extension_layer(self, releases: list[Path]) -> None:
