@@ -20,7 +20,8 @@ library, Nuitka's runtime, and each distribution cnibox requires at run time.
 
 Inputs are explicit (dist directory, architecture, ROOT of the dpkg database the libraries
 came from) so that a cross build (arm64: its own root) produces its own SBOM the same way.
-The output is reproducible: timestamp from SOURCE_DATE_EPOCH, a serial number derived from
+The output is reproducible: the build's timestamp (provenance.py: SOURCE_DATE_EPOCH, else the
+commit time of HEAD), a serial number derived from
 the content, sorted components.
 """
 
@@ -54,13 +55,15 @@ from cyclonedx.schema import SchemaVersion
 from packageurl import PackageURL
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent))
+
+import provenance  # noqa: E402  # packaging/, beside this file
 
 from multicall import __version__  # noqa: E402  # the repository root, added just above
 
 SCHEMA = SchemaVersion.V1_6
 MEDIA_TYPE = "application/vnd.cyclonedx+json"
-SOURCE_URL = "https://github.com/cnibox/cnibox"
 TRIPLETS = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
 MUSL_TRIPLETS = {"amd64": "x86_64-linux-musl", "arm64": "aarch64-linux-musl"}
 ELF_MAGIC = b"\x7fELF"
@@ -437,7 +440,7 @@ def _in_root(path: Path, root: Path) -> str:
 
 
 def source_date() -> datetime:
-    return datetime.fromtimestamp(int(os.environ.get("SOURCE_DATE_EPOCH", "0")), UTC)
+    return datetime.fromtimestamp(provenance.build_info(__version__).epoch, UTC)
 
 
 def nuitka_zstd_version() -> str:
@@ -551,7 +554,9 @@ def build_bom(inv: Inventory, arch: str, root: Path) -> Bom:
             Property(name="cnibox:architecture", value=arch),
             *_files_property(by_owner.get("cnibox", [])),
         ],
-        references=[ExternalReference(type=ExternalReferenceType.VCS, url=XsUri(SOURCE_URL))],
+        references=[
+            ExternalReference(type=ExternalReferenceType.VCS, url=XsUri(provenance.SOURCE))
+        ],
         kind=ComponentType.APPLICATION,
     )
     bom = Bom(
@@ -576,7 +581,9 @@ def serial_number(inv: Inventory, arch: str) -> uuid.UUID:
         "packages": sorted((p.name, p.version) for p in inv.packages.values()),
         "distributions": sorted(inv.distributions.items()),
     }
-    return uuid.uuid5(uuid.NAMESPACE_URL, SOURCE_URL + "#" + json.dumps(facts, sort_keys=True))
+    return uuid.uuid5(
+        uuid.NAMESPACE_URL, provenance.SOURCE + "#" + json.dumps(facts, sort_keys=True)
+    )
 
 
 def render(bom: Bom) -> str:

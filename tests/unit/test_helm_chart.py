@@ -376,6 +376,8 @@ class TestValues:
         chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
         assert chart["name"] == "linkerd2-cni"
         assert chart["version"] == chart["appVersion"] == __version__
+        # The images' org.opencontainers.image.source (packaging/provenance.py) says the same.
+        assert chart["sources"] == ["https://github.com/cnibox/cnibox"]
 
     def test_every_linkerd_key_with_its_default(self) -> None:
         """Every leaf of Linkerd's values.yaml exists here with the same default, but the image."""
