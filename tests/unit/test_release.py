@@ -58,6 +58,12 @@ def helm() -> str:
     return str(path)
 
 
+def python_extension() -> tuple[str, Path]:
+    """An extension module of the build's Python, and its name as Nuitka copies it."""
+    module = min((Path(sysconfig.get_paths()["stdlib"]) / "lib-dynload").glob("*.so"))
+    return module.name.split(".", 1)[0] + ".so", module
+
+
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A dist like Nuitka's, from real files: Debian libraries (identical copies, and one with
@@ -76,14 +82,14 @@ def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "xtables/libxt_comment.so": LIBDIR / "xtables" / "libxt_comment.so",
         "locale/C.utf8/LC_CTYPE": Path("/usr/lib/locale/C.utf8/LC_CTYPE"),
     }
-    dynload = Path(sysconfig.get_paths()["stdlib"]) / "lib-dynload"
-    copies["_json.so"] = next(dynload.glob("_json.*.so"))
+    name, module = python_extension()
+    copies[name] = module
     import yaml
 
     copies["yaml/_yaml.so"] = next(Path(yaml.__file__).parent.glob("_yaml.*.so"))
     for name, source in copies.items():
         shutil.copyfile(source.resolve(), dist / name)
-    for patched in ("libssl.so.3", "_json.so"):
+    for patched in ("libssl.so.3", name):
         subprocess.run([patchelf, "--set-rpath", "$ORIGIN", str(dist / patched)], check=True)
     (dist / "cnibox.bin").write_bytes(b"\x7fELF stand-in for cnibox.bin\n")
     (dist / "dataclasses.marshal").write_bytes(b"stand-in")
@@ -150,8 +156,9 @@ class TestSbom:
             assert f"arch={ARCH}" in component["purl"]
         assert files["dist/yaml/_yaml.so"]["name"] == "PyYAML"
         assert files["dist/cnibox.bin"]["name"] == "cnibox"
-        python = files["dist/_json.so"]
-        assert python["name"] in ("cpython", "libpython3.11-stdlib")  # pyenv build or Debian's
+        # The build's Python: pyenv's here (cpython), or Debian's (a libpython3.X package).
+        owner = files[f"dist/{python_extension()[0]}"]["name"]
+        assert owner == "cpython" or owner.startswith("libpython3")
         names = {c["name"] for c in document["components"]}
         assert {"python-iptables", "PyYAML", "Nuitka", "zstd", "musl-dev"} <= names
 
