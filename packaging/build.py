@@ -85,7 +85,11 @@ def images(binary: bytes, info: provenance.BuildInfo) -> dict[str, oci.Image]:
 
 
 def build(
-    binary_path: Path, out: Path, version: str = __version__, sbom: bytes | None = None
+    binary_path: Path,
+    out: Path,
+    version: str = __version__,
+    sbom: bytes | None = None,
+    arch: str = "amd64",
 ) -> dict[str, Path]:
     """Write both images under `out`; returns the archive path of each."""
     info = provenance.build_info(version)
@@ -95,7 +99,7 @@ def build(
         image, extra = built, []
         if sbom is not None:
             image, descriptor = provenance.sbom_artifact(
-                built, sbom, f"cnibox-{version}.cdx.json", info
+                built, sbom, provenance.sbom_filename(version, arch), info
             )
             extra.append(descriptor)
         oci.write_layout(out / name, image, version, extra)

@@ -71,6 +71,11 @@ def build_info(version: str, env: Mapping[str, str] = os.environ) -> BuildInfo:
     return BuildInfo(version, revision, epoch)
 
 
+def sbom_filename(version: str, arch: str) -> str:
+    """The SBOM's name: beside the binary it describes (cnibox-V-linux-ARCH)."""
+    return f"cnibox-{version}-linux-{arch}.cdx.json"
+
+
 def image_labels(info: BuildInfo, title: str, description: str) -> dict[str, str]:
     """The OCI pre-defined annotation keys for an image of this build."""
     return {

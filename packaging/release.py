@@ -6,7 +6,7 @@ Writes, for version V and architecture A:
 
     cnibox-V-linux-A                    the single executable
     cnibox-V.pyz                        the zipapp (hosts with Python 3.11)
-    cnibox-V.cdx.json                   CycloneDX SBOM of the executable (sbom.py)
+    cnibox-V-linux-A.cdx.json           CycloneDX SBOM of the executable (sbom.py)
     cnibox-installer-V.oci.tar          the DaemonSet image (oci-archive), SBOM attached
     cnibox-talos-extension-V.oci.tar    the Talos system extension (oci-archive), SBOM attached
     cnibox-talos-extension-V.rootfs.tar its filesystem (imager's profile `tarballPath`)
@@ -62,7 +62,7 @@ def names(version: str, arch: str) -> dict[str, str]:
     return {
         "binary": f"cnibox-{version}-linux-{arch}",
         "zipapp": f"cnibox-{version}.pyz",
-        "sbom": f"cnibox-{version}.cdx.json",
+        "sbom": provenance.sbom_filename(version, arch),
         build.IMAGE_NAME: f"cnibox-installer-{version}.oci.tar",
         build.TALOS_NAME: f"cnibox-talos-extension-{version}.oci.tar",
         "extension-rootfs": f"cnibox-talos-extension-{version}.rootfs.tar",
@@ -145,7 +145,7 @@ def assemble(
         sbom_text = sbom.generate(dist, arch, root, launcher_libc)
         (staging / files["sbom"]).write_text(sbom_text)
         with tempfile.TemporaryDirectory(prefix="cnibox-images-") as tmp:
-            archives = build.build(binary, Path(tmp), __version__, sbom_text.encode())
+            archives = build.build(binary, Path(tmp), __version__, sbom_text.encode(), arch)
             for role, archive in archives.items():
                 shutil.copyfile(archive, staging / files[role])
         rootfs = oci.build_tar(build.talos_entries(binary.read_bytes()))

@@ -128,7 +128,7 @@ class TestSbom:
     def test_validates_and_names_every_file(self, standin: Path, releases: list[Path]) -> None:
         """CycloneDX 1.6 (strict schema); each file owned once; Debian files by package+version
         (the SBOM the release wrote for the stand-in dist; twice the same bytes, see below)."""
-        text = (releases[0] / f"cnibox-{__version__}.cdx.json").read_text()
+        text = (releases[0] / f"cnibox-{__version__}-linux-{ARCH}.cdx.json").read_text()
         validate(text)
         document = json.loads(text)
         assert document["specVersion"] == "1.6"
@@ -244,7 +244,7 @@ def release_names() -> set[str]:
     return {
         f"cnibox-{v}-linux-{ARCH}",
         f"cnibox-{v}.pyz",
-        f"cnibox-{v}.cdx.json",
+        f"cnibox-{v}-linux-{ARCH}.cdx.json",
         f"cnibox-installer-{v}.oci.tar",
         f"cnibox-talos-extension-{v}.oci.tar",
         f"cnibox-talos-extension-{v}.rootfs.tar",
@@ -319,7 +319,7 @@ class TestRelease:
             assert manifest["subject"]["digest"] == tagged["digest"]
             (layer,) = manifest["layers"]
             sbom = blob(layer["digest"])
-        assert sbom == (release / f"cnibox-{__version__}.cdx.json").read_bytes()
+        assert sbom == (release / f"cnibox-{__version__}-linux-{ARCH}.cdx.json").read_bytes()
         assert hashlib.sha256(sbom).hexdigest() == layer["digest"].removeprefix("sha256:")
 
     def test_chart_package_is_helm_readable_and_dated(self, releases: list[Path]) -> None:
