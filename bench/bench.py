@@ -45,7 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from multicall.core.installer_config import render_kubeconfig  # noqa: E402
+from multicall.core.installer.config import render_kubeconfig  # noqa: E402
 from multicall.effects.ns import entered_netns  # noqa: E402
 from tests.conftest import FIXTURES  # noqa: E402
 from tests.kubeapi import TOKEN, KubeApi, make_pki, pods_from_golden  # noqa: E402

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from multicall.applet import AppletSpec, write_text
-from multicall.core import conflist
-from multicall.core.installer_config import (
+from multicall.core.installer import conflist
+from multicall.core.installer.config import (
     InstallerConfig,
     SourceRead,
     choose_network_config,

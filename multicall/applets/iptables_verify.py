@@ -51,10 +51,10 @@ from multicall.errors import (
 )
 
 if TYPE_CHECKING:
-    from multicall.core.firewall import Mode, ProxyInitOptions
-    from multicall.core.k8s import Service
-    from multicall.core.ruleset import Table
-    from multicall.core.ruleset_diff import RulesetDiff
+    from multicall.core.firewall.canonical import RulesetDiff
+    from multicall.core.firewall.model import Mode, ProxyInitOptions
+    from multicall.core.firewall.ruleset import Table
+    from multicall.core.kube.objects import Service
     from multicall.effects.kube import PodInputs
 
 PROG = "iptables-verify"
@@ -191,7 +191,7 @@ def plugin_config(data: bytes, path: str) -> bytes:
     passes them), or the document itself when it is a single plugin config."""
     import json
 
-    from multicall.core.conflist import is_linkerd, parse_document
+    from multicall.core.installer.conflist import is_linkerd, parse_document
 
     document = parse_document(data, path)
     plugins = document.get("plugins")
@@ -239,9 +239,9 @@ class Expectation:
 
 def expected(opts: Options, stdin: BinaryIO, env: Mapping[str, str]) -> Expectation:
     """The nat table the plugin would leave, from the same core code as its ADD."""
-    from multicall.core.cni_config import base_options, mode_of, parse_netconf
-    from multicall.core.firewall import Family, Mode
-    from multicall.core.proxy_init import empty_table, expected_table
+    from multicall.core.cni.netconf import base_options, mode_of, parse_netconf
+    from multicall.core.firewall.model import Family, Mode
+    from multicall.core.firewall.proxy_init import empty_table, expected_table
 
     netconf = parse_netconf(plugin_config(read_bytes(opts.config, stdin), opts.config))
     mode = Mode(opts.mode) if opts.mode else mode_of(netconf)
@@ -264,7 +264,7 @@ def _pod_inputs(
     opts: Options, stdin: BinaryIO, env: Mapping[str, str], kubeconfig: str
 ) -> PodInputs:
     """The pod, its namespace's annotations and the API service, from files or the API."""
-    from multicall.core.k8s import parse_namespace, parse_pod, parse_service
+    from multicall.core.kube.objects import parse_namespace, parse_pod, parse_service
     from multicall.effects.kube import PodInputs
 
     assert opts.pod is not None
@@ -310,7 +310,7 @@ def _fetch(
 def _pod_options(
     inputs: PodInputs, base: ProxyInitOptions
 ) -> tuple[ProxyInitOptions | None, str, str]:
-    from multicall.core.pod_policy import decide, effective_options
+    from multicall.core.kube.pod_policy import decide, effective_options
 
     pod = inputs.pod
     name = f"{pod.namespace}/{pod.name}"
@@ -330,8 +330,8 @@ class Actual:
 
 def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> Actual:
     """The nat table to check, and where it came from."""
-    from multicall.core.iptables_save import last_table, parse_save
-    from multicall.core.proxy_init import empty_table
+    from multicall.core.firewall.iptables_save import last_table, parse_save
+    from multicall.core.firewall.proxy_init import empty_table
 
     if opts.input is not None:
         source = "<stdin>" if opts.input == "-" else opts.input
@@ -341,8 +341,8 @@ def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> Actual:
         # iptables-save prints no *nat block when the table was never instantiated.
         return Actual(found or empty_table(), source, ruleset.warnings)
     path = opts.netns if opts.netns is not None else f"/proc/{opts.pid}/ns/net"
-    from multicall.core.firewall import Family
-    from multicall.effects.firewall import dump_nat
+    from multicall.core.firewall.model import Family
+    from multicall.effects.firewall.engine import dump_nat
 
     # Reading is harmless, so the verifier's own namespace may be inspected too.
     table = dump_nat(path, mode=mode, family=Family(opts.family), allow_own_netns=True)
@@ -355,7 +355,7 @@ def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> Actual:
 def format_json(diff: RulesetDiff, opts: Options, want: Expectation, got: Actual) -> str:
     import json
 
-    from multicall.core.ruleset_diff import diff_to_json
+    from multicall.core.firewall.canonical import diff_to_json
 
     doc = {
         **diff_to_json(diff),
@@ -371,7 +371,7 @@ def format_json(diff: RulesetDiff, opts: Options, want: Expectation, got: Actual
 
 
 def format_text(diff: RulesetDiff, opts: Options, want: Expectation, got: Actual) -> str:
-    from multicall.core.ruleset_diff import format_diff, format_summary
+    from multicall.core.firewall.canonical import format_diff, format_summary
 
     head = f"{opts.family} nat table of {got.source}"
     notes = [want.note] if want.note else []
@@ -384,7 +384,7 @@ def format_text(diff: RulesetDiff, opts: Options, want: Expectation, got: Actual
 
 
 def run(opts: Options, env: Mapping[str, str], stdin: BinaryIO, stdout: BinaryIO) -> int:
-    from multicall.core.ruleset_diff import diff_tables
+    from multicall.core.firewall.canonical import diff_tables
 
     want = expected(opts, stdin, env)
     got = actual(opts, want.mode, stdin)

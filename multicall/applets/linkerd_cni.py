@@ -29,9 +29,9 @@ from multicall.applet import AppletSpec, write_text
 from multicall.errors import CNI_INTERNAL, CniboxError, CniError, cni_code_of
 
 if TYPE_CHECKING:
-    from multicall.core.cni_config import NetConf
-    from multicall.core.cni_protocol import CniEnv, PodIdentity, Result
-    from multicall.core.firewall import ProxyInitOptions
+    from multicall.core.cni.netconf import NetConf
+    from multicall.core.cni.skel import CniEnv, PodIdentity, Result
+    from multicall.core.firewall.model import ProxyInitOptions
     from multicall.effects.kube import KubeClient
     from multicall.errors import KubeError
 
@@ -72,7 +72,7 @@ class Logger:
 def _logfmt(value: str) -> str:
     if value and all(c.isalnum() or c in "-._/@^+" for c in value):
         return value
-    from multicall.core.gojson import go_quote
+    from multicall.core.go.encoding_json import go_quote
 
     return go_quote(value)
 
@@ -111,7 +111,7 @@ def main(
 
 
 def fail(stdout: BinaryIO, code: int, message: str, details: str = "") -> int:
-    from multicall.core.cni_protocol import render_error
+    from multicall.core.cni.skel import render_error
 
     stdout.write(render_error(code, message, details))
     stdout.flush()
@@ -120,7 +120,7 @@ def fail(stdout: BinaryIO, code: int, message: str, details: str = "") -> int:
 
 def dispatch(env: Mapping[str, str], stdin: BinaryIO, stdout: BinaryIO, log: Logger) -> None:
     """skel's PluginMainFuncs: validate in skel's order, then run the command's handler."""
-    from multicall.core import cni_protocol as cni
+    from multicall.core.cni import skel as cni
 
     cni_env = cni.read_env(env)
     if cni_env.command == "VERSION":
@@ -140,7 +140,7 @@ def dispatch(env: Mapping[str, str], stdin: BinaryIO, stdout: BinaryIO, log: Log
 
 
 def cmd_add(inv: Invocation) -> None:
-    from multicall.core import cni_protocol as cni
+    from multicall.core.cni import skel as cni
 
     conf = read_config(inv)
     prev = prev_result(conf)
@@ -160,7 +160,7 @@ def cmd_add(inv: Invocation) -> None:
 
 
 def read_config(inv: Invocation) -> NetConf:
-    from multicall.core.cni_config import log_level, parse_netconf
+    from multicall.core.cni.netconf import log_level, parse_netconf
 
     try:
         conf = parse_netconf(inv.stdin)
@@ -173,7 +173,7 @@ def read_config(inv: Invocation) -> NetConf:
 
 def prev_result(conf: NetConf) -> Result | None:
     """parseConfig's prevResult handling: parse with the config's version, lift to 1.1.0."""
-    from multicall.core import cni_protocol as cni
+    from multicall.core.cni import skel as cni
 
     if conf.prev_result is None:
         return None
@@ -190,7 +190,7 @@ def prev_result(conf: NetConf) -> Result | None:
 
 
 def pod_identity(inv: Invocation) -> PodIdentity:
-    from multicall.core.cni_protocol import parse_cni_args
+    from multicall.core.cni.skel import parse_cni_args
 
     try:
         identity = parse_cni_args(inv.env.args)
@@ -209,8 +209,8 @@ def configure_pod(inv: Invocation, conf: NetConf, identity: PodIdentity) -> None
     options = pod_options(inv, conf, identity)
     if options is None:
         return
-    from multicall.core.cni_config import mode_of
-    from multicall.effects.firewall import apply_proxy_init
+    from multicall.core.cni.netconf import mode_of
+    from multicall.effects.firewall.engine import apply_proxy_init
 
     mode = mode_of(conf)
     refuse_own_netns(inv.env)
@@ -227,8 +227,8 @@ def configure_pod(inv: Invocation, conf: NetConf, identity: PodIdentity) -> None
 
 def pod_options(inv: Invocation, conf: NetConf, identity: PodIdentity) -> ProxyInitOptions | None:
     """The effective options for a meshed pod, None for a pod that gets no rules."""
-    from multicall.core.cni_config import base_options
-    from multicall.core.pod_policy import decide, effective_options
+    from multicall.core.cni.netconf import base_options
+    from multicall.core.kube.pod_policy import decide, effective_options
     from multicall.effects.kube import read_pod_inputs
 
     def service_error(exc: KubeError) -> None:
@@ -298,10 +298,10 @@ def cmd_check(inv: Invocation) -> None:
 
 def diff_pod_rules(inv: Invocation, conf: NetConf, options: ProxyInitOptions) -> list[str]:
     """One readable diff per family whose live nat table lacks what ADD would program."""
-    from multicall.core.cni_config import mode_of
-    from multicall.core.proxy_init import expected_table
-    from multicall.core.ruleset_diff import diff_tables, format_diff
-    from multicall.effects.firewall import dump_nat, families
+    from multicall.core.cni.netconf import mode_of
+    from multicall.core.firewall.canonical import diff_tables, format_diff
+    from multicall.core.firewall.proxy_init import expected_table
+    from multicall.effects.firewall.engine import dump_nat, families
 
     mode = mode_of(conf)
     refuse_own_netns(inv.env)

@@ -41,8 +41,8 @@ from typing import BinaryIO, NoReturn
 
 from multicall import __version__
 from multicall.applet import AppletSpec, write_text
-from multicall.core import nsenter_args as na
-from multicall.core.nsenter_args import FileOpen, Invocation, NsenterError
+from multicall.core import netns_exec as na
+from multicall.core.netns_exec import FileOpen, Invocation, NsenterError
 from multicall.effects import ns, process
 from multicall.errors import ExecFailed, ExecNotFound
 

@@ -18,8 +18,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 from urllib.parse import quote, urlsplit
 
-from multicall.core.k8s import Namespace, Pod, Service, parse_namespace, parse_pod, parse_service
-from multicall.core.kubeconfig import KubeConfig, parse_kubeconfig
+from multicall.core.kube.kubeconfig import KubeConfig, parse_kubeconfig
+from multicall.core.kube.objects import (
+    Namespace,
+    Pod,
+    Service,
+    parse_namespace,
+    parse_pod,
+    parse_service,
+)
 from multicall.errors import ConfigError, KubeError
 
 if TYPE_CHECKING:
@@ -188,7 +195,7 @@ def read_pod_inputs(
     """The pod, then for a meshed pod its namespace (only when an override annotation is not
     on the pod) and the `default/kubernetes` service (only for control-plane pods): at most
     three GETs. Given namespace annotations or service are used instead of a GET."""
-    from multicall.core.pod_policy import decide, needs_namespace, needs_service
+    from multicall.core.kube.pod_policy import decide, needs_namespace, needs_service
 
     pod = client.get_pod(namespace, name)
     if not decide(pod).meshed:

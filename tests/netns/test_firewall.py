@@ -16,10 +16,21 @@ from pathlib import Path
 
 import pytest
 
-from multicall.core.firewall import OUTPUT_CHAIN, REDIRECT_CHAIN, Family, Mode, ProxyInitOptions
-from multicall.core.proxy_init import build_run_argv, expected_table, plan_change, strip_counters
-from multicall.core.ruleset import Rule, render_table
-from multicall.effects.firewall import apply_proxy_init, backend_for, dump_nat
+from multicall.core.firewall.model import (
+    OUTPUT_CHAIN,
+    REDIRECT_CHAIN,
+    Family,
+    Mode,
+    ProxyInitOptions,
+)
+from multicall.core.firewall.proxy_init import (
+    build_run_argv,
+    expected_table,
+    plan_change,
+    strip_counters,
+)
+from multicall.core.firewall.ruleset import Rule, render_table
+from multicall.effects.firewall.engine import apply_proxy_init, backend_for, dump_nat
 from multicall.effects.ns import entered_netns
 from multicall.errors import FirewallError, NetnsError
 from tests.conftest import REPO, require_tool
@@ -195,8 +206,8 @@ class TestSafety:
         pod = rig.netns("p")
         script = textwrap.dedent(
             """
-            from multicall.core.firewall import Mode, ProxyInitOptions
-            from multicall.effects.firewall import apply_proxy_init
+            from multicall.core.firewall.model import Mode, ProxyInitOptions
+            from multicall.effects.firewall.engine import apply_proxy_init
             from multicall.errors import NetnsError
             own = "/proc/self/ns/net"
             try:
@@ -217,8 +228,8 @@ class TestSafety:
         pod = rig.netns("p")
         script = (
             "import sys;"
-            "from multicall.core.firewall import Mode, ProxyInitOptions;"
-            "from multicall.effects.firewall import apply_proxy_init;"
+            "from multicall.core.firewall.model import Mode, ProxyInitOptions;"
+            "from multicall.effects.firewall.engine import apply_proxy_init;"
             f"apply = lambda: apply_proxy_init({pod.path!r}, ProxyInitOptions(),"
             " mode=Mode.LEGACY, ipv6=True);"
             "apply();"
@@ -246,8 +257,8 @@ class TestSafety:
         empty.mkdir()
         trace = tmp_path / "trace"
         script = (
-            "from multicall.core.firewall import Mode, ProxyInitOptions;"
-            "from multicall.effects.firewall import apply_proxy_init;"
+            "from multicall.core.firewall.model import Mode, ProxyInitOptions;"
+            "from multicall.effects.firewall.engine import apply_proxy_init;"
             f"apply_proxy_init({pod.path!r}, ProxyInitOptions(), mode=Mode.{mode.name}, ipv6=True)"
         )
         argv = [strace, "-f", "-qq", "-e", "trace=execve,execveat", "-o", str(trace)]

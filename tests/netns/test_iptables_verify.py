@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from multicall.core.firewall import Family, Mode
-from multicall.effects.firewall import apply_proxy_init
+from multicall.core.firewall.model import Family, Mode
+from multicall.effects.firewall.engine import apply_proxy_init
 from tests.conftest import FIXTURES, REPO, cnibox_argv, require_tool
 from tests.rig import Netns, Rig
 from tests.unit.test_iptables_verify import (

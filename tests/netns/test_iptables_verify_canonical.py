@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from multicall.core.iptables_save import last_table, parse_save
-from multicall.core.ruleset_diff import canonical, diff_tables, format_diff
+from multicall.core.firewall.canonical import canonical, diff_tables, format_diff
+from multicall.core.firewall.iptables_save import last_table, parse_save
 from tests.conftest import FIXTURES, require_tool
 from tests.rig import Netns, Rig
 from tests.unit.test_iptables_save import payload

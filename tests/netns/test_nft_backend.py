@@ -17,11 +17,16 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from multicall.core import nft_codec as c
-from multicall.core.firewall import Family, FirewallBackend, ProxyInitOptions, TableChange
-from multicall.core.proxy_init import empty_table, expected_table, plan_change, strip_counters
-from multicall.core.ruleset import Rule, Table, render_table
-from multicall.effects.nft_backend import NftBackend, read_chains, read_rules
+from multicall.core.firewall import nft as c
+from multicall.core.firewall.model import Family, FirewallBackend, ProxyInitOptions, TableChange
+from multicall.core.firewall.proxy_init import (
+    empty_table,
+    expected_table,
+    plan_change,
+    strip_counters,
+)
+from multicall.core.firewall.ruleset import Rule, Table, render_table
+from multicall.effects.firewall.nft import NftBackend, read_chains, read_rules
 from multicall.effects.ns import entered_netns
 from multicall.errors import FirewallError
 from tests.conftest import FIXTURES, REPO, require_root, require_tool
@@ -272,10 +277,10 @@ class TestNoHostBinaries:
         ns = rig.netns()
         script = (
             "import sys\n"
-            "from multicall.core.firewall import Family, TableChange\n"
-            "from multicall.core.ruleset import Rule\n"
+            "from multicall.core.firewall.model import Family, TableChange\n"
+            "from multicall.core.firewall.ruleset import Rule\n"
             "from multicall.effects.ns import entered_netns\n"
-            "from multicall.effects.nft_backend import NftBackend\n"
+            "from multicall.effects.firewall.nft import NftBackend\n"
             "rule = Rule('PREROUTING', ('-p', 'tcp', '-j', 'REDIRECT', '--to-ports', '4143'))\n"
             "with entered_netns(sys.argv[1]):\n"
             "    NftBackend().apply(Family.IPV4, TableChange('nat', (), (), (rule,)))\n"

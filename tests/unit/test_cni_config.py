@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-from multicall.core import gojson
-from multicall.core.cni_config import (
+from multicall.core.cni.netconf import (
     MODE_ERROR,
     NetConf,
     base_options,
@@ -16,7 +15,8 @@ from multicall.core.cni_config import (
     mode_of,
     parse_netconf,
 )
-from multicall.core.firewall import Mode
+from multicall.core.firewall.model import Mode
+from multicall.core.go import encoding_json as gojson
 from multicall.errors import CniError
 from tests.conftest import FIXTURES
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from multicall.core.cni_config import NetConf, parse_netconf
+from multicall.core.cni.netconf import NetConf, parse_netconf
 from multicall.errors import CniError
 from tests.libcni import build_go
 

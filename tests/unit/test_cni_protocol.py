@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from multicall.applets import linkerd_cni
-from multicall.core import cni_protocol as cni
+from multicall.core.cni import skel as cni
 from tests.conftest import FIXTURES, cnibox_argv
 
 STDOUT = FIXTURES / "derived" / "linkerd-cni-stdout"
@@ -313,7 +313,7 @@ class TestStatus:
         assert "no such file or directory" in doc["details"]
 
     def test_readable_kubeconfig(self, tmp_path: Path) -> None:
-        from multicall.core.installer_config import render_kubeconfig
+        from multicall.core.installer.config import render_kubeconfig
 
         path = tmp_path / "kc"
         path.write_bytes(render_kubeconfig(b"tok", b"CA", "10.0.0.1", "443"))

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from multicall.core import cni_protocol as cni
+from multicall.core.cni import skel as cni
 from tests.libcni import build_go
 
 ORACLE_SOURCE = Path(__file__).resolve().parents[1] / "libcni" / "result_oracle.go"

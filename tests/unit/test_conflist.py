@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from multicall.core import conflist
-from multicall.core.conflist import Json, insert_linkerd, remove_linkerd, render_go_json
+from multicall.core.installer import conflist
+from multicall.core.installer.conflist import Json, insert_linkerd, remove_linkerd, render_go_json
 from multicall.errors import ConfigError
 from tests.conftest import FIXTURES, require_tool
 

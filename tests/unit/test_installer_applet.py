@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from multicall.applets import install_cni
-from multicall.core.installer_config import parse_environment
+from multicall.core.installer.config import parse_environment
 from multicall.effects import inotify
 from multicall.errors import UsageError
 from tests.installer.host import TESTDATA, Host, make_host, put_config, wait_for

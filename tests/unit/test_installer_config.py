@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from multicall.core.installer_config import (
+from multicall.core.installer.config import (
     DEFAULTS,
     SourceRead,
     choose_network_config,

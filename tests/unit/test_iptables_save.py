@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from multicall.core.iptables_save import last_table, parse_save, tokenize
-from multicall.core.ruleset import (
+from multicall.core.firewall.iptables_save import last_table, parse_save, tokenize
+from multicall.core.firewall.ruleset import (
     BUILTIN_CHAINS,
     Chain,
     Counters,

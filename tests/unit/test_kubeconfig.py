@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from multicall.core.installer_config import render_kubeconfig
-from multicall.core.kubeconfig import parse_kubeconfig
+from multicall.core.installer.config import render_kubeconfig
+from multicall.core.kube.kubeconfig import parse_kubeconfig
 from multicall.effects.kube import KubeClient, read_kubeconfig, timeout_from_env
 from multicall.errors import ConfigError, KubeError
 from tests.conftest import FIXTURES
@@ -47,7 +47,7 @@ class TestParse:
     )
     def test_fast_path_agrees_with_yaml(self, token: bytes, ca: bytes, host: str) -> None:
         """The installer's layout read without PyYAML gives what PyYAML gives."""
-        from multicall.core import kubeconfig
+        from multicall.core.kube import kubeconfig
 
         text = render_kubeconfig(token, ca, host, "443").decode()
         by_yaml = parse_kubeconfig(text + "# not the installer's layout any more\n")

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multicall.core import nft_codec as c
-from multicall.core.firewall import Family, TableChange
-from multicall.core.ruleset import Rule, format_ipv6
+from multicall.core.firewall import nft as c
+from multicall.core.firewall.model import Family, TableChange
+from multicall.core.firewall.ruleset import Rule, format_ipv6
 from multicall.errors import FirewallError
 from tests.conftest import FIXTURES
 

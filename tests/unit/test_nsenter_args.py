@@ -7,8 +7,8 @@ import io
 import pytest
 
 from multicall.applets import netns_exec
-from multicall.core import nsenter_args as na
-from multicall.core.nsenter_args import ArgError, FileOpen, Invocation, NsenterError, Show
+from multicall.core import netns_exec as na
+from multicall.core.netns_exec import ArgError, FileOpen, Invocation, NsenterError, Show
 from multicall.dispatch import run_applet
 
 NET = "/var/run/netns/pod"

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from multicall.core.firewall import ProxyInitOptions
-from multicall.core.k8s import Pod, Service, ServicePort, parse_pod, parse_service
-from multicall.core.pod_policy import (
+from multicall.core.firewall.model import ProxyInitOptions
+from multicall.core.kube.objects import Pod, Service, ServicePort, parse_pod, parse_service
+from multicall.core.kube.pod_policy import (
     decide,
     effective_options,
     needs_namespace,

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from multicall.core.firewall import (
+from multicall.core.firewall.iptables_save import last_table, parse_save
+from multicall.core.firewall.model import (
     OUTPUT_CHAIN,
     REDIRECT_CHAIN,
     Family,
@@ -15,8 +16,7 @@ from multicall.core.firewall import (
     ProxyInitOptions,
     TableChange,
 )
-from multicall.core.iptables_save import last_table, parse_save
-from multicall.core.proxy_init import (
+from multicall.core.firewall.proxy_init import (
     PortRange,
     apply_change,
     binaries,
@@ -33,7 +33,7 @@ from multicall.core.proxy_init import (
     plan_change,
     render_restore,
 )
-from multicall.core.ruleset import Chain, Rule, Table, render_table
+from multicall.core.firewall.ruleset import Chain, Rule, Table, render_table
 from multicall.errors import FirewallError
 from tests.conftest import FIXTURES
 

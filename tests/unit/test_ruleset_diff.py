@@ -11,9 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multicall.core.iptables_save import last_table, parse_save
-from multicall.core.ruleset import Chain, Rule, Table, render_rule
-from multicall.core.ruleset_diff import (
+from multicall.core.firewall.canonical import (
     ChainProblem,
     RuleProblem,
     canonical,
@@ -21,6 +19,8 @@ from multicall.core.ruleset_diff import (
     diff_to_json,
     format_diff,
 )
+from multicall.core.firewall.iptables_save import last_table, parse_save
+from multicall.core.firewall.ruleset import Chain, Rule, Table, render_rule
 from tests.conftest import FIXTURES
 
 CANON = FIXTURES / "derived/iptables-canonicalization"

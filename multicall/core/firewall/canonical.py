@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from multicall.core.ruleset import BUILTIN_CHAINS, Rule, Table, render_rule, render_spec
+from multicall.core.firewall.ruleset import BUILTIN_CHAINS, Rule, Table, render_rule, render_spec
 
 OWNED_PREFIX = "PROXY_INIT_"
 JSON_SCHEMA = "cnibox.iptables-verify.diff/v1"

@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from multicall.core.ruleset import (
+from multicall.core.firewall.ruleset import (
     BUILTIN_CHAINS,
     QUOTED_OPTIONS,
     Chain,

@@ -15,13 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from multicall.core import gojson
-from multicall.core.gojson import ANYMAP, BOOL, BOOLMAP, INT, STRING, Slice, Struct
+from multicall.core.go import encoding_json as gojson
+from multicall.core.go.encoding_json import ANYMAP, BOOL, BOOLMAP, INT, STRING, Slice, Struct
 from multicall.errors import CNI_INTERNAL, CniError
 
 if TYPE_CHECKING:
     # Imported where used: ADDs of pods that get no rules never need the firewall model.
-    from multicall.core.firewall import Mode, ProxyInitOptions
+    from multicall.core.firewall.model import Mode, ProxyInitOptions
 
 _STRINGS = Slice(STRING, "[]string")
 _PROXY_INIT = Struct(
@@ -171,7 +171,7 @@ def log_level(netconf: NetConf) -> str:
 
 def base_options(netconf: NetConf) -> ProxyInitOptions:
     """The firewall options the config alone asks for (before any annotation override)."""
-    from multicall.core.firewall import ProxyInitOptions
+    from multicall.core.firewall.model import ProxyInitOptions
 
     return ProxyInitOptions(
         incoming_proxy_port=netconf.incoming_proxy_port,
@@ -188,7 +188,7 @@ def base_options(netconf: NetConf) -> ProxyInitOptions:
 
 def mode_of(netconf: NetConf) -> Mode:
     """`linkerd.iptables-mode` ("" means legacy, for configs older than the key)."""
-    from multicall.core.firewall import Mode
+    from multicall.core.firewall.model import Mode
 
     text = netconf.iptables_mode or "legacy"
     for mode in Mode:

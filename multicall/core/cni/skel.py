@@ -17,8 +17,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from multicall.core import gojson
-from multicall.core.gojson import CIDR, INT, IP, STRING, Slice, Struct
+from multicall.core.go import encoding_json as gojson
+from multicall.core.go.encoding_json import CIDR, INT, IP, STRING, Slice, Struct
 from multicall.errors import (
     CNI_DECODING_FAILURE,
     CNI_INCOMPATIBLE_VERSION,

@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from multicall.core.firewall import (
+from multicall.core.firewall.model import (
     OUTPUT_CHAIN,
     REDIRECT_CHAIN,
     Family,
@@ -31,7 +31,7 @@ from multicall.core.firewall import (
     ProxyInitOptions,
     TableChange,
 )
-from multicall.core.ruleset import (
+from multicall.core.firewall.ruleset import (
     BUILTIN_CHAINS,
     Chain,
     Rule,

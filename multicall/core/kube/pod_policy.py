@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from multicall.core.cni_protocol import go_atoi
-from multicall.core.firewall import ProxyInitOptions
-from multicall.core.k8s import Pod, Service
+from multicall.core.cni.skel import go_atoi
+from multicall.core.firewall.model import ProxyInitOptions
+from multicall.core.kube.objects import Pod, Service
 from multicall.errors import CNI_INTERNAL, CniError
 
 PROXY_CONTAINER = "linkerd-proxy"

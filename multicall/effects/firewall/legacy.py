@@ -33,8 +33,8 @@ from functools import cache
 from types import ModuleType
 from typing import Any, NoReturn, TypeVar
 
-from multicall.core.firewall import Family, TableChange
-from multicall.core.ruleset import Chain, Counters, Rule, Table
+from multicall.core.firewall.model import Family, TableChange
+from multicall.core.firewall.ruleset import Chain, Counters, Rule, Table
 from multicall.effects import bundle
 from multicall.effects.ns import libc
 from multicall.errors import FirewallError

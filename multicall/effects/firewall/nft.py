@@ -1,7 +1,7 @@
 """The nf_tables firewall backend: iptables-nft-compatible rules over a netfilter netlink socket.
 
 Rules of this module:
-1. Only the socket lives here; every byte is built and parsed by `multicall.core.nft_codec`.
+1. Only the socket lives here; every byte is built and parsed by `multicall.core.firewall.nft`.
 2. Each call opens its own socket, so it talks to the network namespace the calling thread
    is in at that moment (the caller enters the pod's netns first).
 3. `apply` is one NFNL batch guarded by the ruleset generation id, as iptables-nft does:
@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
-from multicall.core import nft_codec as codec
-from multicall.core.firewall import Family, TableChange
-from multicall.core.ruleset import Table
+from multicall.core.firewall import nft as codec
+from multicall.core.firewall.model import Family, TableChange
+from multicall.core.firewall.ruleset import Table
 from multicall.errors import FirewallError
 
 NETLINK_NETFILTER = 12

@@ -2,7 +2,7 @@
 
 Rules of this module:
 1. Pure: bytes and dataclasses in, bytes and dataclasses out. The socket lives in
-   `multicall.effects.nft_backend`.
+   `multicall.effects.firewall.nft`.
 2. A rule goes three ways: canonical `iptables-save` tokens <-> `RuleSpec` <-> expressions
    <-> netlink attributes. Each step is a function pair and each pair round-trips, so
    `dump(apply(x)) == x` holds by construction and is tested against the real
@@ -29,8 +29,8 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from typing import NamedTuple
 
-from multicall.core.firewall import Family, TableChange
-from multicall.core.ruleset import (
+from multicall.core.firewall.model import Family, TableChange
+from multicall.core.firewall.ruleset import (
     Chain,
     Counters,
     Rule,

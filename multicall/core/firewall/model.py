@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from multicall.core.ruleset import Rule, Table
+from multicall.core.firewall.ruleset import Rule, Table
 
 REDIRECT_CHAIN = "PROXY_INIT_REDIRECT"
 OUTPUT_CHAIN = "PROXY_INIT_OUTPUT"

@@ -18,9 +18,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from multicall.core.firewall import Family, FirewallBackend, Mode, ProxyInitOptions, TableChange
-from multicall.core.proxy_init import build_run_argv, invalid_ports, plan_change
-from multicall.core.ruleset import Table
+from multicall.core.firewall.model import (
+    Family,
+    FirewallBackend,
+    Mode,
+    ProxyInitOptions,
+    TableChange,
+)
+from multicall.core.firewall.proxy_init import build_run_argv, invalid_ports, plan_change
+from multicall.core.firewall.ruleset import Table
 from multicall.effects import ns
 from multicall.errors import FirewallError
 
@@ -40,21 +46,21 @@ def families(*, ipv6: bool) -> tuple[Family, ...]:
 
 def legacy_backend() -> FirewallBackend:
     # Imported here: libiptc's module (ctypes, pickle, subprocess) costs every nft ADD ~50 ms.
-    from multicall.effects.iptc_backend import IptcBackend
+    from multicall.effects.firewall.legacy import IptcBackend
 
     backend: FirewallBackend = IptcBackend()
     return backend
 
 
 def nft_backend() -> FirewallBackend:
-    from multicall.effects.nft_backend import NftBackend
+    from multicall.effects.firewall.nft import NftBackend
 
     backend: FirewallBackend = NftBackend()
     return backend
 
 
 def _nft_usable() -> FirewallBackend | None:
-    from multicall.effects.nft_backend import NftBackend
+    from multicall.effects.firewall.nft import NftBackend
 
     backend = NftBackend()
     return backend if backend.available() else None
@@ -62,7 +68,7 @@ def _nft_usable() -> FirewallBackend | None:
 
 def _legacy_has_rules(family: Family) -> bool:
     try:
-        from multicall.effects.iptc_backend import IptcBackend
+        from multicall.effects.firewall.legacy import IptcBackend
 
         return IptcBackend().has_rules(family)
     except FirewallError:
