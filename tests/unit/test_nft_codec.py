@@ -17,8 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multicall.core.firewall import nft as c
 from multicall.core.firewall.model import Family, TableChange
+from multicall.core.firewall.nft import batch as nft_batch
+from multicall.core.firewall.nft import dump as nft_dump
+from multicall.core.firewall.nft import expr as nft_expr
+from multicall.core.firewall.nft import netlink as nl
+from multicall.core.firewall.nft import rule as nft_rule
+from multicall.core.firewall.nft import rulespec as nft_spec
+from multicall.core.firewall.nft import xt
 from multicall.core.firewall.ruleset import Rule, format_ipv6
 from multicall.errors import FirewallError
 from tests.conftest import FIXTURES
@@ -49,13 +55,13 @@ def tokens(text: str) -> tuple[str, ...]:
     return tuple(shlex.split(text))
 
 
-def typed(exprs: tuple[c.Expr, ...]) -> list[tuple[str, c.Expr]]:
+def typed(exprs: tuple[nft_expr.Expr, ...]) -> list[tuple[str, nft_expr.Expr]]:
     """Expressions with their class names: NamedTuples of equal fields compare equal."""
     return [(type(e).__name__, e) for e in exprs]
 
 
-def comment(text: str) -> c.XtMatch:
-    return c.XtMatch("comment", 0, text.encode().ljust(256, b"\0"))
+def comment(text: str) -> nft_expr.XtMatch:
+    return nft_expr.XtMatch("comment", 0, text.encode().ljust(256, b"\0"))
 
 
 class TestGoldenEncoding:
@@ -65,73 +71,91 @@ class TestGoldenEncoding:
         """owner rev 1 is a 24-byte xt_owner_match_info; the comment a 256-byte match."""
         spec = tokens(f"-m owner --uid-owner 2102 -m comment --comment {COMMENT} -j RETURN")
         owner = bytes.fromhex("360800003608000000000000000000000100000000000000")
-        encoded = c.encode_rule_tokens(spec, V4)
+        encoded = nft_rule.encode_rule_tokens(spec, V4)
         assert typed(encoded.exprs) == typed(
-            (c.XtMatch("owner", 1, owner), comment(COMMENT), c.Counter(), c.Immediate(-5))
+            (
+                nft_expr.XtMatch("owner", 1, owner),
+                comment(COMMENT),
+                nft_expr.Counter(),
+                nft_expr.Immediate(-5),
+            )
         )
         assert (encoded.compat_proto, encoded.compat_invert) == (0, False)
 
     def test_loopback(self) -> None:
         """-o lo is meta oifname compared with the NUL-terminated name."""
-        encoded = c.encode_rule_tokens(tokens("-o lo -j RETURN"), V4)
-        assert encoded.exprs[:2] == (c.Meta(7), c.Cmp(0, b"lo\0"))
+        encoded = nft_rule.encode_rule_tokens(tokens("-o lo -j RETURN"), V4)
+        assert encoded.exprs[:2] == (nft_expr.Meta(7), nft_expr.Cmp(0, b"lo\0"))
 
     def test_multiport_with_range(self) -> None:
         """multiport rev 1: flags, count, 15 ports, 15 range flags, invert (48 bytes)."""
         spec = tokens("-p tcp -m multiport --dports 443,6443,3306:3307 -j RETURN")
-        encoded = c.encode_rule_tokens(spec, V4)
+        encoded = nft_rule.encode_rule_tokens(spec, V4)
         info = bytes.fromhex("0104bb012b19ea0ceb0c") + bytes(22) + b"\0\0\x01" + bytes(13)
-        expected = (c.Meta(16), c.Cmp(0, b"\x06"), c.XtMatch("multiport", 1, info))
-        assert typed(encoded.exprs) == typed((*expected, c.Counter(), c.Immediate(-5)))
+        expected = (
+            nft_expr.Meta(16),
+            nft_expr.Cmp(0, b"\x06"),
+            nft_expr.XtMatch("multiport", 1, info),
+        )
+        assert typed(encoded.exprs) == typed(
+            (*expected, nft_expr.Counter(), nft_expr.Immediate(-5))
+        )
         assert (encoded.compat_proto, encoded.compat_invert) == (6, False)
 
     def test_redirect_ipv4(self) -> None:
         """REDIRECT rev 0 on ip: nf_nat_ipv4_multi_range_compat, ports big-endian."""
-        encoded = c.encode_rule_tokens(tokens("-p tcp -j REDIRECT --to-ports 4140"), V4)
+        encoded = nft_rule.encode_rule_tokens(tokens("-p tcp -j REDIRECT --to-ports 4140"), V4)
         info = bytes.fromhex("01000000020000000000000000000000102c102c00000000")
-        assert encoded.exprs[-1] == c.XtTarget("REDIRECT", 0, info)
+        assert encoded.exprs[-1] == nft_expr.XtTarget("REDIRECT", 0, info)
 
     def test_redirect_ipv6(self) -> None:
         """REDIRECT rev 0 on ip6: a 40-byte nf_nat_range."""
-        encoded = c.encode_rule_tokens(tokens("-p tcp -j REDIRECT --to-ports 4140"), V6)
+        encoded = nft_rule.encode_rule_tokens(tokens("-p tcp -j REDIRECT --to-ports 4140"), V6)
         info = bytes.fromhex("02000000") + bytes(32) + bytes.fromhex("102c102c")
-        assert encoded.exprs[-1] == c.XtTarget("REDIRECT", 0, info)
+        assert encoded.exprs[-1] == nft_expr.XtTarget("REDIRECT", 0, info)
 
     def test_subnets(self) -> None:
         """Byte-aligned prefixes load only their bytes; others add a bitwise mask."""
-        assert c.encode_rule_tokens(tokens("-s 10.0.0.0/8 -j RETURN"), V4).exprs[:2] == (
-            c.Payload(1, 12, 1),
-            c.Cmp(0, b"\x0a"),
+        assert nft_rule.encode_rule_tokens(tokens("-s 10.0.0.0/8 -j RETURN"), V4).exprs[:2] == (
+            nft_expr.Payload(1, 12, 1),
+            nft_expr.Cmp(0, b"\x0a"),
         )
-        assert c.encode_rule_tokens(tokens("-s 10.16.0.0/12 -j RETURN"), V4).exprs[:3] == (
-            c.Payload(1, 12, 4),
-            c.Bitwise(bytes.fromhex("fff00000"), bytes(4)),
-            c.Cmp(0, bytes.fromhex("0a100000")),
+        assert nft_rule.encode_rule_tokens(tokens("-s 10.16.0.0/12 -j RETURN"), V4).exprs[:3] == (
+            nft_expr.Payload(1, 12, 4),
+            nft_expr.Bitwise(bytes.fromhex("fff00000"), bytes(4)),
+            nft_expr.Cmp(0, bytes.fromhex("0a100000")),
         )
-        assert c.encode_rule_tokens(tokens("! -d ::1/128 -j RETURN"), V6).exprs[:2] == (
-            c.Payload(1, 24, 16),
-            c.Cmp(1, bytes(15) + b"\x01"),
+        assert nft_rule.encode_rule_tokens(tokens("! -d ::1/128 -j RETURN"), V6).exprs[:2] == (
+            nft_expr.Payload(1, 24, 16),
+            nft_expr.Cmp(1, bytes(15) + b"\x01"),
         )
 
     def test_tcp_ports(self) -> None:
         """--dport is a transport payload; equal sport+dport share one 4-byte compare."""
-        assert c.encode_rule_tokens(tokens("-p tcp -m tcp --dport 8080 -j RETURN"), V4).exprs[
-            2:4
-        ] == (c.Payload(2, 2, 2), c.Cmp(0, b"\x1f\x90"))
-        pair = c.encode_rule_tokens(tokens("-p tcp -m tcp --sport 1 --dport 2 -j ACCEPT"), V4)
-        assert pair.exprs[2:4] == (c.Payload(2, 0, 4), c.Cmp(0, bytes.fromhex("00010002")))
-        ranged = c.encode_rule_tokens(tokens("-p tcp -m tcp --dport 2:65535 -j ACCEPT"), V4)
-        assert ranged.exprs[3] == c.Range(0, b"\x00\x02", b"\xff\xff")
+        assert nft_rule.encode_rule_tokens(
+            tokens("-p tcp -m tcp --dport 8080 -j RETURN"), V4
+        ).exprs[2:4] == (nft_expr.Payload(2, 2, 2), nft_expr.Cmp(0, b"\x1f\x90"))
+        pair = nft_rule.encode_rule_tokens(
+            tokens("-p tcp -m tcp --sport 1 --dport 2 -j ACCEPT"), V4
+        )
+        assert pair.exprs[2:4] == (
+            nft_expr.Payload(2, 0, 4),
+            nft_expr.Cmp(0, bytes.fromhex("00010002")),
+        )
+        ranged = nft_rule.encode_rule_tokens(tokens("-p tcp -m tcp --dport 2:65535 -j ACCEPT"), V4)
+        assert ranged.exprs[3] == nft_expr.Range(0, b"\x00\x02", b"\xff\xff")
 
     def test_jump_and_goto(self) -> None:
         """-j CHAIN is an immediate jump, -g CHAIN a goto, both naming the chain."""
-        jump = c.encode_rule_tokens(tokens("-j X"), V4).exprs
-        assert typed(jump) == typed((c.Counter(), c.Immediate(-3, "X")))
-        assert c.encode_rule_tokens(tokens("-g X"), V4).exprs[-1] == c.Immediate(-4, "X")
+        jump = nft_rule.encode_rule_tokens(tokens("-j X"), V4).exprs
+        assert typed(jump) == typed((nft_expr.Counter(), nft_expr.Immediate(-3, "X")))
+        assert nft_rule.encode_rule_tokens(tokens("-g X"), V4).exprs[-1] == nft_expr.Immediate(
+            -4, "X"
+        )
 
     def test_expression_bytes(self) -> None:
         """The netlink form of an immediate jump, byte for byte as traced from iptables-nft."""
-        assert c.encode_expr(c.Immediate(-3, "PROXY_INIT_OUTPUT")) == bytes.fromhex(
+        assert nft_expr.encode_expr(nft_expr.Immediate(-3, "PROXY_INIT_OUTPUT")) == bytes.fromhex(
             "48000180"  # list element
             "0e000100696d6d656469617465000000"  # NFTA_EXPR_NAME "immediate"
             "34000280"  # NFTA_EXPR_DATA
@@ -148,15 +172,18 @@ class TestCanonicalForms:
     def test_fixture_rules_round_trip(self, path: Path) -> None:
         """Every fixture rule parses, encodes, decodes and prints back to itself."""
         for rule in save_rules(path):
-            encoded = c.encode_rule_tokens(rule.spec, family_of(path))
-            wire = b"".join(c.encode_expr(e) for e in encoded.exprs)
-            assert c.decode_rule_tokens(c.decode_exprs(wire), family_of(path)) == rule.spec
+            encoded = nft_rule.encode_rule_tokens(rule.spec, family_of(path))
+            wire = b"".join(nft_expr.encode_expr(e) for e in encoded.exprs)
+            assert (
+                nft_rule.decode_rule_tokens(nft_expr.decode_exprs(wire), family_of(path))
+                == rule.spec
+            )
 
     def test_p_all_is_accepted_and_vanishes(self) -> None:
         """-p all matches everything: accepted, and printed as nothing (as iptables-save does)."""
         spec = tokens("-p all -s 10.0.0.0/8 -j RETURN")
-        exprs = c.encode_rule_tokens(spec, V4).exprs
-        assert c.decode_rule_tokens(exprs, V4) == tokens("-s 10.0.0.0/8 -j RETURN")
+        exprs = nft_rule.encode_rule_tokens(spec, V4).exprs
+        assert nft_rule.decode_rule_tokens(exprs, V4) == tokens("-s 10.0.0.0/8 -j RETURN")
 
     @pytest.mark.parametrize(
         ("spec", "printed"),
@@ -172,60 +199,62 @@ class TestCanonicalForms:
     def test_non_canonical_is_refused(self, spec: str, printed: str | None) -> None:
         """Tokens iptables-save would print differently are refused, naming the fix."""
         with pytest.raises(FirewallError) as err:
-            c.encode_rule_tokens(tokens(spec), V4)
+            nft_rule.encode_rule_tokens(tokens(spec), V4)
         if printed is not None:
             assert f"would be saved as {printed!r}" in err.value.message
 
     def test_upstream_error_messages(self) -> None:
         """The two upstream failure cases fail with iptables' own words."""
         with pytest.raises(FirewallError, match="invalid port/service `' specified"):
-            c.encode_rule_tokens(("-p", "tcp", "-m", "multiport", "--dports", ""), V4)
+            nft_rule.encode_rule_tokens(("-p", "tcp", "-m", "multiport", "--dports", ""), V4)
         with pytest.raises(FirewallError, match=r"host/network `10\.0\.0\.0' not found"):
-            c.encode_rule_tokens(tokens("-s 10.0.0.0/8 -j RETURN"), V6)
+            nft_rule.encode_rule_tokens(tokens("-s 10.0.0.0/8 -j RETURN"), V6)
 
     def test_limits(self) -> None:
         """Over 15 multiport slots, a 256-byte comment and a 16-byte ifname are refused."""
         ports = ",".join(f"{p}:{p + 1}" for p in range(100, 116, 2))
         with pytest.raises(FirewallError, match="too many ports"):
-            c.encode_rule_tokens(tokens(f"-p tcp -m multiport --dports {ports} -j RETURN"), V4)
+            nft_rule.encode_rule_tokens(
+                tokens(f"-p tcp -m multiport --dports {ports} -j RETURN"), V4
+            )
         with pytest.raises(FirewallError, match="COMMENT"):
-            c.encode_rule_tokens(("-m", "comment", "--comment", "x" * 256), V4)
+            nft_rule.encode_rule_tokens(("-m", "comment", "--comment", "x" * 256), V4)
         with pytest.raises(FirewallError, match="NUL"):
-            c.encode_rule_tokens(("-m", "comment", "--comment", "a\0b"), V4)
+            nft_rule.encode_rule_tokens(("-m", "comment", "--comment", "a\0b"), V4)
         with pytest.raises(FirewallError, match="interface"):
-            c.encode_rule_tokens(("-o", "x" * 16, "-j", "RETURN"), V4)
+            nft_rule.encode_rule_tokens(("-o", "x" * 16, "-j", "RETURN"), V4)
 
 
 class TestStrictDecoding:
     def test_unknown_expression_is_named(self) -> None:
         """An expression iptables-nft would not write fails naming it, never a wrong rule."""
-        elem = c.nested(
-            c.NFTA_LIST_ELEM, c.attr_str(c.NFTA_EXPR_NAME, "ct"), c.nested(c.NFTA_EXPR_DATA)
+        elem = nl.nested(
+            nl.NFTA_LIST_ELEM, nl.attr_str(nl.NFTA_EXPR_NAME, "ct"), nl.nested(nl.NFTA_EXPR_DATA)
         )
         with pytest.raises(FirewallError, match="unsupported expression ct"):
-            c.decode_rule_tokens((*c.decode_exprs(elem), c.Immediate(-5)), V4)
+            nft_rule.decode_rule_tokens((*nft_expr.decode_exprs(elem), nft_expr.Immediate(-5)), V4)
 
     def test_unknown_match_is_named(self) -> None:
         """An xt match outside the supported set fails naming match and revision."""
         with pytest.raises(FirewallError, match="unsupported match mark revision 1"):
-            c.decode_rule_tokens((c.XtMatch("mark", 1, bytes(8)),), V4)
+            nft_rule.decode_rule_tokens((nft_expr.XtMatch("mark", 1, bytes(8)),), V4)
 
     def test_non_contiguous_mask(self) -> None:
         """A mask iptables-save would print in dotted form is refused."""
-        exprs = (c.Payload(1, 12, 4), c.Bitwise(bytes.fromhex("ff00ff00"), bytes(4)))
+        exprs = (nft_expr.Payload(1, 12, 4), nft_expr.Bitwise(bytes.fromhex("ff00ff00"), bytes(4)))
         with pytest.raises(FirewallError, match="non-contiguous"):
-            c.decode_rule_tokens((*exprs, c.Cmp(0, bytes(4))), V4)
+            nft_rule.decode_rule_tokens((*exprs, nft_expr.Cmp(0, bytes(4))), V4)
 
     def test_register_mismatch(self) -> None:
         """A compare on another register than the load is not an iptables match."""
         with pytest.raises(FirewallError, match="register"):
-            c.decode_rule_tokens((c.Meta(7, 1), c.Cmp(0, b"lo\0", 2)), V4)
+            nft_rule.decode_rule_tokens((nft_expr.Meta(7, 1), nft_expr.Cmp(0, b"lo\0", 2)), V4)
 
     def test_merged_port_checks(self) -> None:
         """Port checks anywhere in the rule merge into one -m tcp, as iptables-nft-save does."""
-        exprs = c.encode_rule_tokens(tokens("-p tcp -m tcp --dport 2 -j ACCEPT"), V4).exprs
-        extra = (c.Payload(2, 0, 2), c.Cmp(0, b"\x00\x01"))
-        assert c.decode_rule_tokens((*exprs[:4], *extra, *exprs[4:]), V4) == tokens(
+        exprs = nft_rule.encode_rule_tokens(tokens("-p tcp -m tcp --dport 2 -j ACCEPT"), V4).exprs
+        extra = (nft_expr.Payload(2, 0, 2), nft_expr.Cmp(0, b"\x00\x01"))
+        assert nft_rule.decode_rule_tokens((*exprs[:4], *extra, *exprs[4:]), V4) == tokens(
             "-p tcp -m tcp --sport 1 --dport 2 -j ACCEPT"
         )
 
@@ -237,38 +266,38 @@ _ranges = st.tuples(_ports, _ports).map(lambda p: (min(p), max(p)))
 _text = st.text(st.characters(codec="utf-8", exclude_characters="\0"), min_size=1, max_size=40)
 
 
-def _address(draw: st.DrawFn, family: Family) -> c.Address | None:
+def _address(draw: st.DrawFn, family: Family) -> nft_spec.Address | None:
     bits = 32 if family is V4 else 128
     prefix = draw(st.none() | st.integers(1, bits))
     if prefix is None:
         return None
     value = draw(st.integers(0, 2**bits - 1))
     addr = ipaddress.IPv4Address(value) if family is V4 else ipaddress.IPv6Address(value)
-    return c.Address(c.parse_network(f"{addr}/{prefix}", family), draw(st.booleans()))
+    return nft_spec.Address(nft_spec.parse_network(f"{addr}/{prefix}", family), draw(st.booleans()))
 
 
-def _ids(draw: st.DrawFn) -> tuple[c.PortRange | None, bool]:
+def _ids(draw: st.DrawFn) -> tuple[xt.PortRange | None, bool]:
     low = draw(st.integers(0, 70000))
     high = draw(st.sampled_from([low, low + 5]))
     return draw(st.none() | st.just((low, high))), draw(st.booleans())
 
 
-def _matches(draw: st.DrawFn, proto: int | None) -> tuple[c.MatchSpec, ...]:
-    out: list[c.MatchSpec] = []
+def _matches(draw: st.DrawFn, proto: int | None) -> tuple[nft_spec.MatchSpec, ...]:
+    out: list[nft_spec.MatchSpec] = []
     if proto is not None and draw(st.booleans()):
         name = "tcp" if proto == 6 else "udp"
         sport, dport = draw(st.none() | _ranges), draw(_ranges)
         sinv = sport is not None and draw(st.booleans())
-        out.append(c.PortMatch(name, sport, sinv, dport, draw(st.booleans())))
+        out.append(nft_spec.PortMatch(name, sport, sinv, dport, draw(st.booleans())))
     if proto is not None and draw(st.booleans()):
         ports = draw(st.lists(_ranges, min_size=1, max_size=7))
-        option = draw(st.sampled_from(sorted(c.MULTIPORT_FLAGS)))
-        out.append(c.Multiport(option, tuple(ports), draw(st.booleans())))
+        option = draw(st.sampled_from(sorted(xt.MULTIPORT_FLAGS)))
+        out.append(xt.Multiport(option, tuple(ports), draw(st.booleans())))
     if draw(st.booleans()):
         (uid, uinv), (gid, ginv) = _ids(draw), _ids(draw)
         socket_exists = draw(st.booleans()) or (uid is None and gid is None)
         out.append(
-            c.Owner(
+            xt.Owner(
                 uid,
                 uinv and uid is not None,
                 gid,
@@ -278,19 +307,19 @@ def _matches(draw: st.DrawFn, proto: int | None) -> tuple[c.MatchSpec, ...]:
             )
         )
     if draw(st.booleans()):
-        out.append(c.Comment(draw(_text)))
+        out.append(xt.Comment(draw(_text)))
     return tuple(out)
 
 
-def _target(draw: st.DrawFn) -> c.TargetSpec | None:
+def _target(draw: st.DrawFn) -> nft_spec.TargetSpec | None:
     ports = draw(st.none() | _ranges)
-    targets: list[c.TargetSpec | None] = [
+    targets: list[nft_spec.TargetSpec | None] = [
         None,
-        c.Verdict("RETURN"),
-        c.Verdict("ACCEPT"),
-        c.Verdict("X"),
-        c.Verdict("X", goto=True),
-        c.Redirect(ports, draw(st.booleans())),
+        nft_spec.Verdict("RETURN"),
+        nft_spec.Verdict("ACCEPT"),
+        nft_spec.Verdict("X"),
+        nft_spec.Verdict("X", goto=True),
+        xt.Redirect(ports, draw(st.booleans())),
     ]
     return draw(st.sampled_from(targets))
 
@@ -299,16 +328,16 @@ _ifaces = st.sampled_from(["lo", "eth0", "eth+", "veth1234567890a"])
 
 
 @st.composite
-def rule_specs(draw: st.DrawFn) -> tuple[Family, c.RuleSpec]:
+def rule_specs(draw: st.DrawFn) -> tuple[Family, nft_spec.RuleSpec]:
     family = draw(st.sampled_from([V4, V6]))
     proto = draw(st.sampled_from([None, 6, 17]))
-    in_iface = draw(st.none() | st.builds(c.Iface, _ifaces, st.booleans()))
-    spec = c.RuleSpec(
+    in_iface = draw(st.none() | st.builds(nft_spec.Iface, _ifaces, st.booleans()))
+    spec = nft_spec.RuleSpec(
         source=_address(draw, family),
         destination=_address(draw, family),
         in_iface=in_iface,
-        out_iface=draw(st.none() | st.builds(c.Iface, _ifaces, st.booleans())),
-        proto=c.Proto(proto) if proto else None,
+        out_iface=draw(st.none() | st.builds(nft_spec.Iface, _ifaces, st.booleans())),
+        proto=nft_spec.Proto(proto) if proto else None,
         matches=_matches(draw, proto),
         target=_target(draw),
     )
@@ -318,22 +347,24 @@ def rule_specs(draw: st.DrawFn) -> tuple[Family, c.RuleSpec]:
 class TestProperties:
     @settings(max_examples=25, deadline=None)
     @given(rule_specs())
-    def test_spec_round_trips_through_the_wire(self, case: tuple[Family, c.RuleSpec]) -> None:
+    def test_spec_round_trips_through_the_wire(
+        self, case: tuple[Family, nft_spec.RuleSpec]
+    ) -> None:
         """tokens -> spec -> expressions -> bytes -> expressions -> spec -> tokens is identity."""
         family, spec = case
-        printed = c.render_spec_tokens(spec)
-        assert c.canonical_spec(printed, family) == spec
-        encoded = c.encode_spec(spec, family)
-        wire = b"".join(c.encode_expr(e) for e in encoded.exprs)
-        assert typed(c.decode_exprs(wire)) == typed(encoded.exprs)
-        assert c.decode_spec(c.decode_exprs(wire), family) == spec
+        printed = nft_spec.render_spec_tokens(spec)
+        assert nft_spec.canonical_spec(printed, family) == spec
+        encoded = nft_rule.encode_spec(spec, family)
+        wire = b"".join(nft_expr.encode_expr(e) for e in encoded.exprs)
+        assert typed(nft_expr.decode_exprs(wire)) == typed(encoded.exprs)
+        assert nft_rule.decode_spec(nft_expr.decode_exprs(wire), family) == spec
 
 
 # ------------------------------------------------------------------ messages
 
 
-def _messages(data: bytes) -> list[c.Message]:
-    return [m for m in c.parse_messages(data) if isinstance(m, c.Message)]
+def _messages(data: bytes) -> list[nl.Message]:
+    return [m for m in nl.parse_messages(data) if isinstance(m, nl.Message)]
 
 
 class TestBatch:
@@ -346,14 +377,14 @@ class TestBatch:
         """Empty netns: table, the base chain used, the chains to create/flush, then rules."""
         jump = Rule("OUTPUT", ("-j", "PROXY_INIT_OUTPUT"))
         change = TableChange("nat", ("PROXY_INIT_OUTPUT",), (), (self.RULE, jump))
-        batch = c.build_batch(change, frozenset(), V4, genid=7, seq=100)
+        batch = nft_batch.build_batch(change, frozenset(), V4, genid=7, seq=100)
         msgs = _messages(batch.data)
         kinds = [m.msg_type & 0xFF for m in msgs]
         assert kinds == [0x10, 0, 3, 3, 6, 6, 0x11]
-        begin = c.attr_map(msgs[0].body)
-        assert c.u32(begin[c.NFNL_BATCH_GENID]) == 7
+        begin = nl.attr_map(msgs[0].body)
+        assert nl.u32(begin[nl.NFNL_BATCH_GENID]) == 7
         assert [m.seq for m in msgs] == list(range(100, 107))
-        base = c.parse_chain(msgs[2])
+        base = nft_dump.parse_chain(msgs[2])
         assert (base.name, base.hook, base.priority, base.policy, base.kind) == (
             "OUTPUT",
             3,
@@ -362,58 +393,60 @@ class TestBatch:
             "nat",
         )
         assert batch.requests[104] == "-A PROXY_INIT_OUTPUT -o lo -j RETURN"
-        assert all(m.flags & c.NLM_F_ACK for m in msgs[1:-1])
+        assert all(m.flags & nl.NLM_F_ACK for m in msgs[1:-1])
 
     def test_existing_chains(self) -> None:
         """Existing base chains are left alone; an existing chain to flush is flushed."""
         existing = frozenset({"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"})
         existing |= {"PROXY_INIT_OUTPUT", "PROXY_INIT_REDIRECT"}
-        ops = c.plan_batch_ops(self.change(), existing, V4)
+        ops = nft_batch.plan_batch_ops(self.change(), existing, V4)
         assert [(op[0], op[3]) for op in ops] == [
-            (c.NFT_MSG_NEWTABLE, "table nat"),
-            (c.NFT_MSG_DELRULE, "-F PROXY_INIT_REDIRECT"),
-            (c.NFT_MSG_NEWRULE, "-A PROXY_INIT_OUTPUT -o lo -j RETURN"),
+            (nl.NFT_MSG_NEWTABLE, "table nat"),
+            (nl.NFT_MSG_DELRULE, "-F PROXY_INIT_REDIRECT"),
+            (nl.NFT_MSG_NEWRULE, "-A PROXY_INIT_OUTPUT -o lo -j RETURN"),
         ]
-        flush = c.attr_map(ops[1][2])
-        assert flush == {c.NFTA_RULE_TABLE: b"nat\0", c.NFTA_RULE_CHAIN: b"PROXY_INIT_REDIRECT\0"}
+        flush = nl.attr_map(ops[1][2])
+        assert flush == {nl.NFTA_RULE_TABLE: b"nat\0", nl.NFTA_RULE_CHAIN: b"PROXY_INIT_REDIRECT\0"}
 
     def test_rule_message_round_trips(self) -> None:
         """A NEWRULE message parses back to its table, chain and expressions."""
-        batch = c.build_batch(self.change(), frozenset(), V4, genid=0, seq=1)
-        rule = c.parse_rule(_messages(batch.data)[-2])
+        batch = nft_batch.build_batch(self.change(), frozenset(), V4, genid=0, seq=1)
+        rule = nft_dump.parse_rule(_messages(batch.data)[-2])
         assert (rule.table, rule.chain) == ("nat", "PROXY_INIT_OUTPUT")
-        assert c.decode_rule_tokens(rule.exprs, V4) == self.RULE.spec
+        assert nft_rule.decode_rule_tokens(rule.exprs, V4) == self.RULE.spec
 
     def test_other_tables_are_refused(self) -> None:
         """Only tables whose base chains we know can be created."""
         with pytest.raises(FirewallError, match="cannot create table mangle"):
-            c.plan_batch_ops(TableChange("mangle", (), (), ()), frozenset(), V4)
+            nft_batch.plan_batch_ops(TableChange("mangle", (), (), ()), frozenset(), V4)
 
 
 class TestReplies:
     def test_error_with_extack(self) -> None:
         """An NLMSG_ERROR yields errno, the request's seq and the kernel's message."""
         orig = struct.pack("=IHHII", 20, 0x0A06, 5, 42, 0)
-        tlv = c.attr(c.NLMSGERR_ATTR_MSG, b"Chain not found\0")
+        tlv = nl.attr(nl.NLMSGERR_ATTR_MSG, b"Chain not found\0")
         body = struct.pack("=i", -2) + orig + tlv
-        msg = struct.pack("=IHHII", 16 + len(body), c.NLMSG_ERROR, 0x300, 42, 0) + body
-        (err,) = c.parse_messages(msg)
-        assert err == c.NetlinkError(2, 42, "Chain not found")
-        assert isinstance(err, c.NetlinkError)
+        msg = struct.pack("=IHHII", 16 + len(body), nl.NLMSG_ERROR, 0x300, 42, 0) + body
+        (err,) = nl.parse_messages(msg)
+        assert err == nl.NetlinkError(2, 42, "Chain not found")
+        assert isinstance(err, nl.NetlinkError)
         assert err.name == "ENOENT"
 
     def test_build_table_orders_and_names(self) -> None:
         """Chains in save order; rules grouped by chain; decode errors name chain and handle."""
         chains = [
-            c.ChainInfo("nat", "Z"),
-            c.ChainInfo("nat", "OUTPUT", hook=3, priority=-100, policy=0, kind="nat"),
-            c.ChainInfo("filter", "INPUT", hook=1, policy=0),
+            nft_dump.ChainInfo("nat", "Z"),
+            nft_dump.ChainInfo("nat", "OUTPUT", hook=3, priority=-100, policy=0, kind="nat"),
+            nft_dump.ChainInfo("filter", "INPUT", hook=1, policy=0),
         ]
         rules = [
-            c.RuleInfo("nat", "Z", 4, (c.Counter(), c.Immediate(-5))),
-            c.RuleInfo("nat", "OUTPUT", 5, (c.Counter(), c.Immediate(-3, "Z"))),
+            nft_dump.RuleInfo("nat", "Z", 4, (nft_expr.Counter(), nft_expr.Immediate(-5))),
+            nft_dump.RuleInfo(
+                "nat", "OUTPUT", 5, (nft_expr.Counter(), nft_expr.Immediate(-3, "Z"))
+            ),
         ]
-        table = c.build_table("nat", chains, rules, V4)
+        table = nft_dump.build_table("nat", chains, rules, V4)
         assert [(ch.name, ch.policy) for ch in table.chains] == [
             ("PREROUTING", "ACCEPT"),  # absent built-ins are listed, as iptables-nft-save does
             ("INPUT", "ACCEPT"),
@@ -422,43 +455,45 @@ class TestReplies:
             ("Z", None),
         ]
         assert [r.chain for r in table.rules] == ["OUTPUT", "Z"]
-        bad = [c.RuleInfo("nat", "Z", 9, (c.Unknown("lookup"),))]
+        bad = [nft_dump.RuleInfo("nat", "Z", 9, (nft_expr.Unknown("lookup"),))]
         with pytest.raises(FirewallError, match=r"lookup.*chain Z, rule handle 9"):
-            c.build_table("nat", chains, bad, V4)
+            nft_dump.build_table("nat", chains, bad, V4)
 
     @pytest.mark.parametrize(
         "chain",
         [
-            c.ChainInfo("nat", "OUTPUT", hook=3, priority=0, kind="nat"),
-            c.ChainInfo("nat", "sneaky", hook=0, priority=-100, kind="nat"),
-            c.ChainInfo("nat", "PREROUTING"),
+            nft_dump.ChainInfo("nat", "OUTPUT", hook=3, priority=0, kind="nat"),
+            nft_dump.ChainInfo("nat", "sneaky", hook=0, priority=-100, kind="nat"),
+            nft_dump.ChainInfo("nat", "PREROUTING"),
         ],
         ids=["wrong-priority", "extra-base-chain", "builtin-name-unhooked"],
     )
-    def test_foreign_base_chains_fail(self, chain: c.ChainInfo) -> None:
+    def test_foreign_base_chains_fail(self, chain: nft_dump.ChainInfo) -> None:
         """A base chain iptables-nft would not create fails the dump, naming it."""
         with pytest.raises(FirewallError, match=f"holds chain {chain.name} "):
-            c.build_table("nat", [chain], [], V4)
+            nft_dump.build_table("nat", [chain], [], V4)
 
     def test_userdata_comment(self) -> None:
         """nft's rule comment (userdata TLV 0) prints as the last comment match."""
         udata = bytes([0, 9]) + b"hi there\0"
-        body = c.attr_str(c.NFTA_RULE_TABLE, "nat") + c.attr_str(c.NFTA_RULE_CHAIN, "X")
-        body += c.nested(c.NFTA_RULE_EXPRESSIONS, c.encode_expr(c.Immediate(-5)))
-        body += c.attr(c.NFTA_RULE_USERDATA, udata)
-        info = c.parse_rule(c.Message(0, 0, 0, 2, body))
+        body = nl.attr_str(nl.NFTA_RULE_TABLE, "nat") + nl.attr_str(nl.NFTA_RULE_CHAIN, "X")
+        body += nl.nested(nl.NFTA_RULE_EXPRESSIONS, nft_expr.encode_expr(nft_expr.Immediate(-5)))
+        body += nl.attr(nl.NFTA_RULE_USERDATA, udata)
+        info = nft_dump.parse_rule(nl.Message(0, 0, 0, 2, body))
         assert info.comment == "hi there"
-        table = c.build_table("nat", [c.ChainInfo("nat", "X")], [info], V4)
+        table = nft_dump.build_table("nat", [nft_dump.ChainInfo("nat", "X")], [info], V4)
         assert table.rules == (
             Rule("X", ("-m", "comment", "--comment", "hi there", "-j", "RETURN")),
         )
 
     def test_nul_padded_interface(self) -> None:
         """nft pads interface names with NULs to 16 bytes; still an exact name."""
-        exprs = (c.Meta(7), c.Cmp(0, b"lo".ljust(16, b"\0")), c.Immediate(-5))
-        assert c.decode_rule_tokens(exprs, V4) == ("-o", "lo", "-j", "RETURN")
+        exprs = (nft_expr.Meta(7), nft_expr.Cmp(0, b"lo".ljust(16, b"\0")), nft_expr.Immediate(-5))
+        assert nft_rule.decode_rule_tokens(exprs, V4) == ("-o", "lo", "-j", "RETURN")
         with pytest.raises(FirewallError, match="interface name"):
-            c.decode_rule_tokens((c.Meta(7), c.Cmp(0, b"l\0o\0"), c.Immediate(-5)), V4)
+            nft_rule.decode_rule_tokens(
+                (nft_expr.Meta(7), nft_expr.Cmp(0, b"l\0o\0"), nft_expr.Immediate(-5)), V4
+            )
 
 
 class TestAddressText:
@@ -472,4 +507,4 @@ class TestAddressText:
     def test_embedded_ipv4_round_trips(self) -> None:
         """::4:0/110 prints (and parses back) as ::0.4.0.0/110, as ip6tables-save has it."""
         spec = ("-s", "::0.4.0.0/110", "-j", "RETURN")
-        assert c.decode_rule_tokens(c.encode_rule_tokens(spec, V6).exprs, V6) == spec
+        assert nft_rule.decode_rule_tokens(nft_rule.encode_rule_tokens(spec, V6).exprs, V6) == spec

@@ -1,7 +1,8 @@
 """The nf_tables firewall backend: iptables-nft-compatible rules over a netfilter netlink socket.
 
 Rules of this module:
-1. Only the socket lives here; every byte is built and parsed by `multicall.core.firewall.nft`.
+1. Only the socket lives here; every byte is built and parsed by `multicall.core.firewall.nft`
+   (netlink framing, dumps -> tables, batches).
 2. Each call opens its own socket, so it talks to the network namespace the calling thread
    is in at that moment (the caller enters the pod's netns first).
 3. `apply` is one NFNL batch guarded by the ruleset generation id, as iptables-nft does:
@@ -20,8 +21,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
-from multicall.core.firewall import nft as codec
 from multicall.core.firewall.model import Family, TableChange
+from multicall.core.firewall.nft import dump, netlink
+from multicall.core.firewall.nft.batch import Batch, build_batch
 from multicall.core.firewall.ruleset import Table
 from multicall.errors import FirewallError
 
@@ -62,7 +64,7 @@ class _Socket:
         except OSError as exc:
             raise FirewallError(f"nf_tables: send failed: {exc.strerror}", errno=exc.errno) from exc
 
-    def receive(self, *, block: bool = True) -> list[codec.Message | codec.NetlinkError]:
+    def receive(self, *, block: bool = True) -> list[netlink.Message | netlink.NetlinkError]:
         # The kernel answers within the send; a silent socket means something is badly wrong.
         if block and not select.select([self.sock], [], [], TIMEOUT)[0]:
             raise FirewallError(f"nf_tables did not answer within {TIMEOUT:g}s")
@@ -74,7 +76,7 @@ class _Socket:
             raise FirewallError(
                 f"nf_tables: receive failed: {exc.strerror}", errno=exc.errno
             ) from exc
-        return list(codec.parse_messages(data))
+        return list(netlink.parse_messages(data))
 
     def close(self) -> None:
         self.sock.close()
@@ -89,7 +91,7 @@ def _netlink() -> Iterator[_Socket]:
         sock.close()
 
 
-def _error(what: str, err: codec.NetlinkError) -> FirewallError:
+def _error(what: str, err: netlink.NetlinkError) -> FirewallError:
     detail = f" ({err.message})" if err.message else ""
     return FirewallError(
         f"nf_tables refused {what}: {os.strerror(err.errno)}{detail}", errno=err.errno
@@ -98,35 +100,35 @@ def _error(what: str, err: codec.NetlinkError) -> FirewallError:
 
 def _genid(sock: _Socket) -> int:
     seq = sock.next_seq()
-    sock.send(codec.getgen_request(seq))
+    sock.send(netlink.getgen_request(seq))
     genid: int | None = None
     while True:
         for reply in sock.receive():
-            if isinstance(reply, codec.NetlinkError):
+            if isinstance(reply, netlink.NetlinkError):
                 if reply.errno:
                     raise _error("the generation id request", reply)
                 if reply.seq == seq:
                     if genid is None:
                         raise FirewallError("nf_tables acknowledged no generation id")
                     return genid
-            elif (found := codec.parse_genid(reply)) is not None:
+            elif (found := netlink.parse_genid(reply)) is not None:
                 genid = found
 
 
-def _dump(sock: _Socket, msg: int, family: Family, table: str | None) -> list[codec.Message]:
+def _dump(sock: _Socket, msg: int, family: Family, table: str | None) -> list[netlink.Message]:
     """All messages of one dump; FirewallError on error, _Interrupted if it raced a change."""
     seq = sock.next_seq()
-    sock.send(codec.dump_request(msg, family, seq, table))
-    out: list[codec.Message] = []
+    sock.send(netlink.dump_request(msg, family, seq, table))
+    out: list[netlink.Message] = []
     interrupted = False
     while True:
         for reply in sock.receive():
-            if isinstance(reply, codec.NetlinkError):
+            if isinstance(reply, netlink.NetlinkError):
                 if reply.errno == errno_mod.ENOENT:  # no such table: an empty dump
                     return []
                 raise _error("a dump request", reply)
             interrupted |= bool(reply.flags & NLM_F_DUMP_INTR)
-            if reply.msg_type == codec.NLMSG_DONE:
+            if reply.msg_type == netlink.NLMSG_DONE:
                 if interrupted:
                     raise _Interrupted
                 return out
@@ -139,25 +141,25 @@ class _Interrupted(Exception):
 
 def _read_table(sock: _Socket, family: Family, table: str) -> Table:
     before = _genid(sock)
-    chains = [codec.parse_chain(m) for m in _dump(sock, codec.NFT_MSG_GETCHAIN, family, None)]
-    rules = [codec.parse_rule(m) for m in _dump(sock, codec.NFT_MSG_GETRULE, family, table)]
+    chains = [dump.parse_chain(m) for m in _dump(sock, netlink.NFT_MSG_GETCHAIN, family, None)]
+    rules = [dump.parse_rule(m) for m in _dump(sock, netlink.NFT_MSG_GETRULE, family, table)]
     if _genid(sock) != before:
         raise _Interrupted
-    return codec.build_table(table, chains, rules, family)
+    return dump.build_table(table, chains, rules, family)
 
 
 def _chain_names(sock: _Socket, family: Family, table: str) -> frozenset[str]:
-    chains = (codec.parse_chain(m) for m in _dump(sock, codec.NFT_MSG_GETCHAIN, family, None))
+    chains = (dump.parse_chain(m) for m in _dump(sock, netlink.NFT_MSG_GETCHAIN, family, None))
     return frozenset(c.name for c in chains if c.table == table)
 
 
-def _commit(sock: _Socket, batch: codec.Batch) -> None:
+def _commit(sock: _Socket, batch: Batch) -> None:
     """Send one batch; the kernel answers every message before send() returns."""
     sock.send(batch.data)
     acked = 0
     while replies := sock.receive(block=False):
         for reply in replies:
-            if not isinstance(reply, codec.NetlinkError):
+            if not isinstance(reply, netlink.NetlinkError):
                 continue
             if reply.errno == errno_mod.ERESTART:  # the generation id moved under us
                 raise _Interrupted
@@ -184,21 +186,21 @@ def _read_consistent(read: Callable[[_Socket], T], what: str, table: str | None 
     raise FirewallError(f"{what} kept changing while being read", table=table)
 
 
-def read_rules(family: Family, table: str | None = None) -> list[codec.RuleInfo]:
+def read_rules(family: Family, table: str | None = None) -> list[dump.RuleInfo]:
     """The raw rules (expressions as the kernel holds them) of one family, or one table."""
     return _read_consistent(
         lambda sock: [
-            codec.parse_rule(m) for m in _dump(sock, codec.NFT_MSG_GETRULE, family, table)
+            dump.parse_rule(m) for m in _dump(sock, netlink.NFT_MSG_GETRULE, family, table)
         ],
         "the ruleset",
     )
 
 
-def read_chains(family: Family) -> list[codec.ChainInfo]:
+def read_chains(family: Family) -> list[dump.ChainInfo]:
     """The chains of every table of one family, as the kernel reports them."""
     return _read_consistent(
         lambda sock: [
-            codec.parse_chain(m) for m in _dump(sock, codec.NFT_MSG_GETCHAIN, family, None)
+            dump.parse_chain(m) for m in _dump(sock, netlink.NFT_MSG_GETCHAIN, family, None)
         ],
         "the ruleset",
     )
@@ -219,7 +221,7 @@ class NftBackend:
             for _ in range(ATTEMPTS):
                 genid = _genid(sock)
                 existing = _chain_names(sock, family, change.table)
-                batch = codec.build_batch(change, existing, family, genid, sock.next_seq())
+                batch = build_batch(change, existing, family, genid, sock.next_seq())
                 sock.seq = batch.last_seq
                 try:
                     _commit(sock, batch)
