@@ -51,7 +51,7 @@ from multicall.errors import (
 )
 
 if TYPE_CHECKING:
-    from multicall.core.firewall.canonical import RulesetDiff
+    from multicall.core.firewall.diff import RulesetDiff
     from multicall.core.firewall.model import Mode, ProxyInitOptions
     from multicall.core.firewall.ruleset import Table
     from multicall.core.kube.objects import Service
@@ -355,7 +355,7 @@ def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> Actual:
 def format_json(diff: RulesetDiff, opts: Options, want: Expectation, got: Actual) -> str:
     import json
 
-    from multicall.core.firewall.canonical import diff_to_json
+    from multicall.core.firewall.report import diff_to_json
 
     doc = {
         **diff_to_json(diff),
@@ -371,7 +371,7 @@ def format_json(diff: RulesetDiff, opts: Options, want: Expectation, got: Actual
 
 
 def format_text(diff: RulesetDiff, opts: Options, want: Expectation, got: Actual) -> str:
-    from multicall.core.firewall.canonical import format_diff, format_summary
+    from multicall.core.firewall.report import format_diff, format_summary
 
     head = f"{opts.family} nat table of {got.source}"
     notes = [want.note] if want.note else []
@@ -384,7 +384,7 @@ def format_text(diff: RulesetDiff, opts: Options, want: Expectation, got: Actual
 
 
 def run(opts: Options, env: Mapping[str, str], stdin: BinaryIO, stdout: BinaryIO) -> int:
-    from multicall.core.firewall.canonical import diff_tables
+    from multicall.core.firewall.diff import diff_tables
 
     want = expected(opts, stdin, env)
     got = actual(opts, want.mode, stdin)

@@ -299,8 +299,9 @@ def cmd_check(inv: Invocation) -> None:
 def diff_pod_rules(inv: Invocation, conf: NetConf, options: ProxyInitOptions) -> list[str]:
     """One readable diff per family whose live nat table lacks what ADD would program."""
     from multicall.core.cni.netconf import mode_of
-    from multicall.core.firewall.canonical import diff_tables, format_diff
+    from multicall.core.firewall.diff import diff_tables
     from multicall.core.firewall.proxy_init import expected_table
+    from multicall.core.firewall.report import format_diff
     from multicall.effects.firewall.engine import dump_nat, families
 
     mode = mode_of(conf)

@@ -15,8 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from multicall.core.firewall.canonical import canonical, diff_tables, format_diff
+from multicall.core.firewall.canonical import canonical
+from multicall.core.firewall.diff import diff_tables
 from multicall.core.firewall.iptables_save import last_table, parse_save
+from multicall.core.firewall.report import format_diff
 from tests.conftest import FIXTURES, require_tool
 from tests.rig import Netns, Rig
 from tests.unit.test_iptables_save import payload

@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 
 from multicall import dispatch
 from multicall.applets import iptables_verify
-from multicall.core.firewall.canonical import diff_tables, format_diff
+from multicall.core.firewall.diff import diff_tables
 from multicall.core.firewall.iptables_save import last_table, parse_save
 from multicall.core.firewall.model import Family, ProxyInitOptions
 from multicall.core.firewall.proxy_init import expected_table
+from multicall.core.firewall.report import format_diff
 from multicall.core.firewall.ruleset import render_rule
 from multicall.errors import UsageError
 from tests.conftest import FIXTURES, cnibox_argv

@@ -11,15 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multicall.core.firewall.canonical import (
-    ChainProblem,
-    RuleProblem,
-    canonical,
-    diff_tables,
-    diff_to_json,
-    format_diff,
-)
+from multicall.core.firewall.canonical import canonical
+from multicall.core.firewall.diff import ChainProblem, RuleProblem, diff_tables
 from multicall.core.firewall.iptables_save import last_table, parse_save
+from multicall.core.firewall.report import diff_to_json, format_diff
 from multicall.core.firewall.ruleset import Chain, Rule, Table, render_rule
 from tests.conftest import FIXTURES
 
