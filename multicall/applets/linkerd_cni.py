@@ -72,7 +72,7 @@ class Logger:
 def _logfmt(value: str) -> str:
     if value and all(c.isalnum() or c in "-._/@^+" for c in value):
         return value
-    from multicall.core.go.encoding_json import go_quote
+    from multicall.core.go.strconv import go_quote
 
     return go_quote(value)
 

@@ -144,8 +144,3 @@ class TestGoScanner:
     @pytest.mark.parametrize("data", [b"{}", b' [1, -0.5e+3, true, null, "\\u00e9"] ', b"0"])
     def test_valid(self, data: bytes) -> None:
         assert gojson.syntax_error(data) is None
-
-    def test_quote(self) -> None:
-        """strconv.Quote, as %q prints names in ARGS and version errors."""
-        assert gojson.go_quote('a"b\\\n\x01é\u00a0') == '"a\\"b\\\\\\n\\x01é\\u00a0"'
-        assert gojson.go_quote_list(["x=1", "y"]) == '["x=1" "y"]'

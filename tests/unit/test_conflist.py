@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from multicall.core.go.encoding_json import go_float
 from multicall.core.installer import conflist
 from multicall.core.installer.conflist import Json, insert_linkerd, remove_linkerd, render_go_json
 from multicall.errors import ConfigError
@@ -153,7 +154,7 @@ class TestGoJson:
     )
     def test_floats_in_go_notation(self, value: float, text: str) -> None:
         """float64 values print as strconv.AppendFloat does in encoding/json."""
-        assert conflist.go_float(value) == text
+        assert go_float(value) == text
 
     def test_html_characters_are_escaped(self) -> None:
         """<, >, &, U+2028 and U+2029 are \\u-escaped; other non-ASCII stays UTF-8."""

@@ -25,6 +25,7 @@ from multicall.core.firewall.nft import netlink as nl
 from multicall.core.firewall.nft import rule as nft_rule
 from multicall.core.firewall.nft import rulespec as nft_spec
 from multicall.core.firewall.nft import xt
+from multicall.core.firewall.ports import PortRange
 from multicall.core.firewall.ruleset import Rule, format_ipv6
 from multicall.errors import FirewallError
 from tests.conftest import FIXTURES
@@ -262,7 +263,7 @@ class TestStrictDecoding:
 # ------------------------------------------------------------------ property: spec round trip
 
 _ports = st.integers(1, 65535)
-_ranges = st.tuples(_ports, _ports).map(lambda p: (min(p), max(p)))
+_ranges = st.tuples(_ports, _ports).map(lambda p: PortRange(min(p), max(p)))
 _text = st.text(st.characters(codec="utf-8", exclude_characters="\0"), min_size=1, max_size=40)
 
 
@@ -276,7 +277,7 @@ def _address(draw: st.DrawFn, family: Family) -> nft_spec.Address | None:
     return nft_spec.Address(nft_spec.parse_network(f"{addr}/{prefix}", family), draw(st.booleans()))
 
 
-def _ids(draw: st.DrawFn) -> tuple[xt.PortRange | None, bool]:
+def _ids(draw: st.DrawFn) -> tuple[xt.IdRange | None, bool]:
     low = draw(st.integers(0, 70000))
     high = draw(st.sampled_from([low, low + 5]))
     return draw(st.none() | st.just((low, high))), draw(st.booleans())

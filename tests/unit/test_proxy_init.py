@@ -16,8 +16,8 @@ from multicall.core.firewall.model import (
     ProxyInitOptions,
     TableChange,
 )
+from multicall.core.firewall.ports import PortRange, Syntax, parse_port_range
 from multicall.core.firewall.proxy_init import (
-    PortRange,
     apply_change,
     binaries,
     build_argv,
@@ -25,11 +25,8 @@ from multicall.core.firewall.proxy_init import (
     build_run_argv,
     empty_table,
     expected_table,
-    go_atoi,
     group_ports,
     invalid_ports,
-    parse_port,
-    parse_port_range,
     plan_change,
     render_restore,
 )
@@ -111,42 +108,6 @@ def parse_existing(path: Path) -> Table:
 # ---------------------------------------------------------------- ports
 
 
-class TestGoAtoi:
-    @pytest.mark.parametrize(("text", "value"), [("0", 0), ("+7", 7), ("-3", -3), ("007", 7)])
-    def test_accepts(self, text: str, value: int) -> None:
-        """Sign and leading zeros are fine, as in Go."""
-        assert go_atoi(text) == value
-
-    @pytest.mark.parametrize("text", ["", " 1", "1 ", "1_000", "٣", "+", "0x10", "1.0"])
-    def test_rejects_syntax(self, text: str) -> None:
-        """Spaces, underscores, non-ASCII digits and prefixes are invalid syntax."""
-        with pytest.raises(ValueError, match="invalid syntax"):
-            go_atoi(text)
-
-    def test_out_of_range(self) -> None:
-        """Beyond int64 is Go's range error, with Go's wording."""
-        with pytest.raises(ValueError, match=r'parsing "9223372036854775808": value out of range'):
-            go_atoi("9223372036854775808")
-
-    def test_message(self) -> None:
-        """The message is strconv's, which upstream passes on for uid annotations."""
-        with pytest.raises(ValueError, match=r'^strconv.Atoi: parsing "abc": invalid syntax$'):
-            go_atoi("abc")
-
-
-class TestParsePort:
-    @pytest.mark.parametrize(("text", "value"), [("0", 0), ("8080", 8080), ("65535", 65535)])
-    def test_valid(self, text: str, value: int) -> None:
-        """upstream TestParsePort."""
-        assert parse_port(text) == value
-
-    @pytest.mark.parametrize("text", ["-1", "65536", "", "x"])
-    def test_invalid(self, text: str) -> None:
-        """upstream TestParsePort_Errors."""
-        with pytest.raises(ValueError, match="is not a valid TCP port"):
-            parse_port(text)
-
-
 class TestParsePortRange:
     @pytest.mark.parametrize(
         ("text", "expected"),
@@ -160,7 +121,7 @@ class TestParsePortRange:
     )
     def test_valid(self, text: str, expected: PortRange) -> None:
         """upstream TestParsePortRange."""
-        assert parse_port_range(text) == expected
+        assert parse_port_range(text, Syntax.LINKERD) == expected
 
     @pytest.mark.parametrize(
         ("text", "message"),
@@ -180,7 +141,14 @@ class TestParsePortRange:
     def test_invalid(self, text: str, message: str) -> None:
         """upstream TestParsePortRange_Errors, plus the unsplit-space case of §3."""
         with pytest.raises(ValueError, match=message):
-            parse_port_range(text)
+            parse_port_range(text, Syntax.LINKERD)
+
+    def test_item_is_quoted_as_upstream_prints_it(self) -> None:
+        """upstream's texts are `fmt.Errorf("\\"%s\\" ...")`: the item between plain quotes,
+        a DEL or a quote inside it printed as it is (not strconv.Quote's `\\x7f`)."""
+        with pytest.raises(ValueError, match="is not a valid lower-bound") as info:
+            parse_port_range('8\x7f"', Syntax.LINKERD)
+        assert str(info.value) == '"8\x7f"" is not a valid lower-bound'
 
     def test_render(self) -> None:
         """Ranges render with a colon, singles (also N-N) as the bare port."""

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 from multicall.core.go import encoding_json as gojson
 from multicall.core.go.encoding_json import CIDR, INT, IP, STRING, Slice, Struct
+from multicall.core.go.net import is_ipv4_text
+from multicall.core.go.strconv import NumError, go_atoi, go_quote, go_quote_list
 from multicall.errors import (
     CNI_DECODING_FAILURE,
     CNI_INCOMPATIBLE_VERSION,
@@ -159,18 +161,16 @@ def parse_version(version: str) -> tuple[int, int, int]:
         return (0, 1, 0)
     parts = version.split(".")
     if len(parts) >= 4:
-        raise CniError(
-            CNI_DECODING_FAILURE, f"invalid version {gojson.go_quote(version)}: too many parts"
-        )
+        raise CniError(CNI_DECODING_FAILURE, f"invalid version {go_quote(version)}: too many parts")
     numbers = [0, 0, 0]
     for i, (label, part) in enumerate(zip(("major", "minor", "micro"), parts, strict=False)):
-        value = go_atoi(part)
-        if isinstance(value, str):
+        try:
+            numbers[i] = go_atoi(part)
+        except NumError as exc:
             raise CniError(
                 CNI_DECODING_FAILURE,
-                f"failed to convert {label} version part {gojson.go_quote(part)}: {value}",
-            )
-        numbers[i] = value
+                f"failed to convert {label} version part {go_quote(part)}: {exc}",
+            ) from None
     return (numbers[0], numbers[1], numbers[2])
 
 
@@ -190,8 +190,8 @@ def check_version(command: str, config_version: str) -> None:
         raise CniError(
             CNI_INCOMPATIBLE_VERSION,
             "incompatible CNI versions",
-            f"config is {gojson.go_quote(config_version)}, plugin supports "
-            f"{gojson.go_quote_list(list(SUPPORTED_VERSIONS))}",
+            f"config is {go_quote(config_version)}, plugin supports "
+            f"{go_quote_list(list(SUPPORTED_VERSIONS))}",
         )
 
 
@@ -201,21 +201,6 @@ def render_error(code: int, msg: str, details: str = "") -> bytes:
     if details:
         body["details"] = details
     return gojson.marshal(body, indent=4).encode()
-
-
-# --- Go helpers -------------------------------------------------------------------------------
-
-_ATOI_RE = re.compile(r"[+-]?[0-9]+")
-
-
-def go_atoi(text: str) -> int | str:
-    """strconv.Atoi: the value, or Go's error text."""
-    if not _ATOI_RE.fullmatch(text):
-        return f"strconv.Atoi: parsing {gojson.go_quote(text)}: invalid syntax"
-    value = int(text)
-    if not gojson.MIN_INT64 <= value <= gojson.MAX_INT64:
-        return f"strconv.Atoi: parsing {gojson.go_quote(text)}: value out of range"
-    return value
 
 
 # --- CNI_ARGS ---------------------------------------------------------------------------------
@@ -246,7 +231,7 @@ def parse_cni_args(raw: str) -> PodIdentity:
     for pair in raw.split(";"):
         kv = pair.split("=")
         if len(kv) != 2:
-            raise CniError(CNI_INTERNAL, f"ARGS: invalid pair {gojson.go_quote(pair)}")
+            raise CniError(CNI_INTERNAL, f"ARGS: invalid pair {go_quote(pair)}")
         key, value = kv
         if key not in _ARG_FIELDS:
             unknown.append(pair)
@@ -262,7 +247,7 @@ def parse_cni_args(raw: str) -> PodIdentity:
         else:
             values[key] = value
     if unknown and not ignore_unknown:
-        raise CniError(CNI_INTERNAL, f"ARGS: unknown args {gojson.go_quote_list(unknown)}")
+        raise CniError(CNI_INTERNAL, f"ARGS: unknown args {go_quote_list(unknown)}")
     return PodIdentity(values.get("K8sPodNamespace", ""), values.get("K8sPodName", ""))
 
 
@@ -274,7 +259,7 @@ def _unmarshal_bool(pair: str, value: str) -> bool:
         return False
     raise CniError(
         CNI_INTERNAL,
-        f"ARGS: error parsing value of pair {gojson.go_quote(pair)}: "
+        f"ARGS: error parsing value of pair {go_quote(pair)}: "
         f"boolean unmarshal error: invalid input {lowered}",
     )
 
@@ -454,7 +439,7 @@ def create_result(version: str, raw: Mapping[str, object]) -> Result:
     """version.NewResult(version, json.Marshal(raw))."""
     family = family_of(version) if version else None
     if family is None:
-        raise ResultError(f"unsupported CNI result version {gojson.go_quote(version)}")
+        raise ResultError(f"unsupported CNI result version {go_quote(version)}")
     # json.Marshal of a Go map sorts its keys: that is the order the typed decode sees.
     data = gojson.marshal(raw, sort_keys=True).encode()
     try:
@@ -466,7 +451,7 @@ def create_result(version: str, raw: Mapping[str, object]) -> Result:
         supported = "[" + " ".join(FAMILIES[family]) + "]"
         raise ResultError(
             f"result type supports {supported} but unmarshalled CNIVersion is "
-            f"{gojson.go_quote(result.cni_version)}"
+            f"{go_quote(result.cni_version)}"
         )
     if family == "020" and result.cni_version == "":
         return _replace_version(result, "0.1.0")
@@ -633,7 +618,7 @@ def _from_040_to_020(result: Result, version: str) -> Result:
     r4: list[Route] = []
     r6: list[Route] = []
     for route in result.routes:
-        is4 = gojson.is_ipv4_text(route.dst)
+        is4 = is_ipv4_text(route.dst)
         if is4 and ip4 is not None:
             r4.append(Route(route.dst, route.gw))
         elif not is4 and ip6 is not None:
@@ -668,7 +653,7 @@ def _from_100_to_040(result: Result, version: str) -> Result:
             ip.address,
             ip.interface,
             ip.gateway,
-            version="4" if gojson.is_ipv4_text(ip.address) else "6",
+            version="4" if is_ipv4_text(ip.address) else "6",
         )
         for ip in result.ips
     )

@@ -25,6 +25,8 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from multicall.core.firewall.protocols import SAVE_NAMES, protocol_number
+
 # Short and long spellings of iptables' own (non-extension) options -> canonical short form.
 _BASE = {
     "-p": "-p", "--protocol": "-p",
@@ -42,16 +44,6 @@ _BASE = {
 }  # fmt: skip
 _BASE_ARITY = {"-p": 1, "-s": 1, "-d": 1, "-i": 1, "-o": 1, "-f": 0, "-c": 2, "-4": 0, "-6": 0}
 
-_PROTOCOLS = {
-    "all": 0, "icmp": 1, "igmp": 2, "tcp": 6, "udp": 17, "gre": 47, "esp": 50, "ah": 51,
-    "icmpv6": 58, "ipv6-icmp": 58, "mh": 135, "ipv6-mh": 135, "sctp": 132, "udplite": 136,
-    "dccp": 33,
-}  # fmt: skip
-# How iptables-save prints protocol numbers.
-_PROTOCOL_NAMES = {
-    1: "icmp", 2: "igmp", 6: "tcp", 17: "udp", 33: "dccp", 47: "gre", 50: "esp", 51: "ah",
-    58: "ipv6-icmp", 132: "sctp", 135: "mh", 136: "udplite",
-}  # fmt: skip
 # The match iptables loads implicitly for `-p PROTO` when an option needs it.
 _IMPLICIT_MATCH = {6: "tcp", 17: "udp", 1: "icmp", 58: "icmp6", 132: "sctp", 33: "dccp"}
 _PORTS = ("--sport", "--source-port", "--dport", "--destination-port")
@@ -350,26 +342,17 @@ def _base_option(
     rule: _RuleBuilder, name: str, negated: bool, values: tuple[str, ...]
 ) -> list[Option]:
     if name == "-p" and values:
-        number = _protocol_number(values[0])
+        number = protocol_number(values[0])
         if number is None:
             return [Option(name, negated, values)]
         if not negated:
             rule.protocol = number
         if number == 0 and not negated:
             return []
-        return [Option(name, negated, (_PROTOCOL_NAMES.get(number, str(number)),))]
+        return [Option(name, negated, (SAVE_NAMES.get(number, str(number)),))]
     if name in ("-s", "-d") and values:
         return [Option(name, negated, (_address(values[0]),))]
     return [Option(name, negated, values)]
-
-
-def _protocol_number(value: str) -> int | None:
-    lowered = value.lower()
-    if lowered in _PROTOCOLS:
-        return _PROTOCOLS[lowered]
-    if lowered.isascii() and lowered.isdigit() and len(lowered) <= 3 and int(lowered) < 256:
-        return int(lowered)
-    return None
 
 
 def _address(value: str) -> str:

@@ -18,7 +18,6 @@ Rules of this module (behaviour doc §3-4, §11):
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -31,6 +30,7 @@ from multicall.core.firewall.model import (
     ProxyInitOptions,
     TableChange,
 )
+from multicall.core.firewall.ports import MULTIPORT_SLOTS, Syntax, is_port, parse_port_range
 from multicall.core.firewall.ruleset import (
     BUILTIN_CHAINS,
     Chain,
@@ -40,91 +40,17 @@ from multicall.core.firewall.ruleset import (
     render_rule,
     save_order,
 )
+from multicall.core.go.net import parse_cidr
 from multicall.errors import FirewallError
 
 TABLE = "nat"
-MULTIPORT_LIMIT = 15
 COMMENT_PREFIX = "proxy-init/"
 # The iptables release whose messages (and save format) the fixtures pin down.
 XTABLES_VERSION = "1.8.9"
-PORT_MAX = 65535
 OWNER_ID_MAX = 4294967294  # libxt_owner accepts 0..UINT32_MAX-1
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-_ATOI_SYNTAX = re.compile(r"[+-]?[0-9]+")
-_PREFIX_DIGITS = re.compile(r"[0-9]+")
 
 
-# ---------------------------------------------------------------------------- Go-compatible ints
-
-
-def go_quote(text: str) -> str:
-    """Close to Go's strconv.Quote for the messages upstream prints."""
-    return json.dumps(text, ensure_ascii=False)
-
-
-def go_atoi(text: str) -> int:
-    """strconv.Atoi: optional sign, ASCII digits only, int64 range; ValueError with Go's text."""
-    if not _ATOI_SYNTAX.fullmatch(text):
-        raise ValueError(f"strconv.Atoi: parsing {go_quote(text)}: invalid syntax")
-    value = int(text)
-    if not _INT64_MIN <= value <= _INT64_MAX:
-        raise ValueError(f"strconv.Atoi: parsing {go_quote(text)}: value out of range")
-    return value
-
-
-def is_port(value: int) -> bool:
-    return 0 <= value <= PORT_MAX
-
-
-@dataclass(frozen=True, slots=True)
-class PortRange:
-    lower: int
-    upper: int
-
-    @property
-    def slots(self) -> int:
-        """Multiport slots it costs: 1 for a single port (also `N-N`), 2 for a range."""
-        return 1 if self.lower == self.upper else 2
-
-    def render(self) -> str:
-        return str(self.lower) if self.lower == self.upper else f"{self.lower}:{self.upper}"
-
-
-def parse_port(text: str) -> int:
-    """upstream util.ParsePort."""
-    try:
-        value = go_atoi(text)
-    except ValueError:
-        value = -1
-    if not is_port(value):
-        raise ValueError(f"{go_quote(text)} is not a valid TCP port")
-    return value
-
-
-def parse_port_range(text: str) -> PortRange:
-    """upstream util.ParsePortRange: `N` or `L-U`, split on `-`, with its error texts."""
-    bounds = text.split("-")
-    if len(bounds) > 2:
-        raise ValueError("ranges expected as <lower>-<upper>")
-    if len(bounds) == 1:
-        bounds.append(bounds[0])
-    lower = _bound(bounds[0], "lower")
-    upper = _bound(bounds[1], "upper")
-    if upper < lower:
-        raise ValueError(
-            f"{go_quote(text)}: upper-bound must be greater than or equal to lower-bound"
-        )
-    return PortRange(lower, upper)
-
-
-def _bound(text: str, which: str) -> int:
-    try:
-        value = go_atoi(text)
-    except ValueError:
-        value = -1
-    if not is_port(value):
-        raise ValueError(f"{go_quote(text)} is not a valid {which}-bound")
-    return value
+# ----------------------------------------------------------------------------- ports
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,11 +84,11 @@ def group_ports(items: Sequence[str]) -> PortGroups:
     invalid: list[InvalidPort] = []
     for item in items:
         try:
-            port_range = parse_port_range(item)
+            port_range = parse_port_range(item, Syntax.LINKERD)
         except ValueError as exc:
             invalid.append(InvalidPort(item, str(exc)))
             continue
-        if used + port_range.slots > MULTIPORT_LIMIT:
+        if used + port_range.slots > MULTIPORT_SLOTS:
             groups.append(tuple(current))
             current, used = [], 0
         current.append(port_range.render())
@@ -183,13 +109,11 @@ def invalid_ports(options: ProxyInitOptions) -> tuple[InvalidPort, ...]:
 def parse_subnet(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     """Go net.ParseCIDR after TrimSpace: an address, `/`, decimal prefix; host bits allowed."""
     trimmed = text.strip()
-    address, slash, prefix = trimmed.partition("/")
-    if not slash or not _PREFIX_DIGITS.fullmatch(prefix) or "%" in address:
+    parsed = parse_cidr(trimmed)
+    if parsed is None:
         raise FirewallError(f"{trimmed} is not a valid CIDR address")
-    try:
-        return ipaddress.ip_network(f"{address}/{int(prefix)}", strict=False)
-    except ValueError as exc:
-        raise FirewallError(f"{trimmed} is not a valid CIDR address") from exc
+    address, prefix = parsed
+    return ipaddress.ip_network(f"{address}/{prefix}", strict=False)
 
 
 def validate_options(options: ProxyInitOptions) -> ProxyInitOptions:

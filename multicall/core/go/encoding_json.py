@@ -7,20 +7,20 @@ Rules of this module:
    then case-insensitive; duplicate keys decoded in order (objects merge, slices replace);
    `null` leaves scalars alone; the first type mismatch is reported as Go words it, after the
    whole document was walked (Go keeps the first error and carries on).
-3. `marshal` renders like `json.Marshal`/`MarshalIndent` (HTML-safe escapes, no trailing
-   newline); `go_quote` is `strconv.Quote` (the `%q` verb).
+3. `marshal` renders like `json.Marshal`/`MarshalIndent` (HTML-safe escapes, Go's float
+   notation, no trailing newline), for CNI results and errors and for the installer's
+   patched conflists alike.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import ipaddress
+from multicall.core.go.net import go_cidr, go_ip
+from multicall.core.go.strconv import MAX_INT64, MIN_INT64, go_quote
 
 SPACE = frozenset(b" \t\r\n")
 DIGITS = frozenset(b"0123456789")
@@ -388,8 +388,6 @@ BOOLMAP = Scalar("boolmap", "map[string]bool")
 ANY = Scalar("any", "interface {}")
 INT_PTR = Scalar("int", "int")
 
-MAX_INT64 = 2**63 - 1
-MIN_INT64 = -(2**63)
 INT_RE = re.compile(r"-?(0|[1-9][0-9]*)")
 
 
@@ -608,64 +606,7 @@ def decode_value(value: object, schema: Struct) -> dict[str, object]:
     return out if isinstance(out, dict) else {}
 
 
-# --- Go's net.ParseIP / net.ParseCIDR and their String() --------------------------------------
-
-_V4_PART = re.compile(r"0|[1-9][0-9]{0,2}")
-
-
-def _parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    import ipaddress  # only results with addresses need it; VERSION and DEL never do
-
-    if "." in text and ":" not in text:
-        parts = text.split(".")
-        if len(parts) != 4 or not all(_V4_PART.fullmatch(p) and int(p) < 256 for p in parts):
-            return None
-        return ipaddress.IPv4Address(text)
-    if "%" in text or not text.isascii():
-        return None
-    try:
-        return ipaddress.IPv6Address(text)
-    except ValueError:
-        return None
-
-
-def _ip_string(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
-    import ipaddress
-
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return str(ip.ipv4_mapped)
-    return ip.compressed
-
-
-def go_ip(text: str) -> str | None:
-    """`net.ParseIP(text).String()`, or None where Go fails to parse."""
-    ip = _parse_ip(text)
-    return None if ip is None else _ip_string(ip)
-
-
-def go_cidr(text: str) -> str | None:
-    """`types.ParseCIDR(text)` printed back: the address keeps its host bits."""
-    import ipaddress
-
-    addr, slash, mask = text.partition("/")
-    if not slash or not mask.isdigit() or not mask.isascii() or int(mask) > 0xFFFFFF:
-        return None
-    ip = _parse_ip(addr)
-    bits = int(mask)
-    if ip is None or bits > ip.max_prefixlen:
-        return None
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return f"{ip.ipv4_mapped}/{max(0, bits - 96)}"
-    return f"{_ip_string(ip)}/{bits}"
-
-
-def is_ipv4_text(text: str) -> bool:
-    """Whether a canonical address (as `go_ip`/`go_cidr` print it) is IPv4 (`To4() != nil`);
-    false for Go's "<nil>" (an absent address)."""
-    return "." in text and ":" not in text
-
-
-# --- rendering --------------------------------------------------------------------------------
+# --- encoding -------------------------------------------------------------------------------
 
 _HTML_SAFE = str.maketrans(
     {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
@@ -673,40 +614,79 @@ _HTML_SAFE = str.maketrans(
 
 
 def marshal(value: object, *, indent: int | None = None, sort_keys: bool = False) -> str:
-    """`json.Marshal` (indent None) or `json.MarshalIndent(v, "", indent spaces)`."""
-    separators = (",", ":") if indent is None else (",", ": ")
-    text = json.dumps(
-        value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-    return text.translate(_HTML_SAFE)
-
-
-def go_quote(s: str) -> str:
-    """`strconv.Quote`: Go's double-quoted, escaped form."""
-    out = ['"']
-    for ch in s:
-        out.append(_quote_rune(ch))
-    out.append('"')
+    """`json.Marshal` (indent None) or `json.MarshalIndent(v, "", indent spaces)` of plain
+    values (dict, list or tuple, str, int, float, bool, None): HTML-safe strings, Go's float
+    notation, no trailing newline. `sort_keys` is what Go does for a map; a struct keeps its
+    field order, which callers give as the dict's order."""
+    out: list[str] = []
+    _encode(value, out, None if indent is None else "", " " * (indent or 0), sort_keys)
     return "".join(out)
 
 
-_SHORT = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
-_SHORT |= {"\v": "\\v", '"': '\\"', "\\": "\\\\"}
+def _encode(value: object, out: list[str], prefix: str | None, unit: str, sort: bool) -> None:
+    if isinstance(value, dict):
+        items = [(str(k), v) for k, v in (sorted(value.items()) if sort else value.items())]
+        _container("{}", items, out, prefix=prefix, unit=unit, sort=sort)
+    elif isinstance(value, list | tuple):
+        _container("[]", [(None, v) for v in value], out, prefix=prefix, unit=unit, sort=sort)
+    else:
+        out.append(_scalar(value))
 
 
-def _quote_rune(ch: str) -> str:
-    if ch in _SHORT:
-        return _SHORT[ch]
-    code = ord(ch)
-    if ch == " " or (code >= 0x20 and ch.isprintable() and not 0xD800 <= code <= 0xDFFF):
-        return ch
-    if code < 0x80 or code == 0xFFFD:
-        return f"\\x{code:02x}" if code < 0x80 else ch
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    return f"\\U{code:08x}"
+def _container(
+    brackets: str,
+    items: Sequence[tuple[str | None, object]],
+    out: list[str],
+    *,
+    prefix: str | None,
+    unit: str,
+    sort: bool,
+) -> None:
+    if not items:
+        out.append(brackets)
+        return
+    inner = None if prefix is None else prefix + unit
+    out.append(brackets[0])
+    for i, (key, item) in enumerate(items):
+        out.append("," if i else "")
+        if inner is not None:
+            out.append("\n" + inner)
+        if key is not None:
+            out.append(quote_string(key) + (":" if inner is None else ": "))
+        _encode(item, out, inner, unit, sort)
+    if prefix is not None:
+        out.append("\n" + prefix)
+    out.append(brackets[1])
 
 
-def go_quote_list(items: list[str]) -> str:
-    """`fmt.Sprintf("%q", []string{...})`."""
-    return "[" + " ".join(go_quote(s) for s in items) + "]"
+def _scalar(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return go_float(value)
+    if isinstance(value, str):
+        return quote_string(value)
+    raise TypeError(f"cannot marshal {type(value).__name__} as JSON")
+
+
+def quote_string(text: str) -> str:
+    """A JSON string as encoding/json writes it (UTF-8 kept; <, >, &, U+2028/9 escaped)."""
+    return json.dumps(text, ensure_ascii=False).translate(_HTML_SAFE)
+
+
+def go_float(value: float) -> str:
+    """strconv.AppendFloat(f, 'f' or 'e', -1, 64) as encoding/json picks and tidies it."""
+    from decimal import Decimal
+
+    magnitude = abs(value)
+    if magnitude != 0 and (magnitude < 1e-6 or magnitude >= 1e21):
+        text = repr(value)
+        mantissa, _, exponent = text.partition("e")
+        # Go prints at least two exponent digits, then turns e-07 into e-7.
+        sign, digits = exponent[0], exponent[1:].lstrip("0")
+        return f"{mantissa}e{sign}{digits}"
+    return format(Decimal(repr(value)).normalize(), "f")

@@ -19,8 +19,10 @@ Rules of this module (the Go installer `linkerd2-cni-install` is the reference,
 
 from __future__ import annotations
 
+import json
 from typing import Union
 
+from multicall.core.go.encoding_json import marshal
 from multicall.errors import ConfigError
 
 LINKERD_TYPE = "linkerd-cni"
@@ -29,14 +31,6 @@ WRAPPED_CNI_VERSION = "0.3.1"
 
 # A decoded JSON document. Recursive aliases need Union spelled out for mypy.
 Json = Union[None, bool, int, float, str, list["Json"], dict[str, "Json"]]  # noqa: UP007
-
-_GO_ESCAPES = {
-    "<": "\\u003c",
-    ">": "\\u003e",
-    "&": "\\u0026",
-    "\u2028": "\\u2028",
-    "\u2029": "\\u2029",
-}
 
 
 class _Rejected(ValueError):
@@ -56,8 +50,6 @@ def _parse_float(token: str) -> float:
 
 def parse_document(data: bytes, what: str = "document") -> dict[str, Json]:
     """A JSON object from bytes; ConfigError for anything else."""
-    import json  # lazily: every cnibox start imports this module through the registry
-
     try:
         value: Json = json.loads(
             data.decode("utf-8", "replace"),
@@ -129,79 +121,6 @@ def is_cni_config_name(filename: str) -> bool:
     return dot >= 0 and base[dot:] in (".conf", ".conflist")
 
 
-# --- Go's encoding/json, MarshalIndent flavour --------------------------------------------
-
-
 def render_go_json(value: Json) -> bytes:
-    out: list[str] = []
-    _render(value, "", out)
-    return "".join(out).encode("utf-8")
-
-
-def _render(value: Json, indent: str, out: list[str]) -> None:
-    if isinstance(value, dict):
-        _render_object(value, indent, out)
-    elif isinstance(value, list):
-        _render_array(value, indent, out)
-    else:
-        out.append(_scalar(value))
-
-
-def _render_object(value: dict[str, Json], indent: str, out: list[str]) -> None:
-    if not value:
-        out.append("{}")
-        return
-    inner = indent + "  "
-    out.append("{")
-    for i, key in enumerate(sorted(value)):
-        out.append(("," if i else "") + "\n" + inner + _string(key) + ": ")
-        _render(value[key], inner, out)
-    out.append("\n" + indent + "}")
-
-
-def _render_array(value: list[Json], indent: str, out: list[str]) -> None:
-    if not value:
-        out.append("[]")
-        return
-    inner = indent + "  "
-    out.append("[")
-    for i, item in enumerate(value):
-        out.append(("," if i else "") + "\n" + inner)
-        _render(item, inner, out)
-    out.append("\n" + indent + "]")
-
-
-def _scalar(value: Json) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return go_float(value)
-    assert isinstance(value, str)
-    return _string(value)
-
-
-def _string(text: str) -> str:
-    import json
-
-    encoded = json.dumps(text, ensure_ascii=False)
-    for char, escape in _GO_ESCAPES.items():
-        encoded = encoded.replace(char, escape)
-    return encoded
-
-
-def go_float(value: float) -> str:
-    """strconv.AppendFloat(f, 'f' or 'e', -1, 64) as encoding/json picks and tidies it."""
-    from decimal import Decimal
-
-    magnitude = abs(value)
-    if magnitude != 0 and (magnitude < 1e-6 or magnitude >= 1e21):
-        text = repr(value)
-        mantissa, _, exponent = text.partition("e")
-        # Go prints at least two exponent digits, then turns e-07 into e-7.
-        sign, digits = exponent[0], exponent[1:].lstrip("0")
-        return f"{mantissa}e{sign}{digits}"
-    return format(Decimal(repr(value)).normalize(), "f")
+    """`json.MarshalIndent(v, "", "  ")` of a decoded document (map keys sorted, as Go's)."""
+    return marshal(value, indent=2, sort_keys=True).encode("utf-8")

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from multicall.core.cni.skel import go_atoi
 from multicall.core.firewall.model import ProxyInitOptions
+from multicall.core.go.strconv import NumError, go_atoi
 from multicall.core.kube.objects import Pod, Service
 from multicall.errors import CNI_INTERNAL, CniError
 
@@ -71,13 +71,13 @@ def annotation(pod: Pod, namespace_annotations: Mapping[str, str] | None, key: s
 
 
 def _owner_id(value: str, what: str) -> int:
-    parsed = go_atoi(value)
-    if isinstance(parsed, str):
+    try:
+        return go_atoi(value)
+    except NumError as exc:
         # upstream logs "could not parse {what} to integer" and returns Go's bare error text
-        error = CniError(CNI_INTERNAL, parsed)
+        error = CniError(CNI_INTERNAL, str(exc))
         error.hint = f"could not parse {what} to integer"
-        raise error
-    return parsed
+        raise error from None
 
 
 def service_ports(service: Service | None) -> tuple[str, ...]:

@@ -34,6 +34,7 @@ from types import ModuleType
 from typing import Any, NoReturn, TypeVar
 
 from multicall.core.firewall.model import Family, TableChange
+from multicall.core.firewall.protocols import XTABLES_NAMES
 from multicall.core.firewall.ruleset import Chain, Counters, Rule, Table
 from multicall.effects import bundle
 from multicall.effects.ns import libc
@@ -42,9 +43,6 @@ from multicall.errors import FirewallError
 T = TypeVar("T")
 NAME = "legacy"
 STANDARD_VERDICTS = frozenset({"ACCEPT", "DROP", "QUEUE", "RETURN"})
-# iptables' xtables_chain_protos: the names used when /etc/protocols has none.
-CHAIN_PROTOS = {6: "tcp", 132: "sctp", 17: "udp", 136: "udplite", 1: "icmp", 58: "icmpv6"}
-CHAIN_PROTOS |= {50: "esp", 51: "ah", 135: "mh", 0: "all"}
 LIB_DIRS = (
     "/usr/lib/x86_64-linux-gnu",
     "/lib/x86_64-linux-gnu",
@@ -376,7 +374,7 @@ def protocol_name(number: int) -> str:
     entry = lookup(number)
     if entry and entry[0].p_name:
         return str(entry[0].p_name.decode())
-    return CHAIN_PROTOS.get(number, str(number))
+    return XTABLES_NAMES.get(number, str(number))
 
 
 # ----------------------------------------------------------------------------- apply

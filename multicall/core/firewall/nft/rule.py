@@ -55,7 +55,8 @@ from multicall.core.firewall.nft.rulespec import (
     proto_name,
     render_spec_tokens,
 )
-from multicall.core.firewall.nft.xt import Comment, Multiport, Owner, PortRange, Redirect
+from multicall.core.firewall.nft.xt import Comment, Multiport, Owner, Redirect
+from multicall.core.firewall.ports import PortRange
 from multicall.errors import FirewallError
 
 # --- RuleSpec -> expressions (iptables-nft's nft_ipv4_add / nft_ipv6_add) ----------------------
@@ -292,8 +293,8 @@ def _decode_ports(dec: _Decoder, payload: Payload) -> None:
         cmp = _next_cmp(dec, "port pair payload", payload.dreg)
         sport, dport = struct.unpack(">HH", cmp.data)
         inv = cmp.op == NFT_CMP_NEQ
-        _store_ports(dec, current, "sport", (sport, sport), inv)
-        _store_ports(dec, current, "dport", (dport, dport), inv)
+        _store_ports(dec, current, "sport", PortRange(sport, sport), inv)
+        _store_ports(dec, current, "dport", PortRange(dport, dport), inv)
         return
     if payload.length != 2 or payload.offset not in (0, 2):
         raise dec.fail(f"transport header payload at offset {payload.offset}")
@@ -307,10 +308,10 @@ def _port_condition(dec: _Decoder, reg: int) -> tuple[PortRange, bool]:
         if nxt.sreg != reg:
             raise dec.fail("port compared on another register")
         port = int.from_bytes(nxt.data, "big")
-        return (port, port), nxt.op == NFT_CMP_NEQ
+        return PortRange(port, port), nxt.op == NFT_CMP_NEQ
     if isinstance(nxt, Range) and nxt.op in (NFT_RANGE_EQ, NFT_RANGE_NEQ) and nxt.sreg == reg:
         low, high = int.from_bytes(nxt.low, "big"), int.from_bytes(nxt.high, "big")
-        return (low, high), nxt.op == NFT_RANGE_NEQ
+        return PortRange(low, high), nxt.op == NFT_RANGE_NEQ
     raise dec.fail(f"port payload not followed by a cmp/range (got {nxt!r})")
 
 

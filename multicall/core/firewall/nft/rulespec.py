@@ -19,18 +19,20 @@ from multicall.core.firewall.nft.xt import (
     MULTIPORT_FLAGS,
     MULTIPORT_MAX,
     Comment,
+    IdRange,
     Multiport,
     Owner,
-    PortRange,
     Redirect,
 )
+from multicall.core.firewall.ports import PortRange, Syntax, parse_port_range
+from multicall.core.firewall.protocols import NUMBERS, SAVE_NAMES
 from multicall.core.firewall.ruleset import format_network
 from multicall.errors import FirewallError
 
 IFNAMSIZ = 16
-# Protocol names as Debian's iptables-save prints them (/etc/protocols spelling).
-PROTO_NAMES = {1: "icmp", 6: "tcp", 17: "udp", 58: "ipv6-icmp", 132: "sctp"}
-PROTO_NUMBERS = {name: num for num, name in PROTO_NAMES.items()} | {"icmpv6": 58}
+# Protocols the codec encodes (`-p` is a native l4proto compare), printed by their save name.
+NFT_PROTOCOLS = frozenset({1, 6, 17, 58, 132})
+PROTO_NAMES = {number: SAVE_NAMES[number] for number in NFT_PROTOCOLS}
 
 # --- RuleSpec: one rule as iptables sees it ----------------------------------------------------
 
@@ -167,28 +169,15 @@ def parse_network(value: str, family: Family) -> ipaddress.IPv4Network | ipaddre
 
 
 def parse_proto(value: str) -> int:
+    """`-p`: `all`/`0`, a number 1..255, or the name of a protocol the codec encodes."""
     if value in ("all", "0"):
         return 0
-    if value.isdigit() and 0 < int(value) < 256:
+    if value.isascii() and value.isdigit() and 0 < int(value) < 256:
         return int(value)
-    if value in PROTO_NUMBERS:
-        return PROTO_NUMBERS[value]
+    number = NUMBERS.get(value)
+    if number in NFT_PROTOCOLS:
+        return number
     raise FirewallError(f'unknown protocol "{value}" specified')
-
-
-def parse_port(text: str) -> int:
-    if not text.isdigit() or int(text) > 0xFFFF:
-        raise FirewallError(f"invalid port/service `{text}' specified")
-    return int(text)
-
-
-def parse_port_range(text: str) -> PortRange:
-    low, sep, high = text.partition(":")
-    first = parse_port(low) if low or not sep else 0
-    last = (parse_port(high) if high else 0xFFFF) if sep else first
-    if first > last:
-        raise FirewallError(f"invalid portrange ({text}) specified")
-    return (first, last)
 
 
 def _option_block(toks: _Tokens) -> Iterator[tuple[str, bool]]:
@@ -223,7 +212,7 @@ def _parse_ports(name: str, toks: _Tokens) -> PortMatch:
     for opt, invert in _option_block(toks):
         if opt not in ("--sport", "--dport") or opt in found:
             raise FirewallError(f"unsupported option {opt} for -m {name}")
-        found[opt] = (parse_port_range(toks.take(opt)), invert)
+        found[opt] = (parse_port_range(toks.take(opt), Syntax.IPTABLES), invert)
     if not found:  # iptables-nft writes nothing for it, so it could never be read back
         raise FirewallError(f"-m {name} without --sport or --dport")
     sport, sinv = found.get("--sport", (None, False))
@@ -237,8 +226,8 @@ def _parse_multiport(toks: _Tokens) -> Multiport:
         if opt not in MULTIPORT_FLAGS or found:
             raise FirewallError(f"unsupported option {opt} for -m multiport")
         items = toks.take(opt).split(",")
-        ports = tuple(parse_port_range(item) for item in items)
-        if sum(1 if lo == hi else 2 for lo, hi in ports) > MULTIPORT_MAX:
+        ports = tuple(parse_port_range(item, Syntax.IPTABLES) for item in items)
+        if sum(p.slots for p in ports) > MULTIPORT_MAX:
             raise FirewallError("too many ports specified")
         found.append(Multiport(opt, ports, invert))
     if not found:
@@ -246,7 +235,7 @@ def _parse_multiport(toks: _Tokens) -> Multiport:
     return found[0]
 
 
-def _parse_id_range(text: str) -> PortRange:
+def _parse_id_range(text: str) -> IdRange:
     low, sep, high = text.partition("-")
     if not low.isdigit() or (sep and not high.isdigit()):
         raise FirewallError(f'Bad owner id "{text}"')
@@ -257,7 +246,7 @@ def _parse_id_range(text: str) -> PortRange:
 
 
 def _parse_owner(toks: _Tokens) -> Owner:
-    ids: dict[str, tuple[PortRange, bool]] = {}
+    ids: dict[str, tuple[IdRange, bool]] = {}
     socket: list[bool] = []
     for opt, invert in _option_block(toks):
         if opt in ("--uid-owner", "--gid-owner") and opt not in ids:
@@ -301,8 +290,7 @@ def _parse_redirect(toks: _Tokens) -> Redirect:
     random = False
     for opt, invert in _option_block(toks):
         if opt == "--to-ports" and ports is None and not invert:
-            low, sep, high = toks.take(opt).partition("-")
-            ports = (parse_port(low), parse_port(high) if sep else parse_port(low))
+            ports = parse_port_range(toks.take(opt), Syntax.TO_PORTS)
         elif opt == "--random" and not random and not invert:
             random = True
         else:
@@ -340,8 +328,8 @@ def proto_name(number: int) -> str:
     return PROTO_NAMES[number]
 
 
-def _render_range(rng: PortRange, sep: str) -> str:
-    return str(rng[0]) if rng[0] == rng[1] else f"{rng[0]}{sep}{rng[1]}"
+def _render_ids(ids: IdRange) -> str:
+    return str(ids[0]) if ids[0] == ids[1] else f"{ids[0]}-{ids[1]}"
 
 
 def _render_match(match: MatchSpec) -> list[str]:
@@ -349,12 +337,12 @@ def _render_match(match: MatchSpec) -> list[str]:
         case PortMatch(proto, sport, sinv, dport, dinv):
             out = ["-m", proto]
             if sport is not None:
-                out += [*_bang(sinv), "--sport", _render_range(sport, ":")]
+                out += [*_bang(sinv), "--sport", sport.render(":")]
             if dport is not None:
-                out += [*_bang(dinv), "--dport", _render_range(dport, ":")]
+                out += [*_bang(dinv), "--dport", dport.render(":")]
             return out
         case Multiport(option, ports, invert):
-            text = ",".join(_render_range(p, ":") for p in ports)
+            text = ",".join(p.render(":") for p in ports)
             return ["-m", "multiport", *_bang(invert), option, text]
         case Owner():
             return ["-m", "owner", *_render_owner(match)]
@@ -368,9 +356,9 @@ def _render_owner(owner: Owner) -> list[str]:
     if owner.socket_exists:
         out += [*_bang(owner.socket_invert), "--socket-exists"]
     if owner.uid is not None:
-        out += [*_bang(owner.uid_invert), "--uid-owner", _render_range(owner.uid, "-")]
+        out += [*_bang(owner.uid_invert), "--uid-owner", _render_ids(owner.uid)]
     if owner.gid is not None:
-        out += [*_bang(owner.gid_invert), "--gid-owner", _render_range(owner.gid, "-")]
+        out += [*_bang(owner.gid_invert), "--gid-owner", _render_ids(owner.gid)]
     return out
 
 
@@ -379,7 +367,7 @@ def _render_target(target: TargetSpec) -> list[str]:
         return ["-g" if target.goto else "-j", target.name]
     out = ["-j", "REDIRECT"]
     if target.ports is not None:
-        out += ["--to-ports", _render_range(target.ports, "-")]
+        out += ["--to-ports", target.ports.render("-")]
     if target.random:
         out.append("--random")
     return out

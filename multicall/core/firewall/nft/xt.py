@@ -12,11 +12,12 @@ from typing import NamedTuple
 
 from multicall.core.firewall.model import Family
 from multicall.core.firewall.nft.expr import XtMatch, XtTarget, text_of, undecodable
+from multicall.core.firewall.ports import MULTIPORT_SLOTS, PortRange
 from multicall.errors import FirewallError
 
 # xt structs (linux/netfilter/*.h), host-endian, sizes already XT_ALIGNed.
 COMMENT_LEN = 256
-MULTIPORT_MAX = 15
+MULTIPORT_MAX = MULTIPORT_SLOTS
 _MULTIPORT_V1 = struct.Struct(f"<BB{MULTIPORT_MAX}H{MULTIPORT_MAX}BB")  # 48 bytes
 _OWNER = struct.Struct("<IIIIBB6x")  # 18 bytes + XT_ALIGN padding = 24
 _NAT_IPV4_MULTI_RANGE = struct.Struct("<II4s4s2s2s4x")  # 20 + XT_ALIGN padding
@@ -29,7 +30,8 @@ NF_NAT_RANGE_PROTO_SPECIFIED = 2
 NF_NAT_RANGE_PROTO_RANDOM = 4
 
 
-PortRange = tuple[int, int]
+# An owner id range (min, max), as xt_owner stores it.
+IdRange = tuple[int, int]
 
 
 class Multiport(NamedTuple):
@@ -39,9 +41,9 @@ class Multiport(NamedTuple):
 
 
 class Owner(NamedTuple):
-    uid: PortRange | None = None  # (min, max) id range, reusing the pair type
+    uid: IdRange | None = None
     uid_invert: bool = False
-    gid: PortRange | None = None
+    gid: IdRange | None = None
     gid_invert: bool = False
     socket_exists: bool = False
     socket_invert: bool = False
@@ -144,10 +146,10 @@ def _decode_multiport(info: bytes) -> Multiport:
         if pflags[i]:
             if i + 1 >= count:
                 raise undecodable("multiport range without an end")
-            out.append((ports[i], ports[i + 1]))
+            out.append(PortRange(ports[i], ports[i + 1]))
             i += 2
         else:
-            out.append((ports[i], ports[i]))
+            out.append(PortRange(ports[i], ports[i]))
             i += 1
     return Multiport(options[flags], tuple(out), bool(invert))
 
@@ -182,5 +184,5 @@ def decode_target(expr: XtTarget, family: Family) -> Redirect:
         raise undecodable(f"REDIRECT flags {flags:#x}")
     ports = None
     if flags & NF_NAT_RANGE_PROTO_SPECIFIED:
-        ports = (int.from_bytes(low, "big"), int.from_bytes(high, "big"))
+        ports = PortRange(int.from_bytes(low, "big"), int.from_bytes(high, "big"))
     return Redirect(ports, bool(flags & NF_NAT_RANGE_PROTO_RANDOM))
