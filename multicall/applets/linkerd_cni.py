@@ -30,7 +30,8 @@ from multicall.errors import CNI_INTERNAL, CniboxError, CniError, cni_code_of
 
 if TYPE_CHECKING:
     from multicall.core.cni.netconf import NetConf
-    from multicall.core.cni.skel import CniEnv, PodIdentity, Result
+    from multicall.core.cni.result import Result
+    from multicall.core.cni.skel import CniEnv, PodIdentity
     from multicall.core.firewall.model import ProxyInitOptions
     from multicall.effects.kube import KubeClient
     from multicall.errors import KubeError
@@ -140,7 +141,7 @@ def dispatch(env: Mapping[str, str], stdin: BinaryIO, stdout: BinaryIO, log: Log
 
 
 def cmd_add(inv: Invocation) -> None:
-    from multicall.core.cni import skel as cni
+    from multicall.core.cni import result as cni_result
 
     conf = read_config(inv)
     prev = prev_result(conf)
@@ -151,8 +152,8 @@ def cmd_add(inv: Invocation) -> None:
         inv.log.debug("linkerd-cni: no Kubernetes namespace or pod name found, skipping.")
     inv.log.debug("linkerd-cni: plugin is finished")
     try:
-        out = cni.print_result(prev or cni.empty_result(), conf.cni_version)
-    except cni.ResultError as exc:
+        out = cni_result.print_result(prev or cni_result.empty_result(), conf.cni_version)
+    except cni_result.ResultError as exc:
         raise CniError(CNI_INTERNAL, str(exc)) from None
     inv.stdout.write(out)
     inv.stdout.flush()
@@ -173,17 +174,18 @@ def read_config(inv: Invocation) -> NetConf:
 
 def prev_result(conf: NetConf) -> Result | None:
     """parseConfig's prevResult handling: parse with the config's version, lift to 1.1.0."""
+    from multicall.core.cni import result as cni_result
     from multicall.core.cni import skel as cni
 
     if conf.prev_result is None:
         return None
     try:
-        parsed = cni.create_result(conf.cni_version, conf.prev_result)
-    except cni.ResultError as exc:
+        parsed = cni_result.create_result(conf.cni_version, conf.prev_result)
+    except cni_result.ResultError as exc:
         raise CniError(CNI_INTERNAL, f"linkerd-cni: could not parse prevResult: {exc}") from None
     try:
-        return cni.convert(parsed, cni.IMPLEMENTED_VERSION)
-    except cni.ResultError as exc:
+        return cni_result.convert(parsed, cni.IMPLEMENTED_VERSION)
+    except cni_result.ResultError as exc:
         raise CniError(
             CNI_INTERNAL, f"linkerd-cni: could not convert result to version 1.0: {exc}"
         ) from None

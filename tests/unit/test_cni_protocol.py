@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from multicall.applets import linkerd_cni
+from multicall.core.cni import result as cni_result
 from multicall.core.cni import skel as cni
 from tests.conftest import FIXTURES, cnibox_argv
 
@@ -125,7 +126,7 @@ class TestPassthroughEveryVersion:
     @pytest.mark.parametrize("version", VERSIONS)
     def test_same_family(self, version: str) -> None:
         """A prevResult of the config's own version comes back identical (relabelled)."""
-        family = cni.family_of(version)
+        family = cni_result.family_of(version)
         prev, expected = {
             "020": (PREV_020, OUT_020.replace("VERSION", version)),
             "040": (PREV_031, OUT_031.replace('"0.3.1"', f'"{version}"')),
@@ -142,7 +143,7 @@ class TestPassthroughEveryVersion:
     def test_other_family_is_rejected(self, config: str, prev: str) -> None:
         """A prevResult from another result family fails like upstream's parseConfig."""
         supported = {"020": "[ 0.1.0 0.2.0]", "040": "[0.3.0 0.3.1 0.4.0]",
-                     "100": "[1.0.0 1.1.0]"}[cni.family_of(config) or ""]  # fmt: skip
+                     "100": "[1.0.0 1.1.0]"}[cni_result.family_of(config) or ""]  # fmt: skip
         rc, out = run(conf(config, prevResult={**PREV_100, "cniVersion": prev}))
         assert rc == 1
         assert out == error(

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from multicall.core.cni import result as cni_result
 from multicall.core.cni import skel as cni
 from tests.libcni import build_go
 
@@ -84,16 +85,16 @@ def prev_result(rng: random.Random, version: str) -> dict[str, Any]:
 
 def ours(version: str, prev: dict[str, Any]) -> str:
     try:
-        parsed = cni.create_result(version, prev)
-    except cni.ResultError as exc:
+        parsed = cni_result.create_result(version, prev)
+    except cni_result.ResultError as exc:
         return f"PARSE {exc}"
     try:
-        lifted = cni.convert(parsed, cni.IMPLEMENTED_VERSION)
-    except cni.ResultError as exc:
+        lifted = cni_result.convert(parsed, cni.IMPLEMENTED_VERSION)
+    except cni_result.ResultError as exc:
         return f"CONVERT {exc}"
     try:
-        return "OK " + cni.print_result(lifted, version).decode()
-    except cni.ResultError as exc:
+        return "OK " + cni_result.print_result(lifted, version).decode()
+    except cni_result.ResultError as exc:
         return f"PRINT {exc}"
 
 
