@@ -36,9 +36,3 @@ class AppletSpec:
     @property
     def usage(self) -> str:
         return self.help.strip().splitlines()[0]
-
-
-def write_text(stream: BinaryIO, text: str) -> None:
-    """Write text to a binary stream as UTF-8 (surrogates kept, like os.fsencode)."""
-    stream.write(text.encode("utf-8", "surrogateescape"))
-    stream.flush()

@@ -23,8 +23,9 @@ from collections.abc import Mapping, Sequence
 from typing import BinaryIO, NoReturn
 
 from multicall import __version__
-from multicall.applet import AppletSpec, write_text
+from multicall.applet import AppletSpec
 from multicall.applets import REGISTRY, all_names, find_applet
+from multicall.effects.streams import write_text
 from multicall.errors import (
     EXIT_FAILURE,
     EXIT_INTERNAL,

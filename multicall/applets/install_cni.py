@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from multicall.applet import AppletSpec, write_text
+from multicall.applet import AppletSpec
 from multicall.core.installer import conflist
 from multicall.core.installer.config import (
     InstallerConfig,
@@ -39,6 +39,7 @@ from multicall.core.installer.config import (
     source_names,
 )
 from multicall.effects import fs
+from multicall.effects.streams import write_text
 from multicall.errors import EXIT_OK, CniboxError, ConfigError, UsageError
 
 if TYPE_CHECKING:

@@ -40,7 +40,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
-from multicall.applet import AppletSpec, write_text
+from multicall.applet import AppletSpec
+from multicall.effects.streams import write_text
 from multicall.errors import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from multicall.core.firewall.model import Mode, ProxyInitOptions
     from multicall.core.firewall.ruleset import Table
     from multicall.core.kube.objects import Service
-    from multicall.effects.kube import PodInputs
+    from multicall.plugin.pod_inputs import PodInputs
 
 PROG = "iptables-verify"
 JSON_SCHEMA = "cnibox.iptables-verify/v1"
@@ -265,7 +266,7 @@ def _pod_inputs(
 ) -> PodInputs:
     """The pod, its namespace's annotations and the API service, from files or the API."""
     from multicall.core.kube.objects import parse_namespace, parse_pod, parse_service
-    from multicall.effects.kube import PodInputs
+    from multicall.plugin.pod_inputs import PodInputs
 
     assert opts.pod is not None
     namespace = service = None
@@ -286,12 +287,8 @@ def _fetch(
     service: Service | None,
 ) -> PodInputs:
     """What ADD reads from the API, except what was given as files."""
-    from multicall.effects.kube import (
-        KubeClient,
-        read_kubeconfig,
-        read_pod_inputs,
-        timeout_from_env,
-    )
+    from multicall.effects.kube import KubeClient, read_kubeconfig, timeout_from_env
+    from multicall.plugin.pod_inputs import read_pod_inputs
 
     assert opts.namespace is not None
     assert opts.pod is not None
@@ -343,9 +340,10 @@ def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> Actual:
     path = opts.netns if opts.netns is not None else f"/proc/{opts.pid}/ns/net"
     from multicall.core.firewall.model import Family
     from multicall.effects.firewall.engine import dump_nat
+    from multicall.effects.ns import NetnsRef
 
     # Reading is harmless, so the verifier's own namespace may be inspected too.
-    table = dump_nat(path, mode=mode, family=Family(opts.family), allow_own_netns=True)
+    table = dump_nat(NetnsRef(path, allow_own=True), mode=mode, family=Family(opts.family))
     return Actual(table, path)
 
 

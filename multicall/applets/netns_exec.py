@@ -40,10 +40,11 @@ from contextlib import contextmanager
 from typing import BinaryIO, NoReturn
 
 from multicall import __version__
-from multicall.applet import AppletSpec, write_text
+from multicall.applet import AppletSpec
 from multicall.core import netns_exec as na
 from multicall.core.netns_exec import FileOpen, Invocation, NsenterError
 from multicall.effects import ns, process
+from multicall.effects.streams import write_text
 from multicall.errors import ExecFailed, ExecNotFound
 
 

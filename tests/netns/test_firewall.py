@@ -22,9 +22,9 @@ from multicall.core.firewall.model import (
     Family,
     Mode,
     ProxyInitOptions,
+    families,
 )
 from multicall.core.firewall.proxy_init import (
-    build_run_argv,
     expected_table,
     plan_change,
     strip_counters,
@@ -48,6 +48,8 @@ from tests.unit.test_proxy_init import (
 
 pytestmark = pytest.mark.netns
 
+V4_ONLY = families(ipv6=False)
+
 MODES = [Mode.LEGACY, Mode.NFT]
 DEFAULT = ProxyInitOptions(inbound_ports_to_ignore=("4191", "4190"))
 
@@ -64,7 +66,7 @@ def oracle(ns: Netns, mode: Mode, family: Family) -> list[str]:
 
 
 def apply(ns: Netns, options: ProxyInitOptions, mode: Mode, *, ipv6: bool = False) -> None:
-    apply_proxy_init(ns.path, options, mode=mode, ipv6=ipv6)
+    apply_proxy_init(ns.path, options, mode=mode, families=families(ipv6=ipv6))
 
 
 def model_body(options: ProxyInitOptions, family: Family) -> list[str]:
@@ -185,38 +187,23 @@ def test_kernel_refusal_changes_nothing(rig: Rig, mode: Mode) -> None:
 
 
 class TestSafety:
-    def test_simulate_logs_and_changes_nothing(self, rig: Rig) -> None:
-        """Simulate mode logs upstream's command lines and touches no table."""
-        pod = rig.netns("p")
-        lines: list[str] = []
-        apply_proxy_init(
-            pod.path, DEFAULT, mode=Mode.NFT, ipv6=True, simulate=True, log=lines.append
-        )
-        expected = [
-            " ".join(argv)
-            for family in Family
-            for argv in build_run_argv(DEFAULT, family, mode=Mode.NFT, netns=pod.path)
-        ]
-        assert lines == expected
-        for mode in MODES:
-            assert not any("PROXY_INIT" in line for line in oracle(pod, mode, Family.IPV4))
-
     def test_refuses_own_netns(self, rig: Rig) -> None:
         """From inside a netns, programming that same netns is refused unless allowed."""
         pod = rig.netns("p")
         script = textwrap.dedent(
             """
-            from multicall.core.firewall.model import Mode, ProxyInitOptions
+            from multicall.core.firewall.model import Mode, ProxyInitOptions, families
             from multicall.effects.firewall.engine import apply_proxy_init
+            from multicall.effects.ns import NetnsRef
             from multicall.errors import NetnsError
             own = "/proc/self/ns/net"
+            v4 = families(ipv6=False)
             try:
-                apply_proxy_init(own, ProxyInitOptions(), mode=Mode.LEGACY, ipv6=False)
+                apply_proxy_init(own, ProxyInitOptions(), mode=Mode.LEGACY, families=v4)
             except NetnsError as exc:
                 print("refused:", exc)
-            apply_proxy_init(
-                own, ProxyInitOptions(), mode=Mode.LEGACY, ipv6=False, allow_own_netns=True
-            )
+            allowed = NetnsRef(own, allow_own=True)
+            apply_proxy_init(allowed, ProxyInitOptions(), mode=Mode.LEGACY, families=v4)
             """
         )
         out = pod.exec([sys.executable, "-c", script])
@@ -228,10 +215,10 @@ class TestSafety:
         pod = rig.netns("p")
         script = (
             "import sys;"
-            "from multicall.core.firewall.model import Mode, ProxyInitOptions;"
+            "from multicall.core.firewall.model import Mode, ProxyInitOptions, families;"
             "from multicall.effects.firewall.engine import apply_proxy_init;"
             f"apply = lambda: apply_proxy_init({pod.path!r}, ProxyInitOptions(),"
-            " mode=Mode.LEGACY, ipv6=True);"
+            " mode=Mode.LEGACY, families=families(ipv6=True));"
             "apply();"
             "sys.stdout.write('before ');"
             "apply();"  # its dump decodes rules, and python-iptables flushes stdout then
@@ -246,7 +233,7 @@ class TestSafety:
     def test_missing_netns(self) -> None:
         """A netns path that does not exist is a NetnsError, before anything else."""
         with pytest.raises(NetnsError, match="no such network namespace"):
-            apply_proxy_init("/run/netns/cbx-absent", DEFAULT, mode=Mode.LEGACY, ipv6=False)
+            apply_proxy_init("/run/netns/cbx-absent", DEFAULT, mode=Mode.LEGACY, families=V4_ONLY)
 
     @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
     def test_no_host_binary(self, rig: Rig, mode: Mode, tmp_path: Path) -> None:
@@ -257,9 +244,10 @@ class TestSafety:
         empty.mkdir()
         trace = tmp_path / "trace"
         script = (
-            "from multicall.core.firewall.model import Mode, ProxyInitOptions;"
+            "from multicall.core.firewall.model import Mode, ProxyInitOptions, families;"
             "from multicall.effects.firewall.engine import apply_proxy_init;"
-            f"apply_proxy_init({pod.path!r}, ProxyInitOptions(), mode=Mode.{mode.name}, ipv6=True)"
+            f"apply_proxy_init({pod.path!r}, ProxyInitOptions(), mode=Mode.{mode.name},"
+            " families=families(ipv6=True))"
         )
         argv = [strace, "-f", "-qq", "-e", "trace=execve,execveat", "-o", str(trace)]
         argv += [sys.executable, "-c", script]
@@ -277,7 +265,7 @@ class TestPlainDetection:
         pod = rig.netns("p")
         pod.exec([require_tool("iptables-legacy"), "-t", "filter", "-A", "INPUT", "-j", "ACCEPT"])
         log: list[str] = []
-        apply_proxy_init(pod.path, DEFAULT, mode=Mode.PLAIN, ipv6=False, log=log.append)
+        apply_proxy_init(pod.path, DEFAULT, mode=Mode.PLAIN, families=V4_ONLY, log=log.append)
         assert any("using legacy" in line for line in log)
         assert oracle(pod, Mode.LEGACY, Family.IPV4) == model_body(DEFAULT, Family.IPV4)
 
@@ -285,6 +273,6 @@ class TestPlainDetection:
         """Without legacy rules, `plain` uses nf_tables."""
         pod = rig.netns("p")
         log: list[str] = []
-        apply_proxy_init(pod.path, DEFAULT, mode=Mode.PLAIN, ipv6=False, log=log.append)
+        apply_proxy_init(pod.path, DEFAULT, mode=Mode.PLAIN, families=V4_ONLY, log=log.append)
         assert any("using nft" in line for line in log)
         assert oracle(pod, Mode.NFT, Family.IPV4) == model_body(DEFAULT, Family.IPV4)

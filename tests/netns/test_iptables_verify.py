@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from multicall.core.firewall.model import Family, Mode
+from multicall.core.firewall.model import Family, Mode, families
 from multicall.effects.firewall.engine import apply_proxy_init
 from tests.conftest import FIXTURES, REPO, cnibox_argv, require_tool
 from tests.rig import Netns, Rig
@@ -137,7 +137,12 @@ def test_engine_applied_rules_verify(rig: Rig, tmp_path: Path, name: str) -> Non
     family = scenario_family(name)
     mode = Mode.LEGACY if "legacy" in str(scenario(name)["iptables_binary"]) else Mode.NFT
     for _ in range(int(str(scenario(name)["times_applied_to_same_netns"]))):
-        apply_proxy_init(ns.path, scenario_options(name), mode=mode, ipv6=family is Family.IPV6)
+        apply_proxy_init(
+            ns.path,
+            scenario_options(name),
+            mode=mode,
+            families=families(ipv6=family is Family.IPV6),
+        )
     path = config(tmp_path, name, mode.value)
     for fam in {Family.IPV4, family}:
         rc, out, err = run_inproc(

@@ -14,6 +14,7 @@ import pytest
 from multicall.applets import linkerd_cni
 from multicall.core.cni import result as cni_result
 from multicall.core.cni import skel as cni
+from multicall.plugin import commands
 from tests.conftest import FIXTURES, cnibox_argv
 
 STDOUT = FIXTURES / "derived" / "linkerd-cni-stdout"
@@ -371,8 +372,7 @@ class TestBoundary:
         def boom(*_args: object) -> None:
             raise RuntimeError("kaboom")
 
-        monkeypatch.setattr(linkerd_cni, "cmd_add", boom)
-        monkeypatch.setitem(linkerd_cni.HANDLERS, "ADD", boom)
+        monkeypatch.setitem(commands.HANDLERS, "ADD", boom)
         assert run(conf("1.0.0")) == (1, error(999, "RuntimeError: kaboom"))
 
     def test_help(self) -> None:

@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from multicall.applets.linkerd_cni import Logger
 from multicall.core.go.strconv import NumError, go_atoi, go_quote, go_quote_list
+from multicall.plugin.logrus import Logger
 
 
 class TestGoAtoi:

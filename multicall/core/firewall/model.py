@@ -28,6 +28,11 @@ class Family(Enum):
     IPV6 = "ipv6"
 
 
+def families(*, ipv6: bool) -> tuple[Family, ...]:
+    """The families ADD programs: IPv4, and IPv6 when the config's `ipv6` says so."""
+    return (Family.IPV4, Family.IPV6) if ipv6 else (Family.IPV4,)
+
+
 class Mode(Enum):
     """`linkerd.iptables-mode`: which kernel interface the rules go to."""
 

@@ -3,19 +3,20 @@ namespace, and read a nat table back, choosing the backend from `iptables-mode`.
 
 Rules of this module:
 1. Everything happens in this process, inside the target netns (`ns.entered_netns`); the
-   caller's own netns is refused unless `allow_own_netns` (libcni's CNI_NETNS_OVERRIDE).
+   caller's own netns is refused unless the `NetnsRef` allows it (CNI_NETNS_OVERRIDE).
 2. Every family is dumped and planned before any is changed: options that the IPv6 pass
    rejects (an IPv4 CIDR) leave the IPv4 table untouched as well. Each table then changes
    in one transaction (one libiptc commit, one nf_tables batch).
 3. `legacy` is x_tables through libiptc, `nft` is nf_tables over netlink, `plain` detects as
    Istio does: legacy if legacy already holds rules in this netns, else nft if the kernel
    speaks it, else legacy; the choice is logged.
-4. Simulate mode enters nothing and changes nothing: it logs the commands upstream would run.
+4. Simulate mode and the logging of dropped port items are the plugin's
+   (`multicall.plugin.commands`): this engine only ever programs or reads rules.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from multicall.core.firewall.model import (
@@ -25,9 +26,10 @@ from multicall.core.firewall.model import (
     ProxyInitOptions,
     TableChange,
 )
-from multicall.core.firewall.proxy_init import build_run_argv, invalid_ports, plan_change
+from multicall.core.firewall.proxy_init import plan_change
 from multicall.core.firewall.ruleset import Table
 from multicall.effects import ns
+from multicall.effects.ns import NetnsRef
 from multicall.errors import FirewallError
 
 Log = Callable[[str], None]
@@ -35,10 +37,6 @@ Log = Callable[[str], None]
 
 def _quiet(_message: str) -> None:
     """The default log: drop messages."""
-
-
-def families(*, ipv6: bool) -> tuple[Family, ...]:
-    return (Family.IPV4, Family.IPV6) if ipv6 else (Family.IPV4,)
 
 
 # ----------------------------------------------------------------------------- backends
@@ -117,27 +115,19 @@ def plan_pass(options: ProxyInitOptions, family: Family, mode: Mode, log: Log) -
 
 
 def apply_proxy_init(
-    netns_path: str,
+    netns: NetnsRef | str,
     options: ProxyInitOptions,
     *,
     mode: Mode,
-    ipv6: bool,
-    simulate: bool = False,
-    allow_own_netns: bool = False,
+    families: tuple[Family, ...],
     log: Log = _quiet,
 ) -> None:
-    """Program PROXY_INIT_REDIRECT/PROXY_INIT_OUTPUT and their jumps in the pod's netns.
-
-    IPv4, then IPv6 when `ipv6`. Raises FirewallError (rules rejected), NetnsError (netns).
+    """Program PROXY_INIT_REDIRECT/PROXY_INIT_OUTPUT and their jumps in the pod's netns (a
+    `NetnsRef`, or a path: never the caller's own), for each of `families` in order.
+    Raises FirewallError (rules rejected), NetnsError (netns).
     """
-    for dropped in invalid_ports(options):
-        log(dropped.message())
-    wanted = families(ipv6=ipv6)
-    if simulate:
-        log_simulation(netns_path, options, wanted, mode, log)
-        return
-    with ns.entered_netns(netns_path, allow_own=allow_own_netns):
-        passes = [plan_pass(options, family, mode, log) for family in wanted]
+    with ns.entered_netns(netns):
+        passes = [plan_pass(options, family, mode, log) for family in families]
         for planned in passes:
             planned.backend.apply(planned.family, planned.change)
             log(describe(planned))
@@ -152,26 +142,10 @@ def describe(planned: Pass) -> str:
     )
 
 
-def log_simulation(
-    netns_path: str, options: ProxyInitOptions, wanted: Sequence[Family], mode: Mode, log: Log
-) -> None:
-    """Upstream's simulate output: each command line, existing rules taken as empty."""
-    for family in wanted:
-        for argv in build_run_argv(options, family, mode=mode, netns=netns_path):
-            log(" ".join(argv))
-
-
 # ----------------------------------------------------------------------------- dump
 
 
-def dump_nat(
-    netns_path: str,
-    *,
-    mode: Mode,
-    family: Family,
-    allow_own_netns: bool = False,
-    log: Log = _quiet,
-) -> Table:
+def dump_nat(netns: NetnsRef | str, *, mode: Mode, family: Family, log: Log = _quiet) -> Table:
     """The nat table of `family` in the netns, read through `mode`'s backend."""
-    with ns.entered_netns(netns_path, allow_own=allow_own_netns):
+    with ns.entered_netns(netns):
         return backend_for(mode, family, log).dump(family, "nat")

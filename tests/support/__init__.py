@@ -1,0 +1,1 @@
+"""Helpers shared by the test suites (never imported by cnibox itself)."""
