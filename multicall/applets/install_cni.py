@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from multicall.applet import AppletSpec
 from multicall.core.installer import conflist
 from multicall.core.installer.config import (
     InstallerConfig,
@@ -491,11 +490,7 @@ def main(
     stdout: BinaryIO,
     stderr: BinaryIO,
 ) -> int:
-    args = list(argv[1:])
-    if "--help" in args or "-h" in args:
-        write_text(stdout, __doc__ or "")
-        return EXIT_OK
-    options = parse_args(args)
+    options = parse_args(list(argv[1:]))
     config = parse_environment(env)
     log = Log(stderr, options.verbose)
     if options.mode == "uninstall":
@@ -543,12 +538,3 @@ def _undo_and_log(installer: Installer) -> list[str]:
     for error in errors:
         installer.log.info(f"undo: {error}")
     return errors
-
-
-SPEC = AppletSpec(
-    name="install-cni",
-    summary="install and keep Linkerd's CNI plugin chained on this node (DaemonSet)",
-    help=__doc__ or "",
-    main=main,
-    needs_root="writes the host's CNI bin and config dirs through hostPath mounts",
-)

@@ -32,7 +32,7 @@ Fetching the pod instead of reading files:
                          its `linkerd-cni-context` is used, as the plugin does)
 
 Exit status: 0 the rules match, 1 they differ, 2 usage or input error.
-"""  # noqa: E501 - the usage line stays one line (AppletSpec.usage)
+"""  # noqa: E501 - the usage line stays one line (the usage hint prints it)
 
 from __future__ import annotations
 
@@ -40,7 +40,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
-from multicall.applet import AppletSpec
 from multicall.effects.streams import write_text
 from multicall.errors import (
     EXIT_FAILURE,
@@ -73,7 +72,7 @@ _VALUED = (
     "--namespace",
     "--kubeconfig",
 )
-_FLAGS = ("--strict", "--json", "--quiet", "--help", "-h")
+_FLAGS = ("--strict", "--json", "--quiet")
 
 
 class InputError(CniboxError):
@@ -98,7 +97,6 @@ class Options:
     strict: bool = False
     json: bool = False
     quiet: bool = False
-    help: bool = False
 
 
 # ----------------------------------------------------------------------------- command line
@@ -134,8 +132,6 @@ def _usage_hint() -> str:
 
 
 def _options(values: Mapping[str, str], flags: set[str]) -> Options:
-    if flags & {"--help", "-h"}:
-        return Options(help=True)
     if "--config" not in values:
         raise UsageError("--config NETCONF.json is required", hint=_usage_hint())
     sources = [s for s in ("--input", "--netns", "--pid") if s in values]
@@ -401,9 +397,6 @@ def main(
     stderr: BinaryIO,
 ) -> int:
     opts = parse_args(argv[1:])
-    if opts.help:
-        write_text(stdout, __doc__ or "")
-        return EXIT_OK
     try:
         return run(opts, env, stdin, stdout)
     except (UsageError, InputError):
@@ -417,12 +410,3 @@ def main(
             errno=exc.errno,
             details=exc.details,
         ) from exc
-
-
-SPEC = AppletSpec(
-    name=PROG,
-    summary="compare a pod's nat table with what linkerd-cni would program",
-    help=__doc__ or "",
-    main=main,
-    needs_root="--netns/--pid enter another network namespace (CAP_SYS_ADMIN, CAP_NET_ADMIN)",
-)

@@ -23,9 +23,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import BinaryIO
 
-from multicall.applet import AppletSpec
-from multicall.effects.streams import write_text
-
 
 def main(
     argv: Sequence[str],
@@ -34,9 +31,6 @@ def main(
     stdout: BinaryIO,
     stderr: BinaryIO,
 ) -> int:
-    if list(argv[1:2]) in (["--help"], ["-h"]):
-        write_text(stdout, __doc__ or "")
-        return 0
     from multicall.plugin.run import PluginRequest, run_plugin
 
     # VERSION never reads stdin: answered from the environment alone.
@@ -45,13 +39,3 @@ def main(
     stdout.write(result.stdout)
     stdout.flush()
     return result.exit_code
-
-
-SPEC = AppletSpec(
-    name="linkerd-cni",
-    summary="Linkerd's chained CNI plugin (upstream-compatible, no host binaries)",
-    help=__doc__ or "",
-    main=main,
-    install_dir="/opt/cni/bin",
-    needs_root="programs iptables rules inside pod network namespaces",
-)

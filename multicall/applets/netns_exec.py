@@ -39,10 +39,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import BinaryIO, NoReturn
 
-from multicall import __version__
-from multicall.applet import AppletSpec
 from multicall.core import netns_exec as na
 from multicall.core.netns_exec import FileOpen, Invocation, NsenterError
+from multicall.core.usage import Show
 from multicall.effects import ns, process
 from multicall.effects.streams import write_text
 from multicall.errors import ExecFailed, ExecNotFound
@@ -54,7 +53,7 @@ def main(
     stdin: BinaryIO,
     stdout: BinaryIO,
     stderr: BinaryIO,
-) -> int:
+) -> int | Show:
     argv0 = argv[0] if argv else "netns-exec"
     prog = argv0.rsplit("/", 1)[-1]
     parsed = na.parse_args(list(argv[1:]))
@@ -68,19 +67,10 @@ def main(
             stderr, f"{argv0}: {outcome.message}\nTry '{prog} --help' for more information.\n"
         )
         return 1
-    if outcome is na.Show.HELP:
-        write_text(stdout, format_help(prog))
-        return 0
-    if outcome is na.Show.VERSION:
-        write_text(stdout, na.format_version(prog, __version__))
-        return 0
+    if isinstance(outcome, Show):
+        return outcome  # the dispatcher prints help or version (as util-linux, on stdout)
     assert isinstance(outcome, Invocation)
     return run(outcome, parsed, fds, env)
-
-
-def format_help(prog: str) -> str:
-    assert __doc__ is not None
-    return __doc__.replace("usage: netns-exec", f"usage: {prog}", 1)
 
 
 def open_all(fds: dict[str, int], opens: Sequence[FileOpen]) -> None:
@@ -234,13 +224,3 @@ def execute(program: Sequence[str], env: Mapping[str, str]) -> NoReturn:
     except OSError as exc:
         error = ExecNotFound if exc.errno == errno.ENOENT else ExecFailed
         raise error(f"failed to execute {name}: {exc.strerror}", errno=exc.errno) from exc
-
-
-SPEC = AppletSpec(
-    name="netns-exec",
-    summary="run a program in other namespaces (nsenter drop-in)",
-    help=__doc__ or "",
-    main=main,
-    aliases=("nsenter",),
-    needs_root="setns(2) needs CAP_SYS_ADMIN in the target namespace's user namespace",
-)

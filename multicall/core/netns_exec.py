@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
+from multicall.core.usage import Show
 from multicall.errors import CniboxError
 
 VERSION_COMPAT = "2.38.1"
@@ -121,11 +122,6 @@ class Invocation:
     no_fork: bool = False
     follow_context: bool = False
     argv: tuple[str, ...] = ()
-
-
-class Show(Enum):
-    HELP = "help"
-    VERSION = "version"
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,7 +376,3 @@ def should_fork(invocation: Invocation, entering: frozenset[str]) -> bool:
     if invocation.no_fork:
         return False
     return bool(entering & {"ns/pid", "ns/time"})
-
-
-def format_version(prog: str, cnibox_version: str) -> str:
-    return f"{prog} from cnibox {cnibox_version} (util-linux {VERSION_COMPAT} compatible)\n"

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from multicall.applets import REGISTRY, all_names
+from multicall.applets import APPLETS, all_names
 from tests.binary.artifact import started
 from tests.conftest import require_root, require_tool
 from tests.installer.host import NETWORK_CONFIG, linkerd_count, make_host, put_config
@@ -302,7 +302,7 @@ APPLET_CASES: dict[str, Callable[[EmptyRoot, Rig, dict[str, str]], None]] = {
 
 
 def test_every_applet_has_a_case() -> None:
-    missing = sorted({spec.name for spec in REGISTRY} - set(APPLET_CASES))
+    missing = sorted({applet.name for applet in APPLETS} - set(APPLET_CASES))
     assert missing == [], "add an empty-root case for each applet (see this module's doc)"
 
 

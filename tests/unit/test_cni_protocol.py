@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from multicall.applets import linkerd_cni
+from multicall.applets import find_applet, linkerd_cni
 from multicall.core.cni import result as cni_result
 from multicall.core.cni import skel as cni
+from multicall.dispatch import run_applet
 from multicall.plugin import commands
 from tests.conftest import FIXTURES, cnibox_argv
 
@@ -377,5 +378,7 @@ class TestBoundary:
 
     def test_help(self) -> None:
         out = io.BytesIO()
-        assert linkerd_cni.main(["linkerd-cni", "--help"], {}, io.BytesIO(), out, io.BytesIO()) == 0
+        applet = find_applet("linkerd-cni")
+        assert applet is not None
+        assert run_applet(applet, ["linkerd-cni", "--help"], {}, (io.BytesIO(), out, out)) == 0
         assert out.getvalue().startswith(b"usage: linkerd-cni")

@@ -7,12 +7,15 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
-from multicall import applets, dispatch
-from multicall.applet import AppletSpec
+from multicall import __version__, applets, dispatch
+from multicall.applet import Applet, AppletModule
+from multicall.core.usage import Show
 from multicall.errors import CniboxError
 from tests.conftest import REPO, cnibox_argv
 
@@ -40,27 +43,11 @@ class TestNames:
 
 
 class TestRegistry:
-    def test_every_module_is_registered(self) -> None:
-        """Each applet module on disk has a SPEC in the registry, and vice versa."""
-        modules = {p.stem for p in APPLET_DIR.glob("*.py") if p.stem != "__init__"}
-        registered = {spec.main.__module__.rsplit(".", 1)[1] for spec in applets.REGISTRY}
-        assert modules == registered
-
-    def test_usage_line_names_the_applet(self) -> None:
-        """Each applet's help starts with `usage: NAME`."""
-        for spec in applets.REGISTRY:
-            assert spec.usage.startswith(f"usage: {spec.name} "), spec.name
-
-    def test_names_are_unique(self) -> None:
-        """No two applets answer to the same name."""
-        names = [n for spec in applets.REGISTRY for n in spec.names]
-        assert len(names) == len(set(names))
-
     def test_readme_lists_every_applet(self) -> None:
         """The README's applet table names exactly the registered applets."""
         readme = (REPO / "README.md").read_text()
         table = re.findall(r"^\| `([a-z0-9-]+)` \|", readme, re.MULTILINE)
-        assert sorted(table) == sorted(spec.name for spec in applets.REGISTRY)
+        assert sorted(table) == sorted(applet.name for applet in applets.APPLETS)
 
 
 class TestMultiplexer:
@@ -92,11 +79,35 @@ class TestMultiplexer:
         assert b"usage: cnibox" in e.getvalue()
 
 
-def _failing(exc: BaseException) -> AppletSpec:
-    def main(*_: object) -> int:
-        raise exc
+class _Module:
+    """An applet module stand-in: usage docstring, and a main that does what it is told."""
 
-    return AppletSpec(name="boom", summary="", help="usage: boom\n", main=main)
+    __name__ = "boom"
+
+    def __init__(self, outcome: BaseException | int | Show) -> None:
+        self.__doc__ = "usage: boom [-x]\n\nBoom.\n"
+        self.outcome = outcome
+
+    def main(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        stdin: BinaryIO,
+        stdout: BinaryIO,
+        stderr: BinaryIO,
+    ) -> int | Show:
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+
+def _applet(outcome: BaseException | int | Show, **kw: object) -> Applet:
+    module: AppletModule = _Module(outcome)
+    return Applet("boom", (), "", lambda: module, **kw)  # type: ignore[arg-type]  # kw: flags
+
+
+def _failing(exc: BaseException) -> Applet:
+    return _applet(exc)
 
 
 class TestBoundary:
@@ -150,3 +161,44 @@ class TestCommandLine:
             [str(link), "--help"], capture_output=True, text=True, check=False
         )
         assert "usage: netns-exec" in help_run.stdout + help_run.stderr
+
+
+class TestHelpAndVersion:
+    """One place prints every applet's help and version (dispatch.run_applet)."""
+
+    @pytest.mark.parametrize(
+        ("args", "out"),
+        [
+            (["--help"], "usage: boom [-x]\n\nBoom.\n"),
+            (["-x", "-h"], "usage: boom [-x]\n\nBoom.\n"),
+            (["--version"], f"boom from cnibox {__version__}\n"),
+        ],
+    )
+    def test_common_rule(self, args: list[str], out: str) -> None:
+        """-h/--help/--version anywhere before `--`: printed on stdout, exit 0, main not run."""
+        i, o, e = streams()
+        applet = _applet(RuntimeError("main must not run"))
+        assert dispatch.run_applet(applet, ["/bin/boom", *args], {}, (i, o, e)) == 0
+        assert (o.getvalue().decode(), e.getvalue()) == (out, b"")
+
+    def test_after_double_dash_is_an_argument(self) -> None:
+        i, o, e = streams()
+        assert dispatch.run_applet(_applet(7), ["boom", "--", "--help"], {}, (i, o, e)) == 7
+
+    def test_help_names_the_program_as_invoked(self) -> None:
+        i, o, e = streams()
+        assert dispatch.run_applet(_applet(0), ["/x/kaboom", "-h"], {}, (i, o, e)) == 0
+        assert o.getvalue().startswith(b"usage: kaboom [-x]")
+
+    def test_own_parser_returns_show(self) -> None:
+        """An applet with its own grammar (parses_help) returns Show; the text is the same."""
+        i, o, e = streams()
+        applet = _applet(
+            Show.VERSION, parses_help=True, version_note="util-linux 2.38.1 compatible"
+        )
+        assert dispatch.run_applet(applet, ["boom", "--anything"], {}, (i, o, e)) == 0
+        assert o.getvalue().decode() == (
+            f"boom from cnibox {__version__} (util-linux 2.38.1 compatible)\n"
+        )
+        i, o, e = streams()
+        assert dispatch.run_applet(_applet(3, parses_help=True), ["boom", "-h"], {}, (i, o, e)) == 3

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from multicall.applets import install_cni
+from multicall.applets import find_applet, install_cni
 from multicall.core.installer.config import parse_environment
+from multicall.dispatch import run_applet
 from multicall.effects import inotify
 from multicall.errors import UsageError
 from tests.installer.host import TESTDATA, Host, make_host, put_config, wait_for
@@ -45,7 +46,9 @@ class TestArguments:
     def test_help_goes_to_stdout(self) -> None:
         """--help prints the usage text and exits 0."""
         out = io.BytesIO()
-        assert install_cni.main(["install-cni", "--help"], {}, io.BytesIO(), out, out) == 0
+        applet = find_applet("install-cni")
+        assert applet is not None
+        assert run_applet(applet, ["install-cni", "--help"], {}, (io.BytesIO(), out, out)) == 0
         assert out.getvalue().startswith(b"usage: install-cni ")
 
 

@@ -6,12 +6,15 @@ import io
 
 import pytest
 
-from multicall.applets import netns_exec
+from multicall import __version__
+from multicall.applets import APPLETS
 from multicall.core import netns_exec as na
-from multicall.core.netns_exec import ArgError, FileOpen, Invocation, NsenterError, Show
+from multicall.core.netns_exec import ArgError, FileOpen, Invocation, NsenterError
+from multicall.core.usage import Show
 from multicall.dispatch import run_applet
 
 NET = "/var/run/netns/pod"
+NETNS_EXEC = next(a for a in APPLETS if a.name == "netns-exec")
 
 # (arguments, opens done while parsing, expected outcome)
 CASES: list[tuple[list[str], tuple[FileOpen, ...], Invocation | Show | ArgError]] = [
@@ -291,9 +294,13 @@ def test_parse_ulong_rejects(text: str) -> None:
 
 def test_version_names_the_invoked_program() -> None:
     """--version says which util-linux it follows, under the name it was called by."""
-    assert na.format_version("nsenter", "1.2") == (
-        "nsenter from cnibox 1.2 (util-linux 2.38.1 compatible)\n"
-    )
+    rc, out, _ = TestAppletWithoutExec.run("/usr/local/bin/nsenter", "-V")
+    assert (rc, out) == (0, f"nsenter from cnibox {__version__} (util-linux 2.38.1 compatible)\n")
+
+
+def test_version_note_is_the_compatibility_target() -> None:
+    """The applet table's note names the util-linux release the parser follows."""
+    assert NETNS_EXEC.version_note == f"util-linux {na.VERSION_COMPAT} compatible"
 
 
 class TestAppletWithoutExec:
@@ -302,7 +309,7 @@ class TestAppletWithoutExec:
     @staticmethod
     def run(*argv: str) -> tuple[int, str, str]:
         out, err = io.BytesIO(), io.BytesIO()
-        rc = run_applet(netns_exec.SPEC, list(argv), {}, (io.BytesIO(), out, err))
+        rc = run_applet(NETNS_EXEC, list(argv), {}, (io.BytesIO(), out, err))
         return rc, out.getvalue().decode(), err.getvalue().decode()
 
     def test_help_uses_the_invoked_name(self) -> None:

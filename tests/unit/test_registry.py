@@ -1,5 +1,5 @@
-"""The lazy applet registry: its name table matches every SPEC, and running one applet does
-not import the others (start-up time of `linkerd-cni`, bench/README "Benchmark")."""
+"""The applet table: one row per applet module, its names, and lazy loading (running one
+applet imports no other: start-up time of `linkerd-cni`, docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -9,39 +9,43 @@ import sys
 import pytest
 
 from multicall import applets
+from multicall.applet import Applet
 from tests.conftest import REPO
 
-APPLET_MODULES = {
-    "netns-exec": "netns_exec",
-    "install-cni": "install_cni",
-    "linkerd-cni": "linkerd_cni",
-    "iptables-verify": "iptables_verify",
-}
+APPLET_DIR = REPO / "multicall" / "applets"
 
 
-def test_loader_names_are_the_spec_names() -> None:
-    """Each LOADERS entry lists exactly the names its applet's SPEC answers to."""
-    for names, load in applets.LOADERS:
-        assert load().names == names
+def test_every_applet_module_has_one_row() -> None:
+    """Each module in multicall/applets/ is loaded by exactly one row, named after it."""
+    modules = {p.stem for p in APPLET_DIR.glob("*.py") if p.stem != "__init__"}
+    loaded = [applet.load().__name__ for applet in applets.APPLETS]
+    assert sorted(loaded) == sorted(f"multicall.applets.{m}" for m in modules)
+    for applet in applets.APPLETS:
+        assert applet.load().__name__.endswith(applet.name.replace("-", "_")), applet.name
 
 
 def test_find_applet_by_every_name() -> None:
-    """Every name (aliases too) finds the applet whose SPEC has it; others find nothing."""
-    for spec in applets.REGISTRY:
-        for name in spec.names:
-            assert applets.find_applet(name) is spec
+    """Every name (aliases too) finds its row; others find nothing."""
+    for applet in applets.APPLETS:
+        for name in applet.names:
+            assert applets.find_applet(name) is applet
     assert applets.find_applet("no-such-applet") is None
 
 
-def test_registry_is_a_sequence_of_specs() -> None:
-    """REGISTRY indexes, slices and iterates like the tuple it used to be."""
-    specs = list(applets.REGISTRY)
-    assert len(applets.REGISTRY) == len(specs) == len(applets.LOADERS)
-    assert applets.REGISTRY[-1] is specs[-1]
-    assert list(applets.REGISTRY[1:3]) == specs[1:3]
+def test_names_are_unique_and_listed() -> None:
+    names = [n for applet in applets.APPLETS for n in applet.names]
+    assert len(names) == len(set(names))
+    assert applets.all_names() == sorted(names)
 
 
-@pytest.mark.parametrize("name", sorted(APPLET_MODULES))
+@pytest.mark.parametrize("applet", applets.APPLETS, ids=lambda a: a.name)
+def test_usage_line_names_the_applet(applet: Applet) -> None:
+    """Each applet's help starts with `usage: NAME` (what help_text renames)."""
+    doc = applet.load().__doc__ or ""
+    assert doc.startswith(f"usage: {applet.name} "), applet.name
+
+
+@pytest.mark.parametrize("name", [a.name for a in applets.APPLETS])
 def test_running_one_applet_imports_no_other(name: str) -> None:
     """Dispatching to an applet (--help) imports its module and no other applet's."""
     code = (
@@ -54,9 +58,19 @@ def test_running_one_applet_imports_no_other(name: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
-    assert proc.stdout.split() == [f"multicall.applets.{APPLET_MODULES[name]}"], proc.stderr
+    assert proc.stdout.split() == [f"multicall.applets.{name.replace('-', '_')}"], proc.stderr
 
 
-def test_modules_table_covers_the_registry() -> None:
-    """This test's module table names every registered applet (keeps the check above whole)."""
-    assert sorted(APPLET_MODULES) == sorted(spec.name for spec in applets.REGISTRY)
+def test_cnibox_help_and_list_import_no_applet() -> None:
+    """`cnibox --help` and `--list` read the table alone."""
+    code = (
+        "import sys, io\n"
+        "from multicall import dispatch\n"
+        "for option in ('--help', '--list'):\n"
+        "    dispatch.run_multiplexer([option], {}, (io.BytesIO(), io.BytesIO(), io.BytesIO()))\n"
+        "print(' '.join(m for m in sys.modules if m.startswith('multicall.applets.')))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert proc.stdout.split() == [], proc.stderr
