@@ -42,7 +42,7 @@ from typing import BinaryIO, NoReturn
 from multicall.core import netns_exec as na
 from multicall.core.netns_exec import FileOpen, Invocation, NsenterError
 from multicall.core.usage import Show
-from multicall.effects import ns, process
+from multicall.effects import bundle, ns, process
 from multicall.effects.streams import write_text
 from multicall.errors import ExecFailed, ExecNotFound
 
@@ -216,11 +216,14 @@ def switch_ids(creds: na.Credentials, groups_dropped_early: bool) -> None:
 
 
 def execute(program: Sequence[str], env: Mapping[str, str]) -> NoReturn:
+    """exec the program (or the shell) with the caller's environment, as nsenter does: minus
+    the LOCPATH the binary's launcher set for itself (bundle.child_environ)."""
     name = program[0] if program else env.get("SHELL", process.BOURNE_SHELL)
+    child = bundle.child_environ(env)
     try:
         if program:
-            process.exec_program(program, env)
-        process.exec_shell(env)
+            process.exec_program(program, child)
+        process.exec_shell(child)
     except OSError as exc:
         error = ExecNotFound if exc.errno == errno.ENOENT else ExecFailed
         raise error(f"failed to execute {name}: {exc.strerror}", errno=exc.errno) from exc

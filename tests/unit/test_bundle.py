@@ -1,28 +1,15 @@
-"""multicall.effects.bundle: pyroute2 without its package __init__, and child environments."""
+"""multicall.effects.bundle: the environment of host programs an applet starts."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+from typing import NoReturn
 
+import pytest
+
+from multicall.applets import netns_exec
+from multicall.effects import process
 from multicall.effects.bundle import bundle_root, child_environ
-
-PROBE = """
-import sys
-from multicall.effects.bundle import import_pyroute2
-netns = import_pyroute2("netns")
-iproute = import_pyroute2("iproute")
-print(callable(netns.setns), hasattr(iproute, "IPRoute"))
-print(sorted(m for m in ("pyroute2.ndb", "pyroute2.ipdb", "sqlite3") if m in sys.modules))
-"""
-
-
-def test_import_pyroute2_skips_the_package_init() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, timeout=60
-    ).stdout
-    assert out.splitlines() == ["True True", "[]"]
 
 
 def test_child_environ_drops_only_the_bundled_locpath() -> None:
@@ -30,3 +17,21 @@ def test_child_environ_drops_only_the_bundled_locpath() -> None:
     assert child_environ(bundled) == {"PATH": "/bin"}
     host = {"LOCPATH": "/usr/share/my-locales", "PATH": "/bin"}
     assert child_environ(host) == host
+
+
+def test_netns_exec_hands_programs_the_callers_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A program run by netns-exec gets the caller's environment without the launcher's
+    LOCPATH (util-linux nsenter adds nothing either)."""
+    seen: list[dict[str, str]] = []
+
+    def exec_program(argv: object, env: dict[str, str]) -> NoReturn:
+        seen.append(env)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(process, "exec_program", exec_program)
+    bundled = {"LOCPATH": os.path.join(bundle_root(), "locale"), "PATH": "/bin", "X": "1"}
+    with pytest.raises(SystemExit):
+        netns_exec.execute(["true"], bundled)
+    assert seen == [{"PATH": "/bin", "X": "1"}]
