@@ -1,5 +1,5 @@
 """The lazy applet registry: its name table matches every SPEC, and running one applet does
-not import the others (start-up time of `linkerd-cni`, bench/README "Benchmark")."""
+not import the others (start-up time of `linkerd-cni`, docs/benchmarks.md)."""
 
 from __future__ import annotations
 
