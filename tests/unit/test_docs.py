@@ -3,7 +3,8 @@
 A clone must not read or cite anything beside it (the fixtures and docs live inside it); every
 `docs/…md` a file names exists; every section number cited from docs/upstream-behaviour.md
 exists there; every relative link and repository path in README.md and docs/ points at
-something real. When code moves, these fail until the docs follow it.
+something real; every fixture has its entry in tests/fixtures/PROVENANCE.md. When code
+moves or fixtures are added, these fail until the docs follow.
 """
 
 from __future__ import annotations
@@ -127,3 +128,19 @@ def test_repository_paths_in_docs_exist(path: Path) -> None:
         and not (REPO / token.rstrip("/")).exists()
     ]
     assert missing == []
+
+
+def test_every_fixture_has_its_provenance() -> None:
+    """Each upstream file is a row of PROVENANCE.md; each derived folder has its section."""
+    fixtures = REPO / "tests" / "fixtures"
+    provenance = (fixtures / "PROVENANCE.md").read_text()
+    rows = set(re.findall(r"^\| `([^`]+)` \| [A-Z0-9-]+ \| `", provenance, re.MULTILINE))
+    upstream = {
+        str(p.relative_to(fixtures / "upstream"))
+        for p in (fixtures / "upstream").rglob("*")
+        if p.is_file()
+    }
+    assert upstream == rows
+    derived = {p.name for p in (fixtures / "derived").iterdir() if p.is_dir()}
+    sections = set(re.findall(r"^### derived/([^/]+)/", provenance, re.MULTILINE))
+    assert derived == sections
