@@ -63,7 +63,7 @@ test-binary: deps build zipapp
 
 test: deps lint type test-source test-binary
 
-# The single file (README.md "Building"): Nuitka standalone dist, static musl
+# The single file (docs/binary.md): Nuitka standalone dist, static musl
 # launcher, packed. Each step reruns only when its inputs changed; Nuitka keeps its own cache
 # (~/.cache/Nuitka, ccache inside), so a Python edit recompiles only what changed.
 BUILD := $(PY) build/build.py
@@ -89,8 +89,8 @@ dist/cnibox.pyz: $(APP_SOURCES) build/build.py build/cnibox_main.py | deps
 demo: deps build
 	CNIBOX=$(CURDIR)/dist/cnibox $(PY) -m tests.demo
 
-# Pod-start cost against upstream's nsenter+iptables approach (bench/bench.py; README
-# "Benchmark"). Throwaway netns only, all removed; raw numbers in bench/results/latest.json.
+# Pod-start cost against upstream's nsenter+iptables approach (bench/bench.py;
+# docs/benchmarks.md). Throwaway netns only, all removed; raw numbers in bench/results/latest.json.
 BENCH_ARGS ?=
 bench: deps build
 	$(PY) bench/bench.py --binary $(CURDIR)/dist/cnibox $(BENCH_ARGS)

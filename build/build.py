@@ -1,4 +1,4 @@
-"""Build driver for the cnibox artifacts (called by the Makefile; see README "Building").
+"""Build driver for the cnibox artifacts (called by the Makefile; see docs/binary.md).
 
     python build/build.py dist       Nuitka standalone dist   -> build/out/cnibox_main.dist/
     python build/build.py launcher   static musl launcher     -> build/out/launcher

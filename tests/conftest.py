@@ -25,8 +25,9 @@ if TYPE_CHECKING:
     from tests.kubeapi import Pki
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("CNIBOX_SHARED", REPO.parent / "shared"))
-FIXTURES = SHARED / "fixtures"
+# Upstream files and outputs derived from upstream tools; tests/fixtures/PROVENANCE.md says
+# where each one comes from.
+FIXTURES = REPO / "tests" / "fixtures"
 
 
 def in_ci() -> bool:
@@ -102,4 +103,4 @@ def host_firewall_untouched() -> Iterator[None]:
     assert before == after, "the machine's own firewall changed during the test run"
 
 
-__all__ = ["FIXTURES", "REPO", "SHARED", "cnibox_argv", "require_root", "require_tool", "run"]
+__all__ = ["FIXTURES", "REPO", "cnibox_argv", "require_root", "require_tool", "run"]

@@ -116,10 +116,11 @@ def step_linkerd_cni(demo: Demo) -> None:
     """The real libcni runs bridge + host-local, then linkerd-cni (cnibox), for a meshed pod
     (upstream's injected manifest, served by a TLS test API server in the node netns) and a
     plain one; the meshed pod's nat table is printed and TCP shows the redirection."""
+    from tests.conftest import FIXTURES
     from tests.kubeapi import KubeApi, make_pki, pods_from_golden
     from tests.libcni import Runtime, build_driver, conflist, plugin_dir, primary_plugin
 
-    golden = REPO_ROOT.parent / "shared" / "fixtures" / "upstream" / "linkerd2" / "inject-goldens"
+    golden = FIXTURES / "upstream" / "linkerd2" / "inject-goldens"
     meshed = pods_from_golden(golden / "inject_emojivoto_deployment_no_init_container.golden.yml")[
         0
     ]

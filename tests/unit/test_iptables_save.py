@@ -32,7 +32,7 @@ _RECORDED_COMMAND = re.compile(r"^ip6?tables(-[a-z]+)*( .*)?$")
 
 
 def save_texts() -> list[Path]:
-    """Every file under the shared fixtures holding iptables-save or -restore text."""
+    """Every file under tests/fixtures holding iptables-save or -restore text."""
     found = []
     for path in sorted(FIXTURES.rglob("*")):
         if path.is_file() and path.suffix not in (".json", ".jsonl", ".md"):

@@ -1,5 +1,6 @@
-"""Which pods get rules and with which options (behaviour doc §3), on upstream's injected pod
-manifests and an annotation matrix: pod vs namespace, replace vs append, invalid values."""
+"""Which pods get rules and with which options (docs/upstream-behaviour.md §3), on upstream's
+injected pod manifests and an annotation matrix: pod vs namespace, replace vs append, invalid
+values."""
 
 from __future__ import annotations
 

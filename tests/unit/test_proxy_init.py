@@ -139,7 +139,8 @@ class TestParsePortRange:
         ],
     )
     def test_invalid(self, text: str, message: str) -> None:
-        """upstream TestParsePortRange_Errors, plus the unsplit-space case of §3."""
+        """upstream TestParsePortRange_Errors, plus the unsplit-space case
+        (docs/upstream-behaviour.md §3)."""
         with pytest.raises(ValueError, match=message):
             parse_port_range(text, Syntax.LINKERD)
 
@@ -214,7 +215,7 @@ class TestMultiportGrouping:
 
 class TestFixtures:
     def test_binaries(self) -> None:
-        """§4.1's table of binaries per mode and family."""
+        """The table of binaries per mode and family (docs/upstream-behaviour.md §4.1)."""
         assert binaries(Mode.LEGACY, Family.IPV6) == ("ip6tables-legacy", "ip6tables-legacy-save")
         assert binaries(Mode.NFT, Family.IPV4) == ("iptables-nft", "iptables-nft-save")
         assert binaries(Mode.PLAIN, Family.IPV6) == ("ip6tables", "ip6tables-save")
