@@ -21,7 +21,7 @@ control-plane pods, the `default/kubernetes` service.
   --mode legacy|nft      kernel interface to dump (default: the config's iptables-mode)
   --strict               compare the whole nat table, not only PROXY_INIT_* chains and the
                          rules jumping to them
-  --json                 print the result as JSON (schema in the README)
+  --json                 print the result as JSON (schema: docs/iptables-verify.md)
   --quiet                print nothing; the exit status says it all
 
 Fetching the pod instead of reading files:

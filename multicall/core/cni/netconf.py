@@ -1,4 +1,5 @@
-"""The plugin's network configuration (behaviour doc §2), decoded as upstream's Go decodes it.
+"""The plugin's network configuration (docs/upstream-behaviour.md §2), decoded as upstream's
+Go decodes it.
 
 Rules of this module:
 1. Keys match case-insensitively, duplicates are decoded in order, unknown keys are ignored,

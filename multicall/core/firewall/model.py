@@ -3,8 +3,8 @@ applies, and the backend Protocol.
 
 Rules of this module:
 1. `ProxyInitOptions` is what upstream calls the firewall configuration after the annotation
-   merge (behaviour doc §3-4): port lists stay strings, because invalid entries are dropped
-   (and logged) only when the rules are built, exactly as upstream does.
+   merge (docs/upstream-behaviour.md §3-4): port lists stay strings, because invalid entries
+   are dropped (and logged) only when the rules are built, exactly as upstream does.
 2. A backend applies a `TableChange` atomically (legacy: one libiptc commit; nft: one netlink
    batch) in the network namespace the calling thread is in; the caller enters the pod netns.
 3. Rules inside a change are canonical `Rule`s (the form `iptables-save` prints); each backend

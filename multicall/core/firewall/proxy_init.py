@@ -1,7 +1,7 @@
 """Linkerd's PROXY_INIT rule set as data: port parsing, the upstream argv, canonical rules, the
 change against an existing nat table, the table it leads to, and iptables-restore text.
 
-Rules of this module (behaviour doc §3-4, §11):
+Rules of this module (docs/upstream-behaviour.md §3-4, §11):
 1. Port lists are parsed as upstream's Go does (`strconv.Atoi`, `L-U` ranges, 0..65535):
    invalid items are dropped and reported, never fatal, except that a non-empty list whose
    items are all invalid yields upstream's empty `--dports ""` rule, which iptables rejects;

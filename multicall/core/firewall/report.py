@@ -69,7 +69,7 @@ JsonValue = str | int | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
 
 
 def diff_to_json(diff: RulesetDiff) -> dict[str, JsonValue]:
-    """The `--json` document (schema in the README, section iptables-verify)."""
+    """The `--json` document's diff part (schema in docs/iptables-verify.md)."""
     return {
         "schema": JSON_SCHEMA,
         "match": diff.ok,

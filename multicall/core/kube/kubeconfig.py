@@ -1,5 +1,5 @@
 """The kubeconfig the installer writes (`ZZZ-linkerd-cni-kubeconfig`), read as client-go would
-with the current context forced to `linkerd-cni-context` (behaviour doc §3 step 2).
+with the current context forced to `linkerd-cni-context` (docs/upstream-behaviour.md §3 step 2).
 
 Rules of this module: pure text in, a frozen `KubeConfig` out; every failure is a
 `ConfigError` naming what is missing. The installer's own layout is read by a strict pattern;

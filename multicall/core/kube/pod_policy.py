@@ -1,4 +1,4 @@
-"""Which pods get rules, and with which options (behaviour doc §3, steps 4-7).
+"""Which pods get rules, and with which options (docs/upstream-behaviour.md §3, steps 4-7).
 
 Rules of this module:
 1. A pod is meshed iff a container or an init container (native sidecar) is named
