@@ -49,8 +49,9 @@ define run_pytest
 	exit $$rc
 endef
 
+# Everything that needs no root: tests/pure (Python only) and tests/tools (host tools).
 unit: venv
-	$(call run_pytest,tests/unit -q)
+	$(call run_pytest,tests/pure tests/tools -q)
 
 test-source: deps
 	$(call run_pytest,tests)
@@ -96,7 +97,7 @@ bench: deps build
 	$(PY) bench/bench.py --binary $(CURDIR)/dist/cnibox $(BENCH_ARGS)
 
 # The Talos system extension and the DaemonSet image (OCI layout dirs + oci-archive tars) from
-# the built single file; tests build them from a stand-in file instead (tests/unit/test_packaging.py).
+# the built single file; tests build them from a stand-in file instead (tests/tools/test_packaging.py).
 .PHONY: images
 images: dist/cnibox
 	$(PY) packaging/build.py --binary dist/cnibox --out dist/images

@@ -47,9 +47,10 @@ sys.path.insert(0, str(REPO))
 
 from multicall.core.installer.config import render_kubeconfig  # noqa: E402
 from multicall.effects.ns import entered_netns  # noqa: E402
-from tests.conftest import FIXTURES  # noqa: E402
-from tests.kubeapi import TOKEN, KubeApi, make_pki, pods_from_golden  # noqa: E402
-from tests.libcni import CHART_LINKERD  # noqa: E402
+from tests.support import FIXTURES  # noqa: E402
+from tests.support.kubeapi import TOKEN, KubeApi, pods_from_golden  # noqa: E402
+from tests.support.libcni import CHART_LINKERD  # noqa: E402
+from tests.support.pki import make_pki  # noqa: E402
 
 SCENARIOS = FIXTURES / "derived" / "linkerd-iptables"
 PREV_RESULT = (

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.rig import Netns, Pod, Rig
+from tests.support.rig import Netns, Pod, Rig
 
 BRIDGE = "cni0"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -116,9 +116,10 @@ def step_linkerd_cni(demo: Demo) -> None:
     """The real libcni runs bridge + host-local, then linkerd-cni (cnibox), for a meshed pod
     (upstream's injected manifest, served by a TLS test API server in the node netns) and a
     plain one; the meshed pod's nat table is printed and TCP shows the redirection."""
-    from tests.conftest import FIXTURES
-    from tests.kubeapi import KubeApi, make_pki, pods_from_golden
-    from tests.libcni import Runtime, build_driver, conflist, plugin_dir, primary_plugin
+    from tests.support import FIXTURES
+    from tests.support.kubeapi import KubeApi, pods_from_golden
+    from tests.support.libcni import Runtime, build_driver, conflist, plugin_dir, primary_plugin
+    from tests.support.pki import make_pki
 
     golden = FIXTURES / "upstream" / "linkerd2" / "inject-goldens"
     meshed = pods_from_golden(golden / "inject_emojivoto_deployment_no_init_container.golden.yml")[

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from multicall.applets import APPLETS, all_names
-from tests.binary.artifact import env_with_cache, read_trailer, started
-from tests.conftest import require_root, require_tool
+from tests.support import require_root, require_tool
+from tests.support.artifact import env_with_cache, read_trailer, started
 
 pytestmark = pytest.mark.binary
 TIMEOUT = 60

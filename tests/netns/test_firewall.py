@@ -33,14 +33,14 @@ from multicall.core.firewall.ruleset import Rule, render_table
 from multicall.effects.firewall.engine import apply_proxy_init, backend_for, dump_nat
 from multicall.effects.ns import entered_netns
 from multicall.errors import FirewallError, NetnsError
-from tests.conftest import REPO, require_tool
-from tests.rig import Netns, Rig
-from tests.unit.test_proxy_init import (
+from tests.support import REPO, require_tool
+from tests.support.oracles import MODES, oracle, save_tool
+from tests.support.rig import Netns, Rig
+from tests.support.scenarios import (
     ERROR_NAMES,
     OK_NAMES,
     fixture_body,
     fixture_error,
-    save_body,
     scenario_family,
     scenario_options,
     times_applied,
@@ -50,19 +50,7 @@ pytestmark = pytest.mark.netns
 
 V4_ONLY = families(ipv6=False)
 
-MODES = [Mode.LEGACY, Mode.NFT]
 DEFAULT = ProxyInitOptions(inbound_ports_to_ignore=("4191", "4190"))
-
-
-def save_tool(mode: Mode, family: Family) -> str:
-    prefix = "iptables" if family is Family.IPV4 else "ip6tables"
-    flavour = "legacy" if mode is Mode.LEGACY else "nft"
-    return require_tool(f"{prefix}-{flavour}-save")
-
-
-def oracle(ns: Netns, mode: Mode, family: Family) -> list[str]:
-    """The `*nat` body the real save tool prints inside `ns`."""
-    return save_body(ns.exec([save_tool(mode, family), "-t", "nat"]))
 
 
 def apply(ns: Netns, options: ProxyInitOptions, mode: Mode, *, ipv6: bool = False) -> None:

@@ -24,9 +24,9 @@ from multicall.core.firewall.proxy_init import strip_counters as bare
 from multicall.core.firewall.ruleset import render_table
 from multicall.effects.firewall.engine import backend_for, dump_nat
 from multicall.effects.ns import entered_netns
-from tests.conftest import require_tool
-from tests.netns.test_firewall import MODES, oracle
-from tests.rig import Rig
+from tests.support import require_tool
+from tests.support.oracles import MODES, oracle
+from tests.support.rig import Rig
 
 pytestmark = pytest.mark.netns
 

@@ -9,12 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cnibox_argv
-from tests.installer.host import NETWORK_CONFIG
-from tests.kubeapi import TOKEN, KubeApi, make_pki
-from tests.libcni import REFERENCE_PLUGINS, Runtime, build_driver, cnibox_executable, primary_plugin
-from tests.netns.test_linkerd_cni import MESHED, fixture_text, save_text
-from tests.rig import Rig, run
+from tests.support import cnibox_argv, cnibox_executable
+from tests.support.installer_host import NETWORK_CONFIG
+from tests.support.kubeapi import TOKEN, KubeApi
+from tests.support.libcni import REFERENCE_PLUGINS, Runtime, build_driver, primary_plugin
+from tests.support.oracles import save_text
+from tests.support.pki import make_pki
+from tests.support.pods import MESHED
+from tests.support.rig import Rig, run
+from tests.support.scenarios import fixture_text
 
 pytestmark = pytest.mark.netns
 

@@ -32,10 +32,10 @@ from multicall.core.firewall.ruleset import Rule, Table, render_table
 from multicall.effects.firewall.nft import NftBackend, read_chains, read_rules
 from multicall.effects.ns import entered_netns
 from multicall.errors import FirewallError
-from tests.conftest import FIXTURES, REPO, require_root, require_tool
-from tests.rig import Netns, Rig
-from tests.unit.test_nft_codec import family_of, rule_specs, save_rules, typed
-from tests.unit.test_proxy_init import (
+from tests.support import FIXTURES, REPO, require_root, require_tool
+from tests.support.nft import family_of, rule_specs, save_rules, typed
+from tests.support.rig import Netns, Rig
+from tests.support.scenarios import (
     OK_NAMES,
     fixture_body,
     scenario_family,

@@ -18,7 +18,7 @@ from multicall.core.cni.netconf import (
 from multicall.core.firewall.model import Mode
 from multicall.core.go import encoding_json as gojson
 from multicall.errors import CniError
-from tests.conftest import FIXTURES
+from tests.support import FIXTURES
 
 CHART = FIXTURES / "derived" / "linkerd-shell-installer" / "CNI_NETWORK_CONFIG.chart-default.json"
 

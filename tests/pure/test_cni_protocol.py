@@ -16,7 +16,7 @@ from multicall.core.cni import result as cni_result
 from multicall.core.cni import skel as cni
 from multicall.dispatch import run_applet
 from multicall.plugin import commands
-from tests.conftest import FIXTURES, cnibox_argv
+from tests.support import FIXTURES, cnibox_argv
 
 STDOUT = FIXTURES / "derived" / "linkerd-cni-stdout"
 ORACLE = FIXTURES / "derived" / "reference-plugin-oracle"

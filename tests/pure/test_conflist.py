@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multicall.core.go.encoding_json import go_float
 from multicall.core.installer import conflist
 from multicall.core.installer.conflist import Json, insert_linkerd, remove_linkerd, render_go_json
 from multicall.errors import ConfigError
-from tests.conftest import FIXTURES, require_tool
+from tests.support import FIXTURES
+from tests.support.documents import json_text as _text
+from tests.support.documents import json_values as _json
 
 TESTDATA = FIXTURES / "upstream" / "proxy-init" / "internal-cni-testdata"
 GO_DERIVED = FIXTURES / "derived" / "linkerd-go-installer"
@@ -164,54 +162,6 @@ class TestGoJson:
     def test_empty_containers(self) -> None:
         """Empty objects and arrays stay on one line."""
         assert render_go_json({"a": [], "b": {}}) == b'{\n  "a": [],\n  "b": {}\n}'
-
-
-# Documents the Go 1.19 oracle prints like current Go: no \b or \f in strings (Go 1.22 changed
-# their escapes) and integers within float64's exact range (cnibox keeps bigger ones exact).
-_text = st.text(st.characters(exclude_characters="\b\f", exclude_categories=["Cs"]), max_size=8)
-_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**53), 2**53)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | _text
-)
-_json: st.SearchStrategy[Json] = st.recursive(
-    _scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_text, inner, max_size=4),
-    max_leaves=12,
-)
-
-
-@pytest.fixture(scope="module")
-def go_oracle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Go program: json.Unmarshal into map[string]any, then MarshalIndent."""
-    go = require_tool("go")
-    work = tmp_path_factory.mktemp("gojson")
-    (work / "go.mod").write_text("module oracle\n\ngo 1.19\n")
-    (work / "main.go").write_text(
-        'package main\nimport ("encoding/json";"io";"os")\n'
-        "func main(){b,_:=io.ReadAll(os.Stdin);var v map[string]any\n"
-        "if err:=json.Unmarshal(b,&v);err!=nil{os.Exit(3)}\n"
-        'o,_:=json.MarshalIndent(v,"","  ");os.Stdout.Write(o)}\n'
-    )
-    env = {**os.environ, "GOCACHE": str(work / "cache"), "GOPATH": str(work / "gopath")}
-    env["GOFLAGS"] = "-mod=mod"
-    env["GOTOOLCHAIN"] = "local"
-    subprocess.run([go, "build", "-o", "oracle", "."], cwd=work, env=env, check=True)
-    assert shutil.which(str(work / "oracle"))
-    return work / "oracle"
-
-
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(doc=st.dictionaries(_text, _json, max_size=5))
-def test_render_matches_go_encoding_json(go_oracle: Path, doc: dict[str, Json]) -> None:
-    """render_go_json(parse(x)) equals Go's MarshalIndent(Unmarshal(x)) on arbitrary objects."""
-    data = json.dumps(doc).encode()
-    go = subprocess.run([str(go_oracle)], input=data, capture_output=True, check=True).stdout
-    assert render_go_json(conflist.parse_document(data)) == go
 
 
 _plugin = st.fixed_dictionaries(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support import REPO
 
 # Prints, for every dataclass in every cnibox module, what makes up the code of its generated
 # methods; with a cache path, installs it first and reports the texts it had to compile.

@@ -17,7 +17,7 @@ from multicall import __version__, applets, dispatch
 from multicall.applet import Applet, AppletModule
 from multicall.core.usage import Show
 from multicall.errors import CniboxError
-from tests.conftest import REPO, cnibox_argv
+from tests.support import REPO, cnibox_argv
 
 APPLET_DIR = REPO / "multicall" / "applets"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support import REPO
 
 DOCS = REPO / "docs"
 BEHAVIOUR = DOCS / "upstream-behaviour.md"

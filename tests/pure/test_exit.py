@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from multicall import applets
-from tests.conftest import REPO, cnibox_argv
+from tests.support import REPO, cnibox_argv
 
 
 def run(args: list[str], **kw: object) -> subprocess.CompletedProcess[bytes]:

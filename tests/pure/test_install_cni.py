@@ -9,8 +9,8 @@ import signal
 import time
 from pathlib import Path
 
-from tests.conftest import FIXTURES
-from tests.installer.host import (
+from tests.support import FIXTURES
+from tests.support.installer_host import (
     TESTDATA,
     linkerd_count,
     make_host,

@@ -14,7 +14,7 @@ import pytest
 
 from multicall.applets import install_cni
 from multicall.effects.fs import TEMP_SUFFIX
-from tests.installer.host import TESTDATA, Host, linkerd_count, make_host, put_config
+from tests.support.installer_host import TESTDATA, Host, linkerd_count, make_host, put_config
 
 RUNS = 200
 

@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from tests.installer.host import TESTDATA, cpu_seconds, linkerd_count, make_host, wait_for
+from tests.support.installer_host import TESTDATA, cpu_seconds, linkerd_count, make_host, wait_for
 
 CALICO = (TESTDATA / "10-calico.conflist").read_bytes()
 

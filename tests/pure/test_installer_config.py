@@ -16,7 +16,7 @@ from multicall.core.installer.config import (
     source_names,
 )
 from multicall.errors import ConfigError
-from tests.conftest import FIXTURES
+from tests.support import FIXTURES
 
 TESTDATA = FIXTURES / "upstream" / "proxy-init" / "internal-cni-testdata"
 TOKEN = (TESTDATA / "auth-token").read_bytes()

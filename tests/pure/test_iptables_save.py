@@ -24,28 +24,8 @@ from multicall.core.firewall.ruleset import (
     render_ruleset,
 )
 from multicall.errors import ConfigError
-from tests.conftest import FIXTURES
-
-# Istio's dry-run goldens record the commands a stubbed run executed (`iptables-save`, ...)
-# followed by the restore payload; the payload is what iptables parses.
-_RECORDED_COMMAND = re.compile(r"^ip6?tables(-[a-z]+)*( .*)?$")
-
-
-def save_texts() -> list[Path]:
-    """Every file under tests/fixtures holding iptables-save or -restore text."""
-    found = []
-    for path in sorted(FIXTURES.rglob("*")):
-        if path.is_file() and path.suffix not in (".json", ".jsonl", ".md"):
-            text = path.read_text(errors="replace")
-            if re.search(r"^COMMIT\s*$", text, re.M):
-                found.append(path)
-    return found
-
-
-def payload(path: Path) -> str:
-    lines = path.read_text().split("\n")
-    return "\n".join(line for line in lines if not _RECORDED_COMMAND.match(line))
-
+from tests.support import FIXTURES
+from tests.support.scenarios import payload, save_texts
 
 SAVE_TEXTS = save_texts()
 

@@ -4,76 +4,29 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multicall import dispatch
-from multicall.applets import APPLETS, iptables_verify
+from multicall.applets import iptables_verify
 from multicall.core.firewall.diff import diff_tables
 from multicall.core.firewall.iptables_save import last_table, parse_save
-from multicall.core.firewall.model import Family, ProxyInitOptions
 from multicall.core.firewall.proxy_init import expected_table
 from multicall.core.firewall.report import format_diff
 from multicall.core.firewall.ruleset import render_rule
 from multicall.errors import UsageError
-from tests.conftest import FIXTURES, cnibox_argv
-from tests.kubeapi import KubeApi, Pki, service_doc
+from tests.support import FIXTURES, cnibox_argv
+from tests.support.cnibox import run_applet_inproc
+from tests.support.scenarios import OK_NAMES, netconf, scenario_family, scenario_options
 
-APPLET = next(a for a in APPLETS if a.name == "iptables-verify")
 LINKERD = FIXTURES / "derived/linkerd-iptables"
 CANON = FIXTURES / "derived/iptables-canonicalization"
-SAVE_SUFFIX = ".iptables-save.txt"
-SCENARIOS = sorted(p.name.removesuffix(SAVE_SUFFIX) for p in LINKERD.glob(f"*{SAVE_SUFFIX}"))
-
-
-def scenario(name: str) -> dict[str, object]:
-    data = json.loads((LINKERD / f"{name}.scenario.json").read_text())
-    assert isinstance(data, dict)
-    return data
-
-
-def scenario_options(name: str) -> ProxyInitOptions:
-    """The scenario's effective options; its keys are the plugin config's `linkerd` keys."""
-    m = scenario(name)["effective_options_after_annotation_merge"]
-    assert isinstance(m, dict)
-    return ProxyInitOptions(
-        incoming_proxy_port=int(m["incoming-proxy-port"]),
-        outgoing_proxy_port=int(m["outgoing-proxy-port"]),
-        proxy_uid=int(m["proxy-uid"]),
-        proxy_gid=int(m["proxy-gid"]),
-        ports_to_redirect=tuple(int(p) for p in m["ports-to-redirect"]),
-        inbound_ports_to_ignore=tuple(str(p) for p in m["inbound-ports-to-ignore"]),
-        outbound_ports_to_ignore=tuple(str(p) for p in m["outbound-ports-to-ignore"]),
-        subnets_to_ignore=tuple(str(p) for p in m["subnets-to-ignore"]),
-        use_wait_flag=bool(m["use-wait-flag"]),
-    )
-
-
-def scenario_family(name: str) -> Family:
-    return Family.IPV6 if "ip6tables" in str(scenario(name)["iptables_binary"]) else Family.IPV4
-
-
-def netconf(name: str, **linkerd: object) -> dict[str, object]:
-    """A plugin config whose `linkerd` block holds the scenario's effective options."""
-    data = scenario(name)
-    merged = data["effective_options_after_annotation_merge"]
-    assert isinstance(merged, dict)
-    binary = str(data["iptables_binary"])
-    block = {
-        **merged,
-        "iptables-mode": "legacy" if "legacy" in binary else "nft",
-        "ipv6": "ip6tables" in binary,
-        **linkerd,
-    }
-    return {"cniVersion": "1.0.0", "name": "linkerd-cni", "type": "linkerd-cni", "linkerd": block}
 
 
 def write_json(tmp_path: Path, name: str, doc: object) -> str:
@@ -84,10 +37,7 @@ def write_json(tmp_path: Path, name: str, doc: object) -> str:
 
 def run_inproc(args: Sequence[str], stdin: bytes = b"") -> tuple[int, str, str]:
     """The applet through the dispatcher's boundary, in this process (exit-code mapping)."""
-    out, err = io.BytesIO(), io.BytesIO()
-    streams = (io.BytesIO(stdin), out, err)
-    rc = dispatch.run_applet(APPLET, ["iptables-verify", *args], {}, streams)
-    return rc, out.getvalue().decode(), err.getvalue().decode()
+    return run_applet_inproc("iptables-verify", args, stdin)
 
 
 def run_cmd(args: Sequence[str], stdin: str = "") -> subprocess.CompletedProcess[str]:
@@ -102,7 +52,7 @@ def run_cmd(args: Sequence[str], stdin: str = "") -> subprocess.CompletedProcess
 
 
 class TestScenarios:
-    @pytest.mark.parametrize("name", SCENARIOS)
+    @pytest.mark.parametrize("name", OK_NAMES)
     def test_expected_table_matches_fixture(self, name: str) -> None:
         """ProxyInitOptions from scenario.json give exactly the fixture's nat table."""
         text = (LINKERD / f"{name}.iptables-save.txt").read_text()
@@ -113,7 +63,7 @@ class TestScenarios:
             diff = diff_tables(want, actual, strict=strict)
             assert diff.ok, format_diff(diff)
 
-    @pytest.mark.parametrize("name", SCENARIOS)
+    @pytest.mark.parametrize("name", OK_NAMES)
     def test_command_exits_0(self, name: str, tmp_path: Path) -> None:
         """The command with the scenario as config verifies the fixture (exit 0)."""
         config = write_json(tmp_path, "conf.json", netconf(name))
@@ -168,7 +118,7 @@ def _mutations(name: str) -> list[tuple[str, str, str]]:
 
 
 class TestMutations:
-    @pytest.mark.parametrize("name", SCENARIOS)
+    @pytest.mark.parametrize("name", OK_NAMES)
     def test_any_single_change_exits_1_naming_the_rule(self, name: str, tmp_path: Path) -> None:
         """Removing, duplicating, altering or reordering a PROXY_INIT rule: exit 1, named."""
         config = write_json(tmp_path, "conf.json", netconf(name))
@@ -382,75 +332,6 @@ def test_render_rule_is_what_reports_print() -> None:
     assert table is not None
     text = (LINKERD / "default-nft.iptables-save.txt").read_text()
     assert all(render_rule(r) in text for r in table.rules)
-
-
-@pytest.fixture
-def api(pki: Pki) -> Iterator[KubeApi]:
-    server = KubeApi(pki)
-    server.start(None)  # the machine's loopback: only this client talks to it
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-class TestFetch:
-    POD: ClassVar[dict[str, Any]] = {
-        "kind": "Pod",
-        "apiVersion": "v1",
-        "metadata": {"name": "web-1", "namespace": "shop"},
-        "spec": {"containers": [{"name": "web"}, {"name": "linkerd-proxy"}]},
-    }
-
-    def config(self, tmp_path: Path, api: KubeApi, name: str, **linkerd: object) -> str:
-        doc = netconf(name, **linkerd)
-        doc["kubernetes"] = {"kubeconfig": str(api.kubeconfig(tmp_path / "kc"))}
-        return write_json(tmp_path, "conf.json", doc)
-
-    def test_meshed_pod_and_namespace_from_the_api(self, tmp_path: Path, api: KubeApi) -> None:
-        """--namespace/--pod GET the pod and its namespace (for annotations), as ADD does."""
-        api.add_pod(self.POD)
-        api.add_namespace("shop", {"config.linkerd.io/skip-outbound-ports": "443,6443"})
-        config = self.config(tmp_path, api, "default-nft")
-        save = str(LINKERD / "control-plane-nft.iptables-save.txt")
-        rc, out, err = run_inproc(
-            ["--config", config, "--namespace", "shop", "--pod", "web-1", "--input", save]
-        )
-        assert rc == 0, out + err
-        assert api.requests == ["/api/v1/namespaces/shop/pods/web-1", "/api/v1/namespaces/shop"]
-
-    def test_control_plane_pod_reads_the_kubernetes_service(
-        self, tmp_path: Path, api: KubeApi
-    ) -> None:
-        """A control-plane pod adds the API service's port and targetPort."""
-        pod = json.loads(json.dumps(self.POD))
-        pod["metadata"]["labels"] = {"linkerd.io/control-plane-component": "destination"}
-        api.add_pod(pod)
-        api.services[("default", "kubernetes")] = service_doc([{"port": 443, "targetPort": 6443}])
-        config = self.config(tmp_path, api, "default-nft")
-        save = str(LINKERD / "control-plane-nft.iptables-save.txt")
-        args = ["--config", config, "--namespace", "shop", "--pod", "web-1", "--input", save]
-        rc, out, err = run_inproc(args)
-        assert rc == 0, out + err
-        assert "/api/v1/namespaces/default/services/kubernetes" in api.requests
-
-    def test_api_errors_exit_2(self, tmp_path: Path, api: KubeApi) -> None:
-        """A pod the API does not have is an input error, with the API's message."""
-        config = self.config(tmp_path, api, "default-nft")
-        save = str(LINKERD / "default-nft.iptables-save.txt")
-        args = ["--config", config, "--namespace", "shop", "--pod", "ghost", "--input", save]
-        rc, _, err = run_inproc(args)
-        assert rc == 2
-        assert 'pods "ghost" not found' in err
-
-    def test_needs_a_kubeconfig(self, tmp_path: Path) -> None:
-        """Without --kubeconfig and without kubernetes.kubeconfig in the config: exit 2."""
-        config = write_json(tmp_path, "conf.json", netconf("default-nft"))
-        save = str(LINKERD / "default-nft.iptables-save.txt")
-        args = ["--config", config, "--namespace", "shop", "--pod", "web-1", "--input", save]
-        rc, _, err = run_inproc(args)
-        assert rc == 2
-        assert "--namespace needs --kubeconfig" in err
 
 
 _ARGS = st.lists(

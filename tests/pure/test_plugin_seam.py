@@ -24,33 +24,16 @@ from multicall.core.firewall.ruleset import Rule, Table
 from multicall.core.kube.pod_policy import effective_options
 from multicall.plugin.ports import PluginDeps
 from multicall.plugin.run import PluginRequest, PluginResult, run_plugin
-from tests.conftest import FIXTURES
-from tests.kubeapi import pods_from_golden, service_doc
-from tests.libcni import CHART_LINKERD
+from tests.support import FIXTURES
 from tests.support.fakes import FakeKube, MemoryFirewall
+from tests.support.kubeapi import service_doc
+from tests.support.libcni import CHART_LINKERD
+from tests.support.pods import MESHED, NOT_INJECTED, NS, WITH_INIT, renamed
 
-GOLDENS = FIXTURES / "upstream" / "linkerd2" / "inject-goldens"
 IPTABLES = FIXTURES / "derived" / "linkerd-iptables"
 STDOUT = FIXTURES / "derived" / "linkerd-cni-stdout"
 KUBECONFIG = "/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"
 NETNS = "/var/run/netns/cbx-seam-pod"  # never opened: the fakes enter no namespace
-NS = "emojivoto"
-
-
-def golden(suffix: str) -> dict[str, Any]:
-    return pods_from_golden(GOLDENS / f"inject_emojivoto_deployment{suffix}.golden.yml")[0]
-
-
-def renamed(pod: dict[str, Any], name: str, **annotations: str) -> dict[str, Any]:
-    meta = {**pod["metadata"], "name": name}
-    if annotations:
-        meta["annotations"] = {**meta.get("annotations", {}), **annotations}
-    return {**pod, "metadata": meta}
-
-
-MESHED = renamed(golden("_no_init_container"), "web-cni")
-WITH_INIT = renamed(golden(""), "web-init")
-NOT_INJECTED = renamed(golden("_overridden_noinject"), "web-plain")
 PREV = json.loads((STDOUT / "prev-100.stdin.json").read_text())["prevResult"]
 
 
@@ -142,7 +125,7 @@ def test_add_meshed_pod_programs_upstream_rules(node: Node) -> None:
     assert (applied.netns.path, applied.mode, applied.families) == (NETNS, Mode.NFT, (Family.IPV4,))
     # no override annotation on the pod: its namespace is read once for them
     assert node.kube.requests == [
-        f"/api/v1/namespaces/{NS}/pods/web-cni",
+        f"/api/v1/namespaces/{NS}/pods/{MESHED['metadata']['name']}",
         f"/api/v1/namespaces/{NS}",
     ]
     assert node.kube.closed == node.kube.connections == 1
@@ -234,7 +217,7 @@ def test_simulate_logs_upstream_commands_and_programs_nothing(node: Node) -> Non
     """`simulate: true` logs the command lines upstream would run, nothing is applied."""
     assert node.run("ADD", config(simulate=True, ipv6=True)).exit_code == 0
     assert node.firewall.applied == []
-    base = node.kube.pods[(NS, "web-cni")]
+    base = node.kube.pods[(NS, MESHED["metadata"]["name"])]
     from multicall.core.cni.netconf import base_options, parse_netconf
     from multicall.core.kube.objects import parse_pod
 

@@ -17,8 +17,8 @@ from multicall.core.kube.pod_policy import (
     needs_service,
 )
 from multicall.errors import CniError, ConfigError
-from tests.conftest import FIXTURES
-from tests.kubeapi import pods_from_golden, service_doc
+from tests.support import FIXTURES
+from tests.support.kubeapi import pods_from_golden, service_doc
 
 GOLDENS = FIXTURES / "upstream" / "linkerd2" / "inject-goldens"
 BASE = ProxyInitOptions(

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-from multicall.core.firewall.iptables_save import last_table, parse_save
 from multicall.core.firewall.model import (
     OUTPUT_CHAIN,
     REDIRECT_CHAIN,
@@ -32,78 +28,20 @@ from multicall.core.firewall.proxy_init import (
 )
 from multicall.core.firewall.ruleset import Chain, Rule, Table, render_table
 from multicall.errors import FirewallError
-from tests.conftest import FIXTURES
-
-SCENARIOS = FIXTURES / "derived" / "linkerd-iptables"
-EXISTING = FIXTURES / "upstream" / "proxy-init" / "iptables" / "existing-rules.iptables-save.txt"
-NAMES = sorted(p.name.removesuffix(".scenario.json") for p in SCENARIOS.glob("*.scenario.json"))
-OK_NAMES = [n for n in NAMES if not n.startswith("error-")]
-ERROR_NAMES = [n for n in NAMES if n.startswith("error-")]
-
-
-# ---------------------------------------------------------------- fixture helpers (shared)
-
-
-def scenario(name: str) -> dict[str, object]:
-    data: dict[str, object] = json.loads((SCENARIOS / f"{name}.scenario.json").read_text())
-    return data
-
-
-def scenario_options(name: str) -> ProxyInitOptions:
-    raw = scenario(name)["effective_options_after_annotation_merge"]
-    assert isinstance(raw, dict)
-    return ProxyInitOptions(
-        incoming_proxy_port=raw["incoming-proxy-port"],
-        outgoing_proxy_port=raw["outgoing-proxy-port"],
-        proxy_uid=raw["proxy-uid"],
-        proxy_gid=raw["proxy-gid"],
-        ports_to_redirect=tuple(raw["ports-to-redirect"]),
-        inbound_ports_to_ignore=tuple(raw["inbound-ports-to-ignore"]),
-        outbound_ports_to_ignore=tuple(raw["outbound-ports-to-ignore"]),
-        subnets_to_ignore=tuple(raw["subnets-to-ignore"]),
-        use_wait_flag=raw["use-wait-flag"],
-    )
-
-
-def scenario_family(name: str) -> Family:
-    return Family.IPV6 if str(scenario(name)["iptables_binary"]).startswith("ip6") else Family.IPV4
-
-
-def scenario_mode(name: str) -> Mode:
-    return Mode.NFT if str(scenario(name)["iptables_binary"]).endswith("-nft") else Mode.LEGACY
-
-
-def times_applied(name: str) -> int:
-    return int(str(scenario(name)["times_applied_to_same_netns"]))
-
-
-def fixture_argv(name: str) -> list[tuple[str, ...]]:
-    lines = (SCENARIOS / f"{name}.argv.jsonl").read_text().splitlines()
-    return [tuple(json.loads(line)) for line in lines if line.strip()]
-
-
-def save_body(text: str) -> list[str]:
-    """The last `*nat ... COMMIT` block of a save text, without `#` lines."""
-    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
-    start = max(i for i, line in enumerate(lines) if line == "*nat")
-    return lines[start:]
-
-
-def fixture_body(name: str) -> list[str]:
-    return save_body((SCENARIOS / f"{name}.iptables-save.txt").read_text())
-
-
-def fixture_error(name: str) -> str:
-    first = (SCENARIOS / f"{name}.error.txt").read_text().splitlines()[0]
-    return first.removeprefix("FAILED rc=2: ")
-
-
-def parse_existing(path: Path) -> Table:
-    """Upstream's existing-rules dump as a table (through the verifier's save parser)."""
-    table = last_table(parse_save(path.read_text()), "nat")
-    assert table is not None
-    return table
-
+from tests.support.scenarios import (
+    ERROR_NAMES,
+    EXISTING,
+    NAMES,
+    OK_NAMES,
+    fixture_argv,
+    fixture_body,
+    fixture_error,
+    parse_existing,
+    scenario_family,
+    scenario_mode,
+    scenario_options,
+    times_applied,
+)
 
 # ---------------------------------------------------------------- ports
 

@@ -10,7 +10,7 @@ import pytest
 
 from multicall import applets
 from multicall.applet import Applet
-from tests.conftest import REPO
+from tests.support import REPO
 
 APPLET_DIR = REPO / "multicall" / "applets"
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import FIXTURES, cnibox_argv
+from tests.support import FIXTURES, cnibox_argv
 
 TESTDATA = FIXTURES / "upstream" / "proxy-init" / "internal-cni-testdata"
 NETWORK_CONFIG = (TESTDATA / "cni-src.json").read_text()

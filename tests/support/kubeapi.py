@@ -1,4 +1,4 @@
-"""A test Kubernetes API server: real TLS (a CA made with the openssl CLI per test session),
+"""A test Kubernetes API server: real TLS (tests/support/pki.py, one CA per test session),
 bearer-token checks, Pod/Namespace/Service JSON and `Status` errors shaped as the real API's.
 
 Rules of this module:
@@ -16,7 +16,6 @@ import contextlib
 import json
 import socket
 import ssl
-import subprocess
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -27,35 +26,9 @@ from typing import Any
 import yaml
 
 from multicall.effects.ns import entered_netns
+from tests.support.pki import Pki
 
 TOKEN = "cnibox-test-token"
-
-
-@dataclass(frozen=True)
-class Pki:
-    ca_cert: Path
-    server_cert: Path
-    server_key: Path
-
-
-def make_pki(directory: Path) -> Pki:
-    """A CA and a server certificate for 127.0.0.1, made with the openssl CLI."""
-    directory.mkdir(parents=True, exist_ok=True)
-    ca_key, ca_crt = directory / "ca.key", directory / "ca.crt"
-    key, csr, crt = directory / "srv.key", directory / "srv.csr", directory / "srv.crt"
-    ext = directory / "srv.ext"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n")
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", ca_key, "-out", ca_crt, "-days", "2",
-             "-subj", "/CN=cnibox-test-ca")  # fmt: skip
-    _openssl("req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=kube-apiserver")
-    _openssl("x509", "-req", "-in", csr, "-CA", ca_crt, "-CAkey", ca_key, "-CAcreateserial",
-             "-out", crt, "-days", "2", "-extfile", ext)  # fmt: skip
-    return Pki(ca_crt, crt, key)
-
-
-def _openssl(*args: object) -> None:
-    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
 
 
 def status_body(code: int, message: str, reason: str, details: Mapping[str, Any] | None) -> bytes:

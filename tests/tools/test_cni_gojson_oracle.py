@@ -19,7 +19,7 @@ import pytest
 
 from multicall.core.cni.netconf import NetConf, parse_netconf
 from multicall.errors import CniError
-from tests.libcni import build_go
+from tests.support.libcni import build_go
 
 ORACLE_SOURCE = Path(__file__).resolve().parents[1] / "libcni" / "gojson_oracle.go"
 PREFIX = "linkerd-cni: failed to parse network configuration: "

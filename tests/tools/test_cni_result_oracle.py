@@ -20,7 +20,7 @@ import pytest
 
 from multicall.core.cni import result as cni_result
 from multicall.core.cni import skel as cni
-from tests.libcni import build_go
+from tests.support.libcni import build_go
 
 ORACLE_SOURCE = Path(__file__).resolve().parents[1] / "libcni" / "result_oracle.go"
 CONFIG_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0")

@@ -18,7 +18,7 @@ import yaml
 
 from multicall import __version__
 from multicall.applets import all_names
-from tests.conftest import FIXTURES, REPO, require_tool
+from tests.support import FIXTURES, REPO, require_tool
 
 PACKAGING = REPO / "packaging"
 CHECK = PACKAGING / "talos" / "check_extension.py"

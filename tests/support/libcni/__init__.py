@@ -13,14 +13,15 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO, require_tool
+from tests.support import REPO, cnibox_executable, require_tool
 
 SOURCE = Path(__file__).with_name("driver.go")
+# A TCP listener/connector run inside pod netns: proves where the rules send traffic.
+TCP_PROBE = Path(__file__).with_name("tcp_probe.py")
 REFERENCE_PLUGINS = Path("/usr/lib/cni")
 GOCODE = "/usr/share/gocode"
 
@@ -48,17 +49,6 @@ def build_go(source: Path, name: str) -> Path:
                    capture_output=True)  # fmt: skip
     tmp.rename(out)
     return out
-
-
-def cnibox_executable() -> str:
-    """What `linkerd-cni` links to: $CNIBOX, else the venv's console script."""
-    binary = os.environ.get("CNIBOX")
-    if binary:
-        return binary
-    script = Path(sys.executable).parent / "cnibox"
-    if not script.exists():
-        raise AssertionError(f"no cnibox console script next to {sys.executable}")
-    return str(script)
 
 
 def plugin_dir(directory: Path, cnibox: str | None = None) -> Path:
