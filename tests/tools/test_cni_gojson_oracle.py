@@ -1,6 +1,6 @@
 """Differential test: the plugin's config decoding against Go's encoding/json itself.
 
-A small Go program (tests/libcni/gojson_oracle.go, built with Debian's Go in GOPATH mode)
+A small Go program (tests/support/libcni/gojson_oracle.go, built with Debian's Go in GOPATH mode)
 decodes the same documents into a struct shaped like upstream's PluginConf. Seeded random
 documents mix key spellings, duplicates, wrong types, nulls, odd numbers and byte-level
 damage; every error text and every decoded value must agree.
@@ -19,9 +19,9 @@ import pytest
 
 from multicall.core.cni.netconf import NetConf, parse_netconf
 from multicall.errors import CniError
-from tests.support.libcni import build_go
+from tests.support.libcni import SOURCE, build_go
 
-ORACLE_SOURCE = Path(__file__).resolve().parents[1] / "libcni" / "gojson_oracle.go"
+ORACLE_SOURCE = SOURCE.with_name("gojson_oracle.go")
 PREFIX = "linkerd-cni: failed to parse network configuration: "
 INT_KEYS = ("incoming-proxy-port", "outgoing-proxy-port", "proxy-uid", "proxy-gid")
 LIST_KEYS = ("inbound-ports-to-ignore", "outbound-ports-to-ignore", "subnets-to-ignore")

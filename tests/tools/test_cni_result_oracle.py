@@ -1,6 +1,6 @@
 """Differential test: prevResult parsing, conversion and printing against the Go CNI library.
 
-tests/libcni/result_oracle.go replays upstream's steps (version.NewResult with the config's
+tests/support/libcni/result_oracle.go replays upstream's steps (version.NewResult with the config's
 version, up-conversion, PrintResult in the config's version) with Debian's
 containernetworking/cni 1.1.2. Its 0.x types and converters are those of v1.3.0 (the version
 upstream links), so for configs 0.1.0-0.4.0 and routes without the 1.1.0 extras every output
@@ -20,9 +20,9 @@ import pytest
 
 from multicall.core.cni import result as cni_result
 from multicall.core.cni import skel as cni
-from tests.support.libcni import build_go
+from tests.support.libcni import SOURCE, build_go
 
-ORACLE_SOURCE = Path(__file__).resolve().parents[1] / "libcni" / "result_oracle.go"
+ORACLE_SOURCE = SOURCE.with_name("result_oracle.go")
 CONFIG_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0")
 ADDRESSES = (
     "10.42.0.7/24", "10.0.0.1/32", "0.0.0.0/0", "fd00::1/64", "FD00:0:0::0001/128",
