@@ -16,7 +16,7 @@ from multicall.core.cni.netconf import (
     parse_netconf,
 )
 from multicall.core.firewall.model import Mode
-from multicall.core.go import encoding_json as gojson
+from multicall.core.go.encoding_json import scanner as gojson
 from multicall.errors import CniError
 from tests.support import FIXTURES
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multicall.core.go.encoding_json import go_float
+from multicall.core.go.encoding_json.encode import go_float
 from multicall.core.installer import conflist
 from multicall.core.installer.conflist import Json, insert_linkerd, remove_linkerd, render_go_json
 from multicall.errors import ConfigError

@@ -16,8 +16,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from multicall.core.go import encoding_json as gojson
-from multicall.core.go.encoding_json import ANYMAP, BOOL, BOOLMAP, INT, STRING, Slice, Struct
+from multicall.core.go.encoding_json.decode import (
+    ANYMAP,
+    BOOL,
+    BOOLMAP,
+    INT,
+    STRING,
+    Slice,
+    Struct,
+    decode,
+)
+from multicall.core.go.encoding_json.scanner import GoJsonError
 from multicall.errors import CNI_INTERNAL, CniError
 
 if TYPE_CHECKING:
@@ -103,8 +112,8 @@ class NetConf:
 def parse_netconf(data: bytes) -> NetConf:
     """Decode the plugin's stdin; CniError 999 with upstream's message on failure."""
     try:
-        fields = gojson.decode(data, PLUGIN_CONF)
-    except gojson.GoJsonError as exc:
+        fields = decode(data, PLUGIN_CONF)
+    except GoJsonError as exc:
         raise CniError(
             CNI_INTERNAL, f"linkerd-cni: failed to parse network configuration: {exc}"
         ) from None

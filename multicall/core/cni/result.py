@@ -16,8 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from multicall.core.cni.skel import IMPLEMENTED_VERSION
-from multicall.core.go import encoding_json as gojson
-from multicall.core.go.encoding_json import CIDR, INT, IP, STRING, Slice, Struct
+from multicall.core.go.encoding_json.decode import CIDR, INT, IP, STRING, Slice, Struct, decode
+from multicall.core.go.encoding_json.encode import marshal
+from multicall.core.go.encoding_json.scanner import GoJsonError
 from multicall.core.go.net import is_ipv4_text
 from multicall.core.go.strconv import go_quote
 
@@ -198,10 +199,10 @@ def create_result(version: str, raw: Mapping[str, object]) -> Result:
     if family is None:
         raise ResultError(f"unsupported CNI result version {go_quote(version)}")
     # json.Marshal of a Go map sorts its keys: that is the order the typed decode sees.
-    data = gojson.marshal(raw, sort_keys=True).encode()
+    data = marshal(raw, sort_keys=True).encode()
     try:
-        fields = gojson.decode(data, _RESULT_SCHEMAS[family])
-    except gojson.GoJsonError as exc:
+        fields = decode(data, _RESULT_SCHEMAS[family])
+    except GoJsonError as exc:
         raise ResultError(str(exc)) from None
     result = _result_from_fields(fields)
     if result.cni_version not in FAMILIES[family]:
@@ -513,7 +514,7 @@ def result_object(result: Result) -> dict[str, object]:
 def render_result(result: Result) -> bytes:
     """Result.PrintTo: 1.x results go through a map in Go, so their keys come out sorted."""
     v1 = family_of(result.cni_version) == "100"
-    return gojson.marshal(result_object(result), indent=4, sort_keys=v1).encode()
+    return marshal(result_object(result), indent=4, sort_keys=v1).encode()
 
 
 def print_result(result: Result, version: str) -> bytes:

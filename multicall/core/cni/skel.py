@@ -16,8 +16,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from multicall.core.go import encoding_json as gojson
-from multicall.core.go.encoding_json import STRING, Struct
+from multicall.core.go.encoding_json.decode import STRING, Struct, decode
+from multicall.core.go.encoding_json.encode import marshal
+from multicall.core.go.encoding_json.scanner import GoJsonError
 from multicall.core.go.strconv import NumError, go_atoi, go_quote, go_quote_list
 from multicall.errors import (
     CNI_DECODING_FAILURE,
@@ -34,8 +35,7 @@ IMPLEMENTED_VERSION = "1.1.0"
 COMMANDS = ("ADD", "CHECK", "DEL", "GC", "STATUS", "VERSION")
 
 VERSION_REPLY = (
-    gojson.marshal({"cniVersion": IMPLEMENTED_VERSION, "supportedVersions": SUPPORTED_VERSIONS})
-    + "\n"
+    marshal({"cniVersion": IMPLEMENTED_VERSION, "supportedVersions": SUPPORTED_VERSIONS}) + "\n"
 ).encode()
 
 _NAME_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")
@@ -129,8 +129,8 @@ _VERSION_ONLY = Struct(
 def validate_config(stdin: bytes) -> None:
     """skel's validateConfig: a JSON object with a valid `name`."""
     try:
-        conf = gojson.decode(stdin, _NAME_ONLY)
-    except gojson.GoJsonError as exc:
+        conf = decode(stdin, _NAME_ONLY)
+    except GoJsonError as exc:
         raise CniError(CNI_DECODING_FAILURE, f"error unmarshall network config: {exc}") from None
     name = conf.get("name") or ""
     assert isinstance(name, str)
@@ -143,8 +143,8 @@ def validate_config(stdin: bytes) -> None:
 def decode_version(stdin: bytes) -> str:
     """create.DecodeVersion: the config's cniVersion, "0.1.0" when absent."""
     try:
-        conf = gojson.decode(stdin, _VERSION_ONLY)
-    except gojson.GoJsonError as exc:
+        conf = decode(stdin, _VERSION_ONLY)
+    except GoJsonError as exc:
         raise CniError(
             CNI_DECODING_FAILURE, f"decoding version from network config: {exc}"
         ) from None
@@ -198,7 +198,7 @@ def render_error(code: int, msg: str, details: str = "") -> bytes:
     body: dict[str, object] = {"code": code, "msg": msg}
     if details:
         body["details"] = details
-    return gojson.marshal(body, indent=4).encode()
+    return marshal(body, indent=4).encode()
 
 
 # --- CNI_ARGS ---------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import Union
 
-from multicall.core.go.encoding_json import marshal
+from multicall.core.go.encoding_json.encode import marshal
 from multicall.errors import ConfigError
 
 LINKERD_TYPE = "linkerd-cni"
