@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from multicall.core.firewall.canonical import canonical
 from multicall.core.firewall.model import Family, TableChange
 from multicall.core.firewall.nft import batch as nft_batch
 from multicall.core.firewall.nft import dump as nft_dump
@@ -24,6 +25,7 @@ from multicall.core.firewall.nft import expr as nft_expr
 from multicall.core.firewall.nft import netlink as nl
 from multicall.core.firewall.nft import rule as nft_rule
 from multicall.core.firewall.nft import rulespec as nft_spec
+from multicall.core.firewall.nft import xt
 from multicall.core.firewall.ruleset import Rule, format_ipv6
 from multicall.errors import FirewallError
 from tests.support import FIXTURES
@@ -257,6 +259,44 @@ class TestProperties:
         wire = b"".join(nft_expr.encode_expr(e) for e in encoded.exprs)
         assert typed(nft_expr.decode_exprs(wire)) == typed(encoded.exprs)
         assert nft_rule.decode_spec(nft_expr.decode_exprs(wire), family) == spec
+
+    @settings(max_examples=50, deadline=None)
+    @given(rule_specs())
+    def test_the_authoritative_reader_agrees(self, case: tuple[Family, nft_spec.RuleSpec]) -> None:
+        """Every rule the codec accepts, `canonical` (the reader every comparison uses) reads
+        with the same meaning: each option owned by a known match or target, the same
+        matches, target and base options (docs/architecture.md on the two parsers)."""
+        _, spec = case
+        key = canonical(nft_spec.render_spec_tokens(spec))
+        assert "" not in [m.module for m in key.matches]  # nothing left unattributed
+        modules = [
+            m.proto if isinstance(m, nft_spec.PortMatch) else _MODULES[type(m)]
+            for m in spec.matches
+        ]
+        assert sorted(m.module for m in key.matches) == sorted(modules)
+        base = sorted((o.name, o.negated) for o in key.base)
+        wanted = [
+            (opt, part.invert)
+            for opt, part in (
+                ("-s", spec.source),
+                ("-d", spec.destination),
+                ("-i", spec.in_iface),
+                ("-o", spec.out_iface),
+                ("-p", spec.proto),
+            )
+            if part
+        ]
+        assert base == sorted(wanted)
+        target = spec.target
+        if target is None:
+            assert key.verdict == ""
+        elif isinstance(target, xt.Redirect):
+            assert (key.verdict, key.target) == ("-j", "REDIRECT")
+        else:
+            assert (key.verdict, key.target) == ("-g" if target.goto else "-j", target.name)
+
+
+_MODULES = {xt.Multiport: "multiport", xt.Owner: "owner", xt.Comment: "comment"}
 
 
 # ------------------------------------------------------------------ messages

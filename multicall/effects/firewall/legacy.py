@@ -11,7 +11,7 @@ Rules of this module:
    whole table or nothing. Errors before the commit leave the table untouched.
 5. `dump` prints rules the way `iptables-legacy-save` does (`print_rule4`/`print_rule6` of
    iptables 1.8.9): address part in C order, then `-m NAME` plus each extension's own save
-   output, then the target, tokenised into canonical `Rule.spec`s.
+   output, then the target, tokenised into canonical `Rule.spec`s by the save-text lexer.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from functools import cache
 from types import ModuleType
 from typing import Any, NoReturn, TypeVar
 
+from multicall.core.firewall.iptables_save import tokenize
 from multicall.core.firewall.model import Family, TableChange
 from multicall.core.firewall.protocols import XTABLES_NAMES
 from multicall.core.firewall.ruleset import Chain, Counters, Rule, Table
@@ -262,32 +263,10 @@ def _module_target_class() -> type:
 
 
 def split_saved(raw: bytes | None) -> list[str]:
-    """Tokens of an extension's save output; quoted values as xtables_save_string writes."""
+    """Tokens of an extension's save output (xtables_save_string quoting), split by the same
+    lexer as save text (core/firewall/iptables_save.py `tokenize`)."""
     text = (raw or b"").decode().strip("\n")
-    tokens: list[str] = []
-    i = 0
-    while i < len(text):
-        if text[i] == " ":
-            i += 1
-        elif text[i] == '"':
-            i = _quoted(text, i + 1, tokens)
-        else:
-            end = text.find(" ", i)
-            end = len(text) if end < 0 else end
-            tokens.append(text[i:end])
-            i = end
-    return tokens
-
-
-def _quoted(text: str, i: int, tokens: list[str]) -> int:
-    out: list[str] = []
-    while i < len(text) and text[i] != '"':
-        if text[i] == "\\" and i + 1 < len(text):
-            i += 1
-        out.append(text[i])
-        i += 1
-    tokens.append("".join(out))
-    return i + 1
+    return [token.text for token in tokenize(text)]
 
 
 # ----------------------------------------------------------------------------- address part
