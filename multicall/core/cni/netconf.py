@@ -25,6 +25,11 @@ from multicall.core.go.encoding_json.decode import (
     Slice,
     Struct,
     decode,
+    field_int,
+    field_ints,
+    field_str,
+    field_strs,
+    field_struct,
 )
 from multicall.core.go.encoding_json.scanner import GoJsonError
 from multicall.errors import CNI_INTERNAL, CniError
@@ -117,60 +122,30 @@ def parse_netconf(data: bytes) -> NetConf:
         raise CniError(
             CNI_INTERNAL, f"linkerd-cni: failed to parse network configuration: {exc}"
         ) from None
-    linkerd = _sub(fields, "linkerd")
-    kube = _sub(fields, "kubernetes")
+    linkerd = field_struct(fields, "linkerd")
+    kube = field_struct(fields, "kubernetes")
     prev = fields.get("prevResult")
     return NetConf(
-        cni_version=_str(fields, "cniVersion"),
-        name=_str(fields, "name"),
-        type=_str(fields, "type"),
-        log_level=_str(fields, "log_level"),
+        cni_version=field_str(fields, "cniVersion"),
+        name=field_str(fields, "name"),
+        type=field_str(fields, "type"),
+        log_level=field_str(fields, "log_level"),
         prev_result=prev if isinstance(prev, dict) else None,
-        kubeconfig=_str(kube, "kubeconfig"),
-        k8s_api_root=_str(kube, "k8s_api_root"),
-        incoming_proxy_port=_int(linkerd, "incoming-proxy-port"),
-        outgoing_proxy_port=_int(linkerd, "outgoing-proxy-port"),
-        proxy_uid=_int(linkerd, "proxy-uid"),
-        proxy_gid=_int(linkerd, "proxy-gid"),
-        ports_to_redirect=_ints(linkerd, "ports-to-redirect"),
-        inbound_ports_to_ignore=_strs(linkerd, "inbound-ports-to-ignore"),
-        outbound_ports_to_ignore=_strs(linkerd, "outbound-ports-to-ignore"),
-        subnets_to_ignore=_strs(linkerd, "subnets-to-ignore"),
+        kubeconfig=field_str(kube, "kubeconfig"),
+        k8s_api_root=field_str(kube, "k8s_api_root"),
+        incoming_proxy_port=field_int(linkerd, "incoming-proxy-port"),
+        outgoing_proxy_port=field_int(linkerd, "outgoing-proxy-port"),
+        proxy_uid=field_int(linkerd, "proxy-uid"),
+        proxy_gid=field_int(linkerd, "proxy-gid"),
+        ports_to_redirect=field_ints(linkerd, "ports-to-redirect"),
+        inbound_ports_to_ignore=field_strs(linkerd, "inbound-ports-to-ignore"),
+        outbound_ports_to_ignore=field_strs(linkerd, "outbound-ports-to-ignore"),
+        subnets_to_ignore=field_strs(linkerd, "subnets-to-ignore"),
         simulate=linkerd.get("simulate") is True,
         use_wait_flag=linkerd.get("use-wait-flag") is True,
-        iptables_mode=_str(linkerd, "iptables-mode"),
+        iptables_mode=field_str(linkerd, "iptables-mode"),
         ipv6=linkerd.get("ipv6") is True,
     )
-
-
-def _sub(fields: Mapping[str, object], key: str) -> Mapping[str, object]:
-    value = fields.get(key)
-    return value if isinstance(value, dict) else {}
-
-
-def _str(fields: Mapping[str, object], key: str) -> str:
-    value = fields.get(key)
-    return value if isinstance(value, str) else ""
-
-
-def _int(fields: Mapping[str, object], key: str) -> int:
-    value = fields.get(key)
-    return value if type(value) is int else 0
-
-
-def _list(fields: Mapping[str, object], key: str) -> list[object]:
-    value = fields.get(key)
-    return value if isinstance(value, list) else []
-
-
-def _ints(fields: Mapping[str, object], key: str) -> tuple[int, ...]:
-    # A null element of a []int decodes to 0 in Go.
-    return tuple(v if type(v) is int else 0 for v in _list(fields, key))
-
-
-def _strs(fields: Mapping[str, object], key: str) -> tuple[str, ...]:
-    # A null element of a []string decodes to "" in Go.
-    return tuple(v if isinstance(v, str) else "" for v in _list(fields, key))
 
 
 def log_level(netconf: NetConf) -> str:

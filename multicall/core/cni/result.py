@@ -16,7 +16,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from multicall.core.cni.skel import IMPLEMENTED_VERSION
-from multicall.core.go.encoding_json.decode import CIDR, INT, IP, STRING, Slice, Struct, decode
+from multicall.core.go.encoding_json.decode import (
+    CIDR,
+    INT,
+    IP,
+    STRING,
+    Slice,
+    Struct,
+    decode,
+    field_int,
+    field_opt_int,
+    field_opt_str,
+    field_str,
+    field_strs,
+    field_struct,
+    field_structs,
+)
 from multicall.core.go.encoding_json.encode import marshal
 from multicall.core.go.encoding_json.scanner import GoJsonError
 from multicall.core.go.net import is_ipv4_text
@@ -216,90 +231,57 @@ def create_result(version: str, raw: Mapping[str, object]) -> Result:
     return result
 
 
-def _s(fields: Mapping[str, object], key: str) -> str:
-    value = fields.get(key)
-    return value if isinstance(value, str) else ""
-
-
-def _i(fields: Mapping[str, object], key: str) -> int:
-    value = fields.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _opt_i(fields: Mapping[str, object], key: str) -> int | None:
-    value = fields.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _opt_s(fields: Mapping[str, object], key: str) -> str | None:
-    value = fields.get(key)
-    return value if isinstance(value, str) else None
-
-
-def _items(fields: Mapping[str, object], key: str) -> list[Mapping[str, object]]:
-    value = fields.get(key)
-    if not isinstance(value, list):
-        return []
-    return [v if isinstance(v, dict) else {} for v in value]
-
-
-def _strings(fields: Mapping[str, object], key: str) -> tuple[str, ...]:
-    value = fields.get(key)
-    if not isinstance(value, list):
-        return ()
-    return tuple(v if isinstance(v, str) else "" for v in value)
-
-
 def _route(f: Mapping[str, object]) -> Route:
     return Route(
-        dst=_s(f, "dst") or "<nil>",
-        gw=_opt_s(f, "gw"),
-        mtu=_i(f, "mtu"),
-        advmss=_i(f, "advmss"),
-        priority=_i(f, "priority"),
-        table=_opt_i(f, "table"),
-        scope=_opt_i(f, "scope"),
+        dst=field_str(f, "dst") or "<nil>",
+        gw=field_opt_str(f, "gw"),
+        mtu=field_int(f, "mtu"),
+        advmss=field_int(f, "advmss"),
+        priority=field_int(f, "priority"),
+        table=field_opt_int(f, "table"),
+        scope=field_opt_int(f, "scope"),
     )
 
 
 def _legacy(value: object) -> Legacy | None:
     if not isinstance(value, dict):
         return None
-    routes = tuple(_route(r) for r in _items(value, "routes"))
-    return Legacy(ip=_s(value, "ip") or "<nil>", gateway=_opt_s(value, "gateway"), routes=routes)
+    routes = tuple(_route(r) for r in field_structs(value, "routes"))
+    return Legacy(
+        ip=field_str(value, "ip") or "<nil>", gateway=field_opt_str(value, "gateway"), routes=routes
+    )
 
 
 def _result_from_fields(f: Mapping[str, object]) -> Result:
-    dns_fields = f.get("dns")
-    dns_map: Mapping[str, object] = dns_fields if isinstance(dns_fields, dict) else {}
+    dns_map = field_struct(f, "dns")
     return Result(
-        cni_version=_s(f, "cniVersion"),
+        cni_version=field_str(f, "cniVersion"),
         interfaces=tuple(
             Interface(
-                name=_s(i, "name"),
-                mac=_s(i, "mac"),
-                mtu=_i(i, "mtu"),
-                sandbox=_s(i, "sandbox"),
-                socket_path=_s(i, "socketPath"),
-                pci_id=_s(i, "pciID"),
+                name=field_str(i, "name"),
+                mac=field_str(i, "mac"),
+                mtu=field_int(i, "mtu"),
+                sandbox=field_str(i, "sandbox"),
+                socket_path=field_str(i, "socketPath"),
+                pci_id=field_str(i, "pciID"),
             )
-            for i in _items(f, "interfaces")
+            for i in field_structs(f, "interfaces")
         ),
         ips=tuple(
             IPConfig(
-                address=_s(c, "address") or "<nil>",
-                interface=_opt_i(c, "interface"),
-                gateway=_opt_s(c, "gateway"),
-                version=_s(c, "version"),
+                address=field_str(c, "address") or "<nil>",
+                interface=field_opt_int(c, "interface"),
+                gateway=field_opt_str(c, "gateway"),
+                version=field_str(c, "version"),
             )
-            for c in _items(f, "ips")
+            for c in field_structs(f, "ips")
         ),
-        routes=tuple(_route(r) for r in _items(f, "routes")),
+        routes=tuple(_route(r) for r in field_structs(f, "routes")),
         dns=DNS(
-            nameservers=_strings(dns_map, "nameservers"),
-            domain=_s(dns_map, "domain"),
-            search=_strings(dns_map, "search"),
-            options=_strings(dns_map, "options"),
+            nameservers=field_strs(dns_map, "nameservers"),
+            domain=field_str(dns_map, "domain"),
+            search=field_strs(dns_map, "search"),
+            options=field_strs(dns_map, "options"),
         ),
         ip4=_legacy(f.get("ip4")),
         ip6=_legacy(f.get("ip6")),

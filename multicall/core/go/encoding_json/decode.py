@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from multicall.core.go.encoding_json.scanner import GoJsonError, quote_char, syntax_error
@@ -350,3 +350,59 @@ def decode_value(value: object, schema: Struct) -> dict[str, object]:
     if decoder.first is not None:
         raise GoJsonError(_type_error(*decoder.first))
     return out if isinstance(out, dict) else {}
+
+
+# --- reading decoded fields back as Go values ---------------------------------------------
+# What `decode` returns holds only what the document set; Go's struct would hold the zero
+# value (0, "", nil) for the rest, and for a null element of a slice.
+
+
+def field_str(fields: Mapping[str, object], key: str) -> str:
+    value = fields.get(key)
+    return value if isinstance(value, str) else ""
+
+
+def field_int(fields: Mapping[str, object], key: str) -> int:
+    value = fields.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def field_opt_str(fields: Mapping[str, object], key: str) -> str | None:
+    """A *string or net.IP field: None when absent or null."""
+    value = fields.get(key)
+    return value if isinstance(value, str) else None
+
+
+def field_opt_int(fields: Mapping[str, object], key: str) -> int | None:
+    """An *int field: None when absent or null."""
+    value = fields.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def field_struct(fields: Mapping[str, object], key: str) -> Mapping[str, object]:
+    value = fields.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def field_structs(fields: Mapping[str, object], key: str) -> list[Mapping[str, object]]:
+    """A slice of structs; a null element reads as an empty struct."""
+    value = fields.get(key)
+    if not isinstance(value, list):
+        return []
+    return [v if isinstance(v, dict) else {} for v in value]
+
+
+def field_strs(fields: Mapping[str, object], key: str) -> tuple[str, ...]:
+    """A []string; a null element is "" in Go."""
+    value = fields.get(key)
+    if not isinstance(value, list):
+        return ()
+    return tuple(v if isinstance(v, str) else "" for v in value)
+
+
+def field_ints(fields: Mapping[str, object], key: str) -> tuple[int, ...]:
+    """A []int; a null element is 0 in Go."""
+    value = fields.get(key)
+    if not isinstance(value, list):
+        return ()
+    return tuple(v if isinstance(v, int) and not isinstance(v, bool) else 0 for v in value)
