@@ -1,4 +1,4 @@
-"""core.conflist: the Go installer's conflist patcher, byte for byte."""
+"""core.installer.conflist: the Go installer's conflist patcher, byte for byte."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""core.installer_config: variables, config sources and kubeconfig text, as upstream tests them."""
+"""core.installer.config: variables, config sources and kubeconfig text, as upstream tests them."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ Rules of this module:
 2. Rule tokens are split the way iptables-restore splits them (`add_param_to_argv`): a double
    quote opens a quoted run in which a backslash escapes the next character; the closing quote
    ends the token. So `xtables_save_string` output and `ruleset.render_spec` round-trip.
-3. Specs are kept as written (canonicalisation is `ruleset_diff`'s job); chains and rules keep
+3. Specs are kept as written (canonicalisation is `canonical.py`'s job); chains and rules keep
    their line numbers.
 4. Anything malformed raises `ConfigError` naming line, column and what was expected; no other
    exception escapes (the test suite fuzzes this).

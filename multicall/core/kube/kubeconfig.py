@@ -29,7 +29,7 @@ class KubeConfig:
     insecure_skip_tls_verify: bool = False
 
 
-# What install-cni writes (core/installer_config.KUBECONFIG_TEMPLATE), with values restricted to
+# What install-cni writes (core/installer/config.py KUBECONFIG_TEMPLATE), with values restricted to
 # characters that YAML reads as the same plain scalars.
 _INSTALLER_FORM = re.compile(
     r"(?:#[^\n]*\n)*"
