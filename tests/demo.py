@@ -184,7 +184,9 @@ def _verify(demo: Demo, conf: dict[str, object], pod: dict[str, object], netns: 
 
 
 def _traffic(meshed: Netns, plain: Netns, meshed_ip: str, plain_ip: str) -> str:
-    probe = str(REPO_ROOT / "tests" / "libcni" / "tcp_probe.py")
+    from tests.support.libcni import TCP_PROBE
+
+    probe = str(TCP_PROBE)
     listeners = [meshed.popen([sys.executable, probe, "listen", "4143", "4140", "8080"]),
                  plain.popen([sys.executable, probe, "listen", "9999"])]  # fmt: skip
     try:
@@ -192,13 +194,17 @@ def _traffic(meshed: Netns, plain: Netns, meshed_ip: str, plain_ip: str) -> str:
             assert proc.stdout is not None
             proc.stdout.readline()
         lines = []
-        for what, netns, host, port, uid in (
-            ("plain pod -> meshed:8080", plain, meshed_ip, "8080", None),
-            ("meshed pod (uid 1000) -> plain:9999", meshed, plain_ip, "9999", "1000"),
-            ("meshed pod (uid 2102, the proxy) -> plain:9999", meshed, plain_ip, "9999", "2102"),
-        ):
+        for what, netns, host, port, uid, expected in (
+            ("plain pod -> meshed:8080", plain, meshed_ip, "8080", None, "4143"),
+            ("meshed pod (uid 1000) -> plain:9999", meshed, plain_ip, "9999", "1000", "4140"),
+            ("meshed pod (uid 2102, the proxy) -> plain:9999", meshed, plain_ip, "9999", "2102",
+             "9999"),
+        ):  # fmt: skip
             argv = [sys.executable, probe, "connect", host, port, *([uid] if uid else [])]
-            lines.append(f"{what}: answered by port {netns.exec(argv, check=False).strip()}")
+            answer = netns.exec(argv, check=False).strip()
+            if answer != expected:
+                raise SystemExit(f"demo: {what} was answered by {answer!r}, not {expected}")
+            lines.append(f"{what}: answered by port {answer}")
         return "\n".join(lines)
     finally:
         for proc in listeners:
