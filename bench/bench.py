@@ -2,7 +2,7 @@
 
 Every case runs in throwaway network namespaces this script creates and removes (also on
 Ctrl-C, SIGTERM or an exception); nothing touches the machine's own network namespace: the
-test Kubernetes API (tests/kubeapi.py) listens on 127.0.0.1 of a bench "node" netns, the
+test Kubernetes API (tests/support/kubeapi.py) listens on 127.0.0.1 of a bench "node" netns, the
 plugin runs in that node netns (like a runtime on the host) and programs a fresh pod netns.
 Speed is reported here, never asserted in tests.
 
