@@ -10,7 +10,8 @@
 - the rendered objects pass the Kubernetes API's own JSON schemas (kubernetes-validate,
   strict: no unknown field), offline;
 - no container of a rendered DaemonSet runs a shell: every command, probe and hook is the
-  image's cnibox;
+  image's cnibox, by its own path or an applet's link;
+- every container has a directory it may unpack the single file into;
 - bad values fail at render time, naming the key (values.schema.json);
 - the committed plain manifests are `helm template` output (packaging/helm/manifests.py).
 """
@@ -43,7 +44,9 @@ CHART = manifests.CHART
 GOLDENS = FIXTURES / "upstream" / "linkerd2" / "cli-install-cni-goldens"
 UPSTREAM_VALUES = FIXTURES / "upstream" / "linkerd2" / "charts-linkerd2-cni" / "values.yaml"
 DOC = REPO / "docs" / "helm.md"
-INSTALLER = "/usr/local/bin/cnibox"
+IMAGE_LAYOUT = json.loads((REPO / "packaging" / "image" / "layout.json").read_text())
+INSTALLER = "/" + IMAGE_LAYOUT["binary"]
+APPLET_LINKS = "/" + IMAGE_LAYOUT["applet_links_dir"]  # the image links every applet name here
 SHELLS = {"sh", "bash", "ash", "dash", "zsh", "ksh", "busybox"}
 # The chart runs applets whose interface NOTES.md fixes but which land separately, with issues
 # 11 (agent) and 15 (repair controller). Only those not yet in the applet table count as
@@ -573,19 +576,50 @@ class TestRendering:
 
     @pytest.mark.parametrize("values", [{}, ALL_FEATURES], ids=["defaults", "all-features"])
     def test_no_shell_anywhere(self, values: dict[str, Any], tmp_path: Path) -> None:
-        """Every command, hook and exec probe runs the image's cnibox with a known applet."""
+        """Every command, hook and exec probe runs the image's cnibox with a known applet:
+        `cnibox APPLET …` or the applet's link in the image (`/usr/local/bin/APPLET …`)."""
         pod = objects(render(values, tmp=tmp_path))["DaemonSet"]["spec"]["template"]["spec"]
         argvs = list(exec_argvs(pod))
         assert argvs, "nothing to check"
         for container, argv in argvs:
             words = {os.path.basename(word) for word in argv}
             assert not words & SHELLS, (container, argv)
-            assert argv[0] == INSTALLER, (container, argv)
-            assert argv[1] in APPLET_NAMES | PENDING_APPLETS, (container, argv)
+            if argv[0] == INSTALLER:
+                applet = argv[1]
+            else:
+                assert os.path.dirname(argv[0]) == APPLET_LINKS, (container, argv)
+                applet = os.path.basename(argv[0])
+            assert applet in APPLET_NAMES | PENDING_APPLETS, (container, argv)
         containers = {c["name"] for c in pod["containers"]}
         if values:
             assert containers == {"install-cni", "agent", "repair-controller"}
             assert {c for c, _ in argvs} == containers
+
+    @pytest.mark.parametrize(
+        "values",
+        [{}, ALL_FEATURES, {"repairController": {"enabled": True}}],
+        ids=["defaults", "all-features", "repair-controller"],
+    )
+    def test_every_container_can_unpack_the_single_file(
+        self, values: dict[str, Any], tmp_path: Path
+    ) -> None:
+        """The launcher unpacks its payload on start into $CNIBOX_CACHE or, without it, a
+        /tmp/cnibox its uid owns (build/launcher.c): with a read-only root filesystem that
+        needs a mounted directory, and containers that share one must run as the same user."""
+        pod = objects(render(values, tmp=tmp_path))["DaemonSet"]["spec"]["template"]["spec"]
+        image = f"ghcr.io/cnibox/cnibox-installer:{__version__}"
+        users: dict[str, set[int]] = {}
+        for container in pod["containers"]:
+            assert container["image"] == image
+            context = container.get("securityContext", {})
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+            where = env.get("CNIBOX_CACHE") or "/tmp"
+            if context.get("readOnlyRootFilesystem"):
+                assert where in mounts, (container["name"], where)
+            if where in mounts:
+                users.setdefault(mounts[where], set()).add(context.get("runAsUser", 0))
+        assert all(len(uids) == 1 for uids in users.values()), users
 
     def test_cnibox_features(self, tmp_path: Path) -> None:
         """Talos extension mount, shared cache dir, and the agent's socket, port and probes."""
