@@ -35,10 +35,8 @@ import yaml
 
 from multicall import __version__
 from multicall.applets import APPLETS
-from tests.support import FIXTURES, REPO, skip_or_fail
-
-sys.path.insert(0, str(REPO / "packaging" / "helm"))
-import manifests  # packaging/helm/manifests.py, found through the path above
+from tests.support import FIXTURES, REPO
+from tests.support.helm import manifests, pinned_helm
 
 CHART = manifests.CHART
 GOLDENS = FIXTURES / "upstream" / "linkerd2" / "cli-install-cni-goldens"
@@ -56,13 +54,6 @@ APPLET_NAMES = {name for applet in APPLETS for name in applet.names}
 PENDING_APPLETS = FIXED_INTERFACE_APPLETS - APPLET_NAMES
 
 
-def helm() -> str:
-    path = manifests.default_helm()
-    if not os.access(path, os.X_OK):
-        skip_or_fail(f"needs the pinned helm at {path} (make deps)")
-    return path
-
-
 def render(
     values: Mapping[str, Any] | None = None,
     namespace: str = "linkerd-test",
@@ -75,7 +66,7 @@ def render(
         path = tmp / f"values-{len(list(tmp.iterdir()))}.yaml"
         path.write_text(yaml.safe_dump(dict(values)))
         files.append(path)
-    return manifests.helm_template(helm(), values_files=files, namespace=namespace)
+    return manifests.helm_template(pinned_helm(), values_files=files, namespace=namespace)
 
 
 def objects(text: str) -> dict[str, dict[str, Any]]:
@@ -538,7 +529,7 @@ class TestRendering:
             path.write_text(yaml.safe_dump(values))
             with tempfile.TemporaryDirectory() as home:
                 proc = subprocess.run(
-                    [helm(), "lint", "--strict", str(CHART), "--values", str(path)],
+                    [pinned_helm(), "lint", "--strict", str(CHART), "--values", str(path)],
                     capture_output=True,
                     text=True,
                     check=False,
@@ -564,7 +555,7 @@ class TestRendering:
         """The validator used above does reject a wrong type and an unknown field."""
         import kubernetes_validate
 
-        ds = objects(manifests.render(helm(), "linkerd-cni.yaml"))["DaemonSet"]
+        ds = objects(manifests.render(pinned_helm(), "linkerd-cni.yaml"))["DaemonSet"]
         broken = copy.deepcopy(ds)
         broken["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"] = "no"
         with pytest.raises(kubernetes_validate.ValidationError):
@@ -678,7 +669,7 @@ class TestRendering:
                 str(REPO / "packaging" / "helm" / "manifests.py"),
                 "--check",
                 "--helm",
-                helm(),
+                pinned_helm(),
             ],
             capture_output=True,
             text=True,

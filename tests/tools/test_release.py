@@ -28,6 +28,7 @@ import pytest
 
 from multicall import __version__
 from tests.support import REPO, require_tool, skip_or_fail
+from tests.support.helm import manifests, pinned_helm
 
 PACKAGING = REPO / "packaging"
 SBOM = PACKAGING / "sbom.py"
@@ -49,13 +50,6 @@ def dpkg_version(package: str) -> str:
         ["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True, check=True
     )
     return proc.stdout
-
-
-def helm() -> str:
-    path = Path(sys.prefix) / "tools" / "bin" / "helm"
-    if not path.exists():
-        skip_or_fail("needs the pinned helm (make deps)")
-    return str(path)
 
 
 def python_extension() -> tuple[str, Path]:
@@ -229,7 +223,7 @@ def releases(standin: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Pa
                 "--arch",
                 ARCH,
                 "--helm",
-                helm(),
+                pinned_helm(),
                 "--out",
                 str(target),
             ]
@@ -328,12 +322,14 @@ class TestRelease:
             members = tar.getmembers()
         assert {m.mtime for m in members} == {EPOCH}
         assert "linkerd2-cni/templates/cni-plugin.yaml" in {m.name for m in members}
-        env = {k: v for k, v in ENV.items() if not k.startswith("HELM_")}
-        for name in ("CACHE", "CONFIG", "DATA"):
-            env[f"HELM_{name}_HOME"] = str(releases[0].parent / "helm" / name)
+        env = manifests.helm_environment(str(releases[0].parent / "helm"))
         shown, rendered = (
             subprocess.run(
-                [helm(), *args, str(package)], capture_output=True, text=True, check=True, env=env
+                [pinned_helm(), *args, str(package)],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=env,
             )
             for args in (["show", "chart"], ["template", "linkerd2-cni"])
         )
