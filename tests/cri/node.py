@@ -114,39 +114,23 @@ def write_pause_archive(pause: Path, archive: Path) -> None:
 
 @dataclass(frozen=True)
 class NodeDirs:
+    """The node's private directory and what containerd and the plugins keep in it."""
+
     base: Path
+    root: Path  # containerd's root (content, snapshots, metadata)
+    state: Path  # containerd's state (tasks, sandboxes, pod netns mounts)
+    conf: Path  # CNI conf_dir (net.d)
+    bin: Path  # CNI bin_dir
+    ipam: Path  # host-local's dataDir
+    socket: Path
+    config: Path
+    log: Path  # containerd's stdout and stderr, and so the plugins' stderr
 
-    @property
-    def root(self) -> Path:
-        return self.base / "root"
-
-    @property
-    def state(self) -> Path:
-        return self.base / "state"
-
-    @property
-    def conf(self) -> Path:
-        return self.base / "net.d"
-
-    @property
-    def bin(self) -> Path:
-        return self.base / "bin"
-
-    @property
-    def ipam(self) -> Path:
-        return self.base / "ipam"
-
-    @property
-    def socket(self) -> Path:
-        return self.base / "containerd.sock"
-
-    @property
-    def config(self) -> Path:
-        return self.base / "config.toml"
-
-    @property
-    def log(self) -> Path:
-        return self.base / "containerd.log"
+    @classmethod
+    def under(cls, base: Path) -> NodeDirs:
+        return cls(base, base / "root", base / "state", base / "net.d", base / "bin",
+                   base / "ipam", base / "containerd.sock", base / "config.toml",
+                   base / "containerd.log")  # fmt: skip
 
     @property
     def netns_dir(self) -> Path:
@@ -352,7 +336,7 @@ class CriNode:
             require_tool(tool)
         sweep_leftovers()
         pause = build_pause()
-        self.dirs = NodeDirs(Path(tempfile.mkdtemp(prefix=f"{self.name}-")))
+        self.dirs = NodeDirs.under(Path(tempfile.mkdtemp(prefix=f"{self.name}-")))
         self.netns = self.rig.node()
         for path in (self.dirs.conf, self.dirs.bin, self.dirs.ipam):
             path.mkdir()
