@@ -37,7 +37,11 @@ def test_meshed_pod_gets_upstream_rules(cluster: CriCluster, case: MeshedCase) -
     check_meshed(cluster, case)
 
 
-@pytest.mark.parametrize(("pod", "why"), [(NOT_INJECTED, "no proxy"), (WITH_INIT, "linkerd-init")])
+@pytest.mark.parametrize(
+    ("pod", "why"),
+    [(NOT_INJECTED, "no proxy"), (WITH_INIT, "linkerd-init")],
+    ids=["no-proxy", "linkerd-init"],
+)
 def test_unmeshed_pod_gets_no_rules(cluster: CriCluster, pod: dict[str, object], why: str) -> None:
     """Pods without a proxy, or with linkerd-init doing the rules, start with an empty nat."""
     cluster.use(cluster.chained())
@@ -66,6 +70,7 @@ def test_plugin_error_fails_the_sandbox_and_leaves_nothing(cluster: CriCluster) 
         ("refused", "connect: connection refused"),
         ("hang", "Client.Timeout exceeded while awaiting headers"),
     ],
+    ids=["refused", "hang"],
 )
 def test_api_down_fails_the_sandbox_within_the_deadline(
     cluster: CriCluster, down: str, message: str
