@@ -855,6 +855,21 @@ def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces
     return 1 if failures else 0
 
 
+def run_cri_only(args: argparse.Namespace, workdir: Path) -> int:
+    """`--cri-only`: the two RunPodSandbox rows and their summary, nothing else."""
+    rows: list[Row] = []
+    extra: dict[str, Any] = {"iterations": args.iterations, "loadavg_at_start": loadavg()}
+    binary = Path(args.binary).resolve() if Path(args.binary).exists() else None
+    extra["problems"] = add_cri_rows(True, binary, workdir, args.iterations, rows.append)
+    print(format_table(rows))
+    report_cri({r.name: r for r in rows}, extra)
+    for problem in extra["problems"]:
+        print(f"problem: {problem}")
+    print(f"load average: {extra['loadavg_at_start']} at start, {loadavg()} at the end")
+    print(f"results: {save(rows, {}, extra)}")
+    return 1 if not rows or any(r.failures for r in rows) else 0
+
+
 def _tree_size(root: Path) -> int:
     return sum(p.lstat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
@@ -958,6 +973,7 @@ def main() -> int:
     parser.add_argument(
         "--no-cri", dest="cri", action="store_false", help="skip the containerd RunPodSandbox rows"
     )
+    parser.add_argument("--cri-only", action="store_true", help="only the RunPodSandbox rows")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench: needs root (network namespaces)", file=sys.stderr)
@@ -973,6 +989,8 @@ def main() -> int:
             if args.profile:
                 binary = Path(args.binary) if Path(args.binary).exists() else None
                 return run_profile(spawner, namespaces, args.profile, binary, args.iterations)
+            if args.cri_only:
+                return run_cri_only(args, spawner.workdir)
             return run_bench(args, spawner, namespaces)
         finally:
             spawner.kill_all()
