@@ -11,16 +11,20 @@ import difflib
 import ipaddress
 import itertools
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tests.cri.client import PodRef, SandboxInfo
 from tests.cri.modes import PluginMode
 from tests.cri.node import BRIDGE, KUBECONFIG, POD_SUBNET, CriNode
-from tests.kubeapi import KubeApi
-from tests.libcni import conflist, primary_plugin
-from tests.netns.test_linkerd_cni import MESHED, fixture_text, without_comments
+from tests.support import require_root, require_tool
+from tests.support.kubeapi import KubeApi
+from tests.support.libcni import conflist, primary_plugin
+from tests.support.pki import Pki
+from tests.support.pods import MESHED, NOT_INJECTED, WITH_INIT
+from tests.support.rig import Rig
+from tests.support.scenarios import fixture_text, without_comments
 
 NETWORK = "cbxnet"
 CHART_LOG_LEVEL = "info"  # the chart's default; DEL is logged at info
@@ -32,7 +36,8 @@ class MeshedCase:
 
     name: str
     linkerd: Mapping[str, Any]  # conflist overrides of the chart's values
-    tables: tuple[tuple[str, str], ...]  # (Debian's save tool, fixtures/derived/linkerd-iptables)
+    # (Debian's save tool, scenario in tests/fixtures/derived/linkerd-iptables)
+    tables: tuple[tuple[str, str], ...]
 
 
 NFT = MeshedCase("nft", {"iptables-mode": "nft"}, (("iptables-nft-save", "default-nft"),))
@@ -183,3 +188,26 @@ def check_meshed(
                 f"pod {sandbox.id[:12]} ({case.name}): the rules differ from upstream's\n{diff}"
             )
     return sandbox
+
+
+def require_oracles() -> None:
+    require_root()
+    for tool in ("iptables-nft-save", "iptables-legacy-save", "ip6tables-nft-save"):
+        require_tool(tool)
+
+
+def start_cluster(pki: Pki, plugin: str, mode: PluginMode) -> Iterator[CriCluster]:
+    """A started node with its API stand-in and kubeconfig; removed however the module ends."""
+    rig = Rig()
+    api = KubeApi(pki)
+    for pod in (MESHED, WITH_INIT, NOT_INJECTED):
+        api.add_pod(pod)
+    try:
+        with CriNode(rig, plugin, setup=mode.setup) as node:
+            api.start(node.netns.path)
+            cluster = CriCluster(node, api, mode)
+            cluster.write_kubeconfig()
+            yield cluster
+    finally:
+        api.stop()
+        rig.cleanup()

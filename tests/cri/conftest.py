@@ -7,58 +7,19 @@ in that step. Root, containerd, runc and the oracles are required (a skip under 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_root, require_tool
-from tests.cri.cluster import CriCluster
-from tests.cri.modes import MODES, PluginMode
-from tests.cri.node import CriNode
-from tests.kubeapi import KubeApi, Pki
-from tests.netns.test_linkerd_cni import MESHED, NOT_INJECTED, WITH_INIT
-from tests.rig import Rig
-
-
-def built_plugin() -> str:
-    binary = os.environ.get("CNIBOX")
-    if not binary:
-        pytest.skip("CNIBOX is not set: the CRI suite runs against the built file in "
-                    "`make test-binary` (or `make test-cri`)")  # fmt: skip
-    path = Path(binary).resolve()
-    if not path.is_file():
-        pytest.fail(f"CNIBOX={binary}: no such file")
-    return str(path)
-
-
-def require_oracles() -> None:
-    require_root()
-    for tool in ("iptables-nft-save", "iptables-legacy-save", "ip6tables-nft-save"):
-        require_tool(tool)
-
-
-def start_cluster(pki: Pki, plugin: str, mode: PluginMode) -> Iterator[CriCluster]:
-    """A started node with its API stand-in and kubeconfig; removed however the module ends."""
-    rig = Rig()
-    api = KubeApi(pki)
-    for pod in (MESHED, WITH_INIT, NOT_INJECTED):
-        api.add_pod(pod)
-    try:
-        with CriNode(rig, plugin, setup=mode.setup) as node:
-            api.start(node.netns.path)
-            cluster = CriCluster(node, api, mode)
-            cluster.write_kubeconfig()
-            yield cluster
-    finally:
-        api.stop()
-        rig.cleanup()
+from tests.cri.cluster import CriCluster, require_oracles, start_cluster
+from tests.cri.modes import MODES
+from tests.support.artifact import artifact_path
+from tests.support.pki import Pki
 
 
 @pytest.fixture(scope="module", params=MODES, ids=lambda mode: mode.name)
 def cluster(request: pytest.FixtureRequest, pki: Pki) -> Iterator[CriCluster]:
-    plugin = built_plugin()
+    plugin = str(artifact_path())
     require_oracles()
     yield from start_cluster(pki, plugin, request.param)
 

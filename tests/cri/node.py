@@ -39,10 +39,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from tests.conftest import REPO, require_tool
 from tests.cri.client import CriClient
-from tests.libcni import REFERENCE_PLUGINS
-from tests.rig import Netns, Rig
+from tests.support import REPO, require_tool
+from tests.support.libcni import REFERENCE_PLUGINS
+from tests.support.rig import Netns, Rig
 
 PAUSE_SOURCE = Path(__file__).with_name("pause.c")
 PAUSE_IMAGE = "localhost/cnibox/pause:test"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from google.protobuf import descriptor_pb2
 
-from tests.conftest import require_tool
 from tests.cri.proto import api_pb2
+from tests.support import require_tool
 
 GZIP_HEADER = re.compile(rb"\x1f\x8b\x08\x00\x00\x00\x00\x00")
 RUNTIME_V1 = b"\n\tapi.proto\x12\nruntime.v1\x1a"  # name "api.proto", package "runtime.v1"

@@ -15,13 +15,14 @@ import grpc
 import pytest
 
 from tests.cri.cluster import MESHED_CASES, NFT, CriCluster, MeshedCase, check_meshed
-from tests.kubeapi import refused_port
-from tests.netns.test_linkerd_cni import MESHED, NOT_INJECTED, WITH_INIT, fixture_text, renamed
+from tests.support.kubeapi import refused_port
+from tests.support.pods import MESHED, NOT_INJECTED, WITH_INIT, renamed
+from tests.support.scenarios import fixture_text
 
 pytestmark = [pytest.mark.netns, pytest.mark.binary]
 
-# The plugin's deadline for one API request is 5 s (README "Bounded Kubernetes calls"); the
-# rest is containerd: the netns, the pause container, the teardown of the chain.
+# The plugin's deadline for one API request is 5 s (docs/linkerd-cni.md, "What differs from
+# upstream"); the rest is containerd: the netns, the pause container, the teardown of the chain.
 API_DOWN_BOUND = 15.0
 
 

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.cri.cluster import NFT, CriCluster, check_meshed
-from tests.cri.conftest import built_plugin, require_oracles, start_cluster
+from tests.cri.cluster import NFT, CriCluster, check_meshed, require_oracles, start_cluster
 from tests.cri.modes import PluginMode
 from tests.cri.node import NODE_PATH, CriNode, build_pause
-from tests.kubeapi import Pki
-from tests.netns.test_linkerd_cni import MESHED
-from tests.rig import netns_inode
+from tests.support.artifact import artifact_path
+from tests.support.pki import Pki
+from tests.support.pods import MESHED
+from tests.support.rig import netns_inode
 
 pytestmark = [pytest.mark.netns, pytest.mark.binary]
 
@@ -68,7 +68,7 @@ def probe() -> ProbeMode:
 def stand_in(
     pki: Pki, tmp_path_factory: pytest.TempPathFactory, probe: ProbeMode
 ) -> Iterator[CriCluster]:
-    built_plugin()  # same phase as the suite (make test-binary), so it runs whenever it does
+    artifact_path()  # same phase as the suite (make test-binary), so it runs whenever it does
     require_oracles()
     directory = tmp_path_factory.mktemp("stand-in")
     (directory / "seen").mkdir()

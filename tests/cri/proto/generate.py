@@ -18,8 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tests.support import REPO
+
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
 PROTO = HERE / "api.proto"
 OUTPUTS = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py", "api_pb2_grpc.pyi")
 STAMP = HERE / ".generated"
