@@ -63,8 +63,8 @@ unit: venv
 test-source: deps
 	$(call run_pytest,tests)
 
-# Every suite again, against the built single file (tests/binary only runs in this mode,
-# the zipapp suite with it).
+# Every suite again, against the built single file (tests/binary and the containerd suite
+# tests/cri only run in this mode, the zipapp suite with them).
 test-binary: deps build zipapp
 	export CNIBOX=$(CURDIR)/dist/cnibox CNIBOX_PYZ=$(CURDIR)/dist/cnibox.pyz
 	$(call run_pytest,tests)
