@@ -1,4 +1,4 @@
-"""Build driver for the cnibox artifacts (called by the Makefile; see README "Building").
+"""Build driver for the cnibox artifacts (called by the Makefile; see docs/binary.md).
 
     python build/build.py dist       Nuitka standalone dist   -> build/out/cnibox_main.dist/
     python build/build.py launcher   static musl launcher     -> build/out/launcher
@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
-import zipapp
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,33 +40,11 @@ ARTIFACT = REPO / "dist" / "cnibox"
 LOADERS = {"x86_64": "ld-linux-x86-64.so.2", "aarch64": "ld-linux-aarch64.so.1"}
 ZIPAPP = REPO / "dist" / "cnibox.pyz"
 
-# pyroute2's package __init__ imports nearly all of pyroute2; multicall imports submodules
-# behind a stub package (multicall.effects.bundle.import_pyroute2), so these are dead weight.
-PYROUTE2_PRUNED = (
-    *(
-        f"pyroute2.{name}"
-        for name in ("arp", "bsd", "conntrack", "decoder", "devlink", "dhcp", "ethtool", "ext")
-    ),
-    *(
-        f"pyroute2.{name}"
-        for name in ("fixtures", "inotify", "ipdb", "ipset", "ipvs", "iwutil", "minimal", "ndb")
-    ),
-    *(f"pyroute2.{name}" for name in ("nftables", "nslink", "plan9", "wirouting", "wiset")),
-    *(
-        f"pyroute2.netlink.{name}"
-        for name in ("connector", "devlink", "diag", "event", "generic", "ipq", "nfnetlink")
-    ),
-    *(f"pyroute2.netlink.{name}" for name in ("nl80211", "taskstats", "uevent")),
-)
 # Imported lazily by applets (so Nuitka may not see them yet) or needed at run time anyway.
 INCLUDED_PACKAGES = ("multicall", "yaml", "iptc")
-# pyroute2 submodules are imported by name (bundle.import_pyroute2), which Nuitka cannot follow:
-# list each one an applet uses here. No applet uses pyroute2 today; any module listed pulls in
-# pyroute2's package __init__ and what it imports beyond PYROUTE2_PRUNED (~100 modules).
-PYROUTE2_MODULES: tuple[str, ...] = ()
-INCLUDED_MODULES = ("ssl", "http.client", "json", "_json", *PYROUTE2_MODULES)
+INCLUDED_MODULES = ("ssl", "json", "_json")
 # Pure-Python dependencies shipped inside the zipapp (C extensions cannot load from a zip).
-ZIPAPP_PACKAGES = ("multicall", "yaml", "pyroute2", "iptc")
+ZIPAPP_PACKAGES = ("multicall", "yaml", "iptc")
 
 
 def nuitka_command() -> list[str]:
@@ -84,7 +62,6 @@ def nuitka_command() -> list[str]:
         f"--jobs={os.cpu_count() or 2}",
         *(f"--include-package={name}" for name in INCLUDED_PACKAGES),
         *(f"--include-module={name}" for name in INCLUDED_MODULES),
-        *(f"--nofollow-import-to={name}" for name in PYROUTE2_PRUNED),
         f"--include-data-files={DATACLASS_CACHE}=dataclasses.marshal",
         f"--output-dir={OUT}",
         f"--output-filename={MAIN_BINARY}",
@@ -168,8 +145,28 @@ def build_zipapp() -> None:
         invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
     )
     ZIPAPP.parent.mkdir(parents=True, exist_ok=True)
-    zipapp.create_archive(staging, ZIPAPP, interpreter="/usr/bin/env python3", compressed=True)
+    write_zipapp(staging, ZIPAPP, interpreter="/usr/bin/env python3")
     print(f"build: zipapp {ZIPAPP.stat().st_size} bytes -> {ZIPAPP}")
+
+
+def write_zipapp(source: Path, target: Path, interpreter: str) -> None:
+    """What zipapp.create_archive writes, reproducibly: the same files give the same bytes.
+
+    zipapp stores each file's mtime and walks the tree in directory order; here members are
+    sorted, dated 1980-01-01 (the zip epoch) and 0644, so two builds of one tree are
+    byte-identical (the .pyc are hash-based, so their bytes do not depend on time either).
+    """
+    tmp = target.with_name(target.name + ".tmp")
+    with open(tmp, "wb") as out:
+        out.write(b"#!" + interpreter.encode() + b"\n")
+        with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+            for path in sorted(p for p in source.rglob("*") if p.is_file()):
+                info = zipfile.ZipInfo(path.relative_to(source).as_posix(), (1980, 1, 1, 0, 0, 0))
+                info.compress_type = zipfile.ZIP_DEFLATED
+                info.external_attr = 0o100644 << 16
+                archive.writestr(info, path.read_bytes())
+    tmp.chmod(0o755)
+    os.replace(tmp, target)
 
 
 def _package_dir(name: str) -> Path:

@@ -186,11 +186,3 @@ def parse_reply(kind: int, payload: bytes) -> Reply:
             out = payload[RESULT_HEAD.size : RESULT_HEAD.size + out_len]
             return Reply(kind, code=code, stdout=out, stderr=payload[RESULT_HEAD.size + out_len :])
     raise ProtocolError(f"bad reply frame (type {kind}, {len(payload)} bytes)")
-
-
-def applet_argv(argv: tuple[str, ...]) -> list[str]:
-    """The plugin's argv from the caller's: `cnibox linkerd-cni ...` drops the multiplexer."""
-    base = argv[0].rsplit("/", 1)[-1].lstrip("-")
-    if base in ("cnibox", "cnibox.bin") and len(argv) > 1:
-        return list(argv[1:])
-    return list(argv)

@@ -2,7 +2,8 @@
 workers): its files, its pod netns, a netlink socket it made there.
 
 In a one-shot process there is no context and every function here is the plain operation.
-In an agent worker (`multicall.applets.agent`) the launcher's descriptors stand in for paths:
+In a node agent's worker (`multicall.applets.linkerd_cni_agent`) the launcher's descriptors
+stand in for paths:
 - files named by the caller (the kubeconfig, its token and CA files) are opened through the
   caller's root with openat2(RESOLVE_IN_ROOT), so they resolve as in the caller's mount
   namespace even though the agent's pod has another filesystem;
@@ -104,10 +105,9 @@ class _OpenHow(ctypes.Structure):
 
 def _openat2_in_root(root_fd: int, path: str) -> int:
     """open(path) with `root_fd` as "/" for every component, `..` and symlink included."""
-    from multicall.effects.ns import libc
-
     how = _OpenHow(os.O_RDONLY | os.O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-    syscall = libc().syscall
+    # The already-loaded libc, as effects.ns opens it (which imports this module).
+    syscall = ctypes.CDLL(None, use_errno=True).syscall
     syscall.restype = ctypes.c_long
     fd = syscall(
         ctypes.c_long(SYS_OPENAT2),

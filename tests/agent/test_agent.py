@@ -29,20 +29,16 @@ from typing import Any
 
 import pytest
 
-from tests.agent import AgentProcess
-from tests.binary.artifact import artifact_path
-from tests.conftest import REPO, require_root, require_tool
-from tests.kubeapi import KubeApi, Pki
-from tests.libcni import CHART_LINKERD
-from tests.netns.test_linkerd_cni import (
-    MESHED,
-    NOT_INJECTED,
-    SAVE,
-    fixture_text,
-    proxy_init_lines,
-    save_text,
-)
-from tests.rig import Netns, Rig
+from tests.support import REPO, require_root, require_tool
+from tests.support.agent import AgentProcess
+from tests.support.artifact import artifact_path
+from tests.support.kubeapi import KubeApi
+from tests.support.libcni import CHART_LINKERD
+from tests.support.oracles import SAVE, proxy_init_lines, save_text
+from tests.support.pki import Pki
+from tests.support.pods import MESHED, NOT_INJECTED
+from tests.support.rig import Netns, Rig
+from tests.support.scenarios import fixture_text
 
 pytestmark = [pytest.mark.binary, pytest.mark.netns]
 PREV = {"cniVersion": "1.0.0", "ips": [{"address": "10.89.0.7/24"}]}
@@ -357,7 +353,7 @@ def test_a_client_that_is_not_root_is_refused(node: Node) -> None:
         with AgentProcess(public / "run" / "agent.sock", argv=[str(artifact_path())]) as agent:
             os.chmod(os.path.dirname(agent.socket), 0o755)  # noqa: S103 - see above
             os.chmod(agent.socket, 0o666)  # noqa: S103 - see above
-            client = [sys.executable, "-m", "tests.agent.client", agent.socket]
+            client = [sys.executable, "-m", "tests.support.agent_client", agent.socket]
             pod_ns = node.rig.pod().netns
             proc = subprocess.run(
                 ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *client],

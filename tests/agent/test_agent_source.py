@@ -1,5 +1,5 @@
 """The node agent run from source (`python -m multicall agent`), driven by the tests' Python
-client (tests/agent/client.py, the launcher's protocol): the agent's Python half in the
+client (tests/support/agent_client.py, the launcher's protocol): the agent's Python half in the
 suites without a built file. The launcher's half is tests/agent/test_agent.py."""
 
 from __future__ import annotations
@@ -15,12 +15,15 @@ from typing import Any
 import pytest
 
 from multicall.core.agent_protocol import SOURCE_BUILD
-from tests.agent import AgentProcess
-from tests.conftest import REPO, require_root, require_tool
-from tests.kubeapi import KubeApi, Pki
-from tests.libcni import CHART_LINKERD
-from tests.netns.test_linkerd_cni import MESHED, NOT_INJECTED, SAVE, fixture_text, save_text
-from tests.rig import Netns, Rig
+from tests.support import REPO, require_root, require_tool
+from tests.support.agent import AgentProcess
+from tests.support.kubeapi import KubeApi
+from tests.support.libcni import CHART_LINKERD
+from tests.support.oracles import SAVE, save_text
+from tests.support.pki import Pki
+from tests.support.pods import MESHED, NOT_INJECTED
+from tests.support.rig import Netns, Rig
+from tests.support.scenarios import fixture_text
 
 pytestmark = pytest.mark.netns
 STAMP = re.compile(r'time="[^"]*"')
@@ -107,7 +110,7 @@ def test_agent_result_is_the_one_shot_result(
     setup: tuple[Rig, Netns, Path, AgentProcess], mode: str, pod: dict[str, Any], command: str
 ) -> None:
     rig, node, kubeconfig, agent = setup
-    client = [sys.executable, "-m", "tests.agent.client", agent.socket]
+    client = [sys.executable, "-m", "tests.support.agent_client", agent.socket]
     one_shot = [sys.executable, "-m", "multicall", "linkerd-cni"]
     results = []
     for argv in (client, one_shot):
@@ -132,7 +135,7 @@ def test_another_build_is_handed_back(setup: tuple[Rig, Netns, Path, AgentProces
     env = {**env_for(rig.pod().netns, MESHED), "CNIBOX_TEST_BUILD": "0000000000000000"}
     code, _out, err = invoke(
         node,
-        [sys.executable, "-m", "tests.agent.client", agent.socket],
+        [sys.executable, "-m", "tests.support.agent_client", agent.socket],
         env,
         conf(kubeconfig, "nft"),
     )
@@ -150,7 +153,7 @@ def test_concurrent_requests_are_all_served(
     rig, node, kubeconfig, _ = setup
     near = AgentProcess(tmp_path / "near" / "agent.sock", argv=[sys.executable, "-m", "multicall"],
                         env={"PYTHONPATH": str(REPO)}, netns=node.path)  # fmt: skip
-    client = [sys.executable, "-m", "tests.agent.client", near.socket]
+    client = [sys.executable, "-m", "tests.support.agent_client", near.socket]
     with near:
         pods = [rig.pod().netns for _ in range(60)]
         procs = [

@@ -1,0 +1,318 @@
+"""usage: linkerd-cni-agent [--socket PATH] [--admin-addr HOST:PORT] [OPTIONS]
+
+The resident node agent (also `cnibox agent`): serves `linkerd-cni` invocations for the
+launcher of this same build over a unix socket, so a pod's ADD starts no Python runtime.
+Runs in the foreground; SIGTERM stops it cleanly (the socket goes first, requests in flight
+finish or are handed back to their callers). Without an agent, or with one that cannot
+serve a request, the plugin runs as a one-shot process (docs/agent.md).
+
+  --socket PATH            where to listen (default /var/run/linkerd-cni/agent.sock; the
+                           plugin uses $CNIBOX_AGENT_SOCKET when set)
+  --admin-addr HOST:PORT   /healthz, /readyz, /metrics (default 0.0.0.0:9991; "" disables)
+  --workers N              pre-forked idle workers (default 4)
+  --max-requests N         requests in flight before callers are handed back (default 256)
+  --request-timeout SECS   a request still running after this is killed (default 60)
+  --shutdown-grace SECS    how long SIGTERM waits for requests in flight (default 25)
+  --log-level LEVEL        debug, info (default), warn, error
+  --log-format FORMAT      plain (logrus text, the default) or json
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, BinaryIO
+
+from multicall.effects.streams import write_text
+from multicall.errors import UsageError
+
+DEFAULT_SOCKET = "/var/run/linkerd-cni/agent.sock"
+DEFAULT_ADMIN = "0.0.0.0:9991"
+READ_TIMEOUT = 5.0
+LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
+
+if TYPE_CHECKING:
+    from multicall.core.agent_protocol import Request
+
+Report = Callable[[str, dict[str, object]], None]
+
+
+def main(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    stdin: BinaryIO,
+    stdout: BinaryIO,
+    stderr: BinaryIO,
+) -> int:
+    opts = parse_args(list(argv[1:]))
+    if opts is None:
+        write_text(stdout, __doc__ or "")
+        return 0
+    log = make_log(stderr, opts["log-level"], opts["log-format"])
+    preload()
+    from multicall.core.agent_protocol import SOURCE_BUILD
+    from multicall.effects.agent_server import Server, ServerOptions
+
+    build = env.get("CNIBOX_BUILD", "") or SOURCE_BUILD
+    options = ServerOptions(
+        socket_path=opts["socket"],
+        admin_addr=opts["admin-addr"],
+        workers=_int(opts, "workers", 1),
+        max_requests=_int(opts, "max-requests", 1),
+        request_timeout=_float(opts, "request-timeout"),
+        shutdown_grace=_float(opts, "shutdown-grace"),
+        build=build,
+    )
+    own_netns = _identity("/proc/self/ns/net")
+    server = Server(
+        options, log, lambda conn, report: serve(conn, report, build, own_netns), prepare=warm_up
+    )
+    try:
+        server.bind()
+    except (OSError, ValueError) as exc:
+        log("error", f"cannot listen: {exc}")
+        return 1
+    if server.admin_port is not None:
+        log("info", f"admin endpoints on {opts['admin-addr']} (port {server.admin_port})")
+    return server.run()
+
+
+FLAGS = {
+    "socket": DEFAULT_SOCKET,
+    "admin-addr": DEFAULT_ADMIN,
+    "workers": "4",
+    "max-requests": "256",
+    "request-timeout": "60",
+    "shutdown-grace": "25",
+    "log-level": "info",
+    "log-format": "plain",
+}
+
+
+def parse_args(args: list[str]) -> dict[str, str] | None:
+    """Go-flag style `--name value` / `--name=value`; None for --help."""
+    opts = dict(FLAGS)
+    while args:
+        arg = args.pop(0)
+        if arg in ("-h", "--help"):
+            return None
+        name, sep, value = arg.lstrip("-").partition("=")
+        if not arg.startswith("-") or name not in FLAGS:
+            raise UsageError(f"unknown argument {arg}", hint="see cnibox agent --help")
+        if not sep:
+            if not args:
+                raise UsageError(f"{arg} needs a value")
+            value = args.pop(0)
+        opts[name] = value
+    opts["log-level"] = "warning" if opts["log-level"] == "warn" else opts["log-level"]
+    if opts["log-level"] not in LEVELS:
+        raise UsageError(f"--log-level {opts['log-level']}: expected debug, info, warn or error")
+    if opts["log-format"] not in ("plain", "json"):
+        raise UsageError(f"--log-format {opts['log-format']}: expected plain or json")
+    return opts
+
+
+def _int(opts: Mapping[str, str], name: str, minimum: int) -> int:
+    try:
+        value = int(opts[name])
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise UsageError(f"--{name} {opts[name]}: expected an integer >= {minimum}")
+    return value
+
+
+def _float(opts: Mapping[str, str], name: str) -> float:
+    try:
+        value = float(opts[name])
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise UsageError(f"--{name} {opts[name]}: expected a positive number of seconds")
+    return value
+
+
+def make_log(stream: BinaryIO, level: str, fmt: str) -> Callable[[str, str], None]:
+    """The plugin's logrus text format (or logrus' JSON) on `stream`."""
+    from multicall.plugin.logrus import Logger
+
+    plain = Logger(stream, level)
+
+    def log(lvl: str, message: str) -> None:
+        if fmt == "plain":
+            plain.log(lvl, message)
+            return
+        if LEVELS[lvl] < LEVELS[level]:
+            return
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        record = {"level": lvl, "msg": message, "time": stamp}
+        write_text(stream, json.dumps(record, separators=(",", ":")) + "\n")
+
+    return log
+
+
+def warm_up(hint: object) -> None:
+    """In a new worker: dial the API server the previous request used (effects.kube)."""
+    from multicall.effects import kube
+
+    if isinstance(hint, dict):
+        kube.warm_up(hint)
+
+
+def preload() -> None:
+    """Import once, in the parent, everything a request may need: workers fork from here."""
+    import ssl  # noqa: F401
+
+    from multicall.core.cni import netconf, result, skel  # noqa: F401
+    from multicall.core.firewall import diff, proxy_init  # noqa: F401
+    from multicall.core.kube import pod_policy  # noqa: F401
+    from multicall.effects import kube
+    from multicall.effects.firewall import engine, nft  # noqa: F401
+    from multicall.errors import FirewallError
+    from multicall.plugin import commands, pod_inputs, ports, run  # noqa: F401
+
+    kube.keep_spare_tls_context()
+    try:
+        from multicall.effects.firewall.legacy import iptc
+
+        iptc()
+    except FirewallError:
+        pass  # no libiptc here: legacy requests will fail in their worker as one-shot would
+
+
+# ----------------------------------------------------------------------------- a worker
+
+
+def serve(conn: socket.socket, report: Report, build: str, own_netns: tuple[int, int]) -> None:
+    """One request on `conn`, in a single-use worker process (agent_server)."""
+    from multicall.core import agent_protocol as proto
+
+    conn.settimeout(READ_TIMEOUT)
+    try:
+        request = read_request(conn)
+    except (proto.ProtocolError, OSError) as exc:
+        report("D", {"fallback": f"bad request: {exc}"})
+        _send(conn, proto.fallback_frame("bad request"))
+        return
+    command = request.command or "unknown"
+    if request.build != build:
+        report("D", {"command": command, "fallback": "other build"})
+        _send(conn, proto.fallback_frame("other build"))
+        return
+    report("S", {"command": command})
+    try:
+        code, out, err = run_request(request, own_netns)
+    except _Fallback as exc:
+        report("D", {"command": command, "fallback": exc.reason})
+        _send(conn, proto.fallback_frame(exc.reason))
+        return
+    # Reported first: whoever asks /metrics once the caller has its result sees it counted.
+    from multicall.effects import kube
+
+    done = {"command": command, "exit": code, "cni_code": _cni_code(code, out)}
+    report("D", {**done, "warm": kube.warm_hint()} if code == 0 else done)
+    _send(conn, proto.result_frame(code, out, err))
+
+
+class _Fallback(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def read_request(conn: socket.socket) -> Request:
+    from multicall.core import agent_protocol as proto
+
+    head = b""
+    fds: list[int] = []
+    while len(head) < proto.HEADER.size:
+        chunk, got, _flags, _addr = socket.recv_fds(conn, proto.HEADER.size - len(head), 4)
+        fds += got
+        if not chunk:
+            raise proto.ProtocolError("connection closed in the header")
+        head += chunk
+    header = proto.parse_header(head)
+    body = bytearray()
+    while len(body) < header.body_len:
+        chunk = conn.recv(min(header.body_len - len(body), 1 << 20))
+        if not chunk:
+            raise proto.ProtocolError("connection closed in the body")
+        body += chunk
+    return proto.parse_body(header, bytes(body), fds)
+
+
+def run_request(request: Request, own_netns: tuple[int, int]) -> tuple[int, bytes, bytes]:
+    """The plugin, in this process, in the caller's context (effects.caller)."""
+    from multicall.core import agent_protocol as proto
+    from multicall.effects import caller, ns
+    from multicall.plugin.run import PluginRequest, run_plugin
+
+    fds = request.fds
+    root, home = fds.get(proto.FD_ROOT), fds.get(proto.FD_CALLER_NETNS)
+    target = fds.get(proto.FD_TARGET_NETNS)
+    if root is None or home is None:
+        raise _Fallback("caller sent no root or netns")
+    if target is not None and _identity(f"/proc/self/fd/{target}") == own_netns:
+        raise _Fallback("CNI_NETNS is the agent's own netns")
+    if _identity(f"/proc/self/fd/{home}") != _identity("/proc/thread-self/ns/net"):
+        # The API is reached from the caller's netns, as the one-shot plugin does. In a
+        # DaemonSet with hostNetwork (or a Talos service) they are the same: no setns.
+        try:
+            ns.setns(home, ns.CLONE_NEWNET)
+        except OSError as exc:
+            raise _Fallback(f"cannot enter the caller's netns: {exc.strerror}") from None
+        from multicall.effects import kube
+
+        kube.drop_warm()  # dialled from the agent's netns, not the caller's
+    caller.install(
+        caller.CallerContext(
+            root_fd=root,
+            cwd=request.cwd or "/",
+            netns_path=request.env.get("CNI_NETNS", ""),
+            netns_fd=target,
+            netlink_fd=fds.get(proto.FD_NETLINK),
+        )
+    )
+    err = io.BytesIO()
+    plugin_request = PluginRequest(
+        env=request.env,
+        stdin=b"" if request.command == "VERSION" else request.stdin,
+        stderr=err,
+        netns_fd=target,
+        caller_netns_fd=home,
+    )
+    try:
+        outcome = run_plugin(plugin_request)
+    except caller.ServeElsewhere as exc:
+        raise _Fallback(exc.reason) from None
+    stdout, stderr = outcome.stdout, err.getvalue()
+    if len(stdout) + len(stderr) > proto.MAX_OUTPUT:
+        raise _Fallback("output too large")
+    return outcome.exit_code, stdout, stderr
+
+
+def _cni_code(code: int, stdout: bytes) -> str:
+    if code == 0:
+        return ""
+    try:
+        value = json.loads(stdout).get("code", "")
+    except (ValueError, AttributeError):
+        return ""
+    return str(value)
+
+
+def _send(conn: socket.socket, data: bytes) -> None:
+    try:
+        conn.settimeout(READ_TIMEOUT)
+        conn.sendall(data)
+    except OSError:
+        pass  # the caller went away; it runs the one-shot path if it still can
+
+
+def _identity(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino)
