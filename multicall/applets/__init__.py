@@ -41,12 +41,19 @@ def _iptables_verify() -> AppletSpec:
     return iptables_verify.SPEC
 
 
+def _repair_controller() -> AppletSpec:
+    from multicall.applets import linkerd_cni_repair_controller
+
+    return linkerd_cni_repair_controller.SPEC
+
+
 # Each applet's names (SPEC.names, checked by tests/unit/test_registry.py) and its loader.
 LOADERS: tuple[tuple[tuple[str, ...], Callable[[], AppletSpec]], ...] = (
     (("netns-exec", "nsenter"), _netns_exec),
     (("install-cni",), _install_cni),
     (("linkerd-cni",), _linkerd_cni),
     (("iptables-verify",), _iptables_verify),
+    (("linkerd-cni-repair-controller",), _repair_controller),
 )
 
 

@@ -299,26 +299,18 @@ def cmd_check(inv: Invocation) -> None:
 def diff_pod_rules(inv: Invocation, conf: NetConf, options: ProxyInitOptions) -> list[str]:
     """One readable diff per family whose live nat table lacks what ADD would program."""
     from multicall.core.cni_config import mode_of
-    from multicall.core.proxy_init import expected_table
-    from multicall.core.ruleset_diff import diff_tables, format_diff
-    from multicall.effects.firewall import dump_nat, families
+    from multicall.effects.firewall import differences
 
     mode = mode_of(conf)
     refuse_own_netns(inv.env)
-    problems = []
-    for family in families(ipv6=conf.ipv6):
-        expected = expected_table(options, family)
-        actual = dump_nat(
-            inv.env.netns,
-            mode=mode,
-            family=family,
-            allow_own_netns=inv.env.override_netns_check,
-            log=inv.log.info,
-        )
-        diff = diff_tables(expected, actual)
-        if not diff.ok:
-            problems.append(f"{family.value}:\n{format_diff(diff)}")
-    return problems
+    return differences(
+        inv.env.netns,
+        options,
+        mode=mode,
+        ipv6=conf.ipv6,
+        allow_own_netns=inv.env.override_netns_check,
+        log=inv.log.info,
+    )
 
 
 # ----------------------------------------------------------------------------- DEL, STATUS, GC

@@ -158,6 +158,32 @@ def log_simulation(
 # ----------------------------------------------------------------------------- dump
 
 
+def differences(
+    netns_path: str,
+    options: ProxyInitOptions,
+    *,
+    mode: Mode,
+    ipv6: bool,
+    allow_own_netns: bool = False,
+    log: Log = _quiet,
+) -> list[str]:
+    """One readable diff per family whose live nat table lacks what apply_proxy_init would
+    program (empty: the netns holds exactly the expected rules). CHECK's comparison."""
+    from multicall.core.proxy_init import expected_table
+    from multicall.core.ruleset_diff import diff_tables, format_diff
+
+    problems = []
+    for family in families(ipv6=ipv6):
+        expected = expected_table(options, family)
+        actual = dump_nat(
+            netns_path, mode=mode, family=family, allow_own_netns=allow_own_netns, log=log
+        )
+        diff = diff_tables(expected, actual)
+        if not diff.ok:
+            problems.append(f"{family.value}:\n{format_diff(diff)}")
+    return problems
+
+
 def dump_nat(
     netns_path: str,
     *,

@@ -16,6 +16,7 @@ APPLET_MODULES = {
     "install-cni": "install_cni",
     "linkerd-cni": "linkerd_cni",
     "iptables-verify": "iptables_verify",
+    "linkerd-cni-repair-controller": "linkerd_cni_repair_controller",
 }
 
 
