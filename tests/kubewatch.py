@@ -42,6 +42,70 @@ class Request:
     body: Any = None
 
 
+@contextlib.contextmanager
+def _in_netns(netns: str | None) -> Iterator[None]:
+    if netns is None:
+        yield
+        return
+    from multicall.effects.ns import entered_netns
+
+    with entered_netns(netns):
+        yield
+
+
+def pod_doc(
+    name: str,
+    exit_code: int | None = 95,
+    *,
+    node: str = "node-a",
+    namespace: str = "app",
+    labeled: bool = True,
+    deleting: bool = False,
+    filler: int = 0,
+) -> dict[str, Any]:
+    """A pod as the proxy injector leaves it with CNI enabled (linkerd-network-validator +
+    linkerd-proxy); `exit_code` is its validator's lastState exit code (None: no status)."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "annotations": {"filler": "z" * filler},
+    }
+    if labeled:
+        meta["labels"] = {"linkerd.io/control-plane-ns": "linkerd", "app": name}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    doc: dict[str, Any] = {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": meta,
+        "spec": {
+            "nodeName": node,
+            "initContainers": [{"name": "linkerd-network-validator"}],
+            "containers": [{"name": "linkerd-proxy"}, {"name": "app"}],
+        },
+    }
+    if exit_code is not None:
+        doc["status"] = {
+            "phase": "Pending",
+            "initContainerStatuses": [
+                {
+                    "name": "linkerd-network-validator",
+                    "ready": False,
+                    "restartCount": 1,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {
+                        "terminated": {
+                            "exitCode": exit_code,
+                            "reason": "Error",
+                            "finishedAt": "2026-01-01T00:00:00Z",
+                        }
+                    },
+                }
+            ],
+        }
+    return doc
+
+
 def gone(message: str) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(status_body(410, message, "Expired", None))
     return doc
@@ -91,6 +155,7 @@ class WatchApi:
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _server: _TlsServer | None = None
     token: str = TOKEN  # the bearer token accepted (tests rotate it)
+    _netns: str | None = None
     _generation: int = 0
 
     # -- data
@@ -142,8 +207,11 @@ class WatchApi:
 
     # -- lifecycle
 
-    def start(self) -> None:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    def start(self, netns: str | None = None) -> None:
+        """Listen on 127.0.0.1 of `netns` (None: this process's own netns)."""
+        self._netns = netns
+        with _in_netns(netns):
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", self.port))
         listener.listen(64)
@@ -177,16 +245,18 @@ class WatchApi:
         if lose_history:
             self.compact()
         time.sleep(downtime)
-        self.start()
+        self.start(self._netns)
 
-    def kubeconfig_text(self, token: str = TOKEN) -> str:
+    def kubeconfig_text(self, token: str = TOKEN, context: str = "linkerd-cni-context") -> str:
+        """The installer's kubeconfig layout: the plugin (which forces this context) and the
+        controller (which uses the current one) both read it."""
         ca = base64.b64encode(self.pki.ca_cert.read_bytes()).decode()
         return (
             "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n"
             f"    server: https://127.0.0.1:{self.port}\n"
             f"    certificate-authority-data: {ca}\nusers:\n- name: controller\n  user:\n"
-            f"    token: {token}\ncontexts:\n- name: standin\n  context:\n"
-            "    cluster: standin\n    user: controller\ncurrent-context: standin\n"
+            f"    token: {token}\ncontexts:\n- name: {context}\n  context:\n"
+            f"    cluster: standin\n    user: controller\ncurrent-context: {context}\n"
         )
 
     # -- request handling (called from the handler threads)
@@ -331,13 +401,28 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
         if parts.path != "/api/v1/pods":
-            self._send(404, not_found("pods", parts.path))
+            self._get_one(parts.path.strip("/").split("/"))
             return
         if query.get("watch") == "true":
             self._watch(query)
             return
         status, doc = api.list_pods(query)
         self._send(status, json.dumps(doc).encode())
+
+    def _get_one(self, parts: list[str]) -> None:
+        """The plugin's GETs: one pod, or its namespace (no annotations)."""
+        api = self.server.api
+        if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 4:
+            doc = {"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": parts[3]}}
+            self._send(200, json.dumps(doc).encode())
+            return
+        if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 6 and parts[4] == "pods":
+            with api._cond:
+                pod = copy.deepcopy(api.pods.get((parts[3], parts[5])))
+            if pod is not None:
+                self._send(200, json.dumps(pod).encode())
+                return
+        self._send(404, not_found(parts[-2] if len(parts) > 1 else "", parts[-1]))
 
     def do_DELETE(self) -> None:
         api = self.server.api

@@ -26,6 +26,7 @@ import pytest
 from tests.conftest import cnibox_argv
 from tests.kubeapi import Pki, refused_port
 from tests.kubewatch import WatchApi
+from tests.kubewatch import pod_doc as make_pod
 
 NODE = "node-a"
 PREFIX = "linkerd_cni_repair_controller_"
@@ -36,58 +37,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def make_pod(
-    name: str,
-    exit_code: int | None = 95,
-    *,
-    node: str = NODE,
-    namespace: str = "app",
-    labeled: bool = True,
-    deleting: bool = False,
-    filler: int = 0,
-) -> dict[str, Any]:
-    """A meshed pod; `exit_code` is its validator's lastState exit code (None: no status)."""
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": namespace,
-        "annotations": {"filler": "z" * filler},
-    }
-    if labeled:
-        meta["labels"] = {"linkerd.io/control-plane-ns": "linkerd", "app": name}
-    if deleting:
-        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    doc: dict[str, Any] = {
-        "kind": "Pod",
-        "apiVersion": "v1",
-        "metadata": meta,
-        "spec": {
-            "nodeName": node,
-            "initContainers": [{"name": "linkerd-network-validator"}],
-            "containers": [{"name": "linkerd-proxy"}, {"name": "app"}],
-        },
-    }
-    if exit_code is not None:
-        doc["status"] = {
-            "phase": "Pending",
-            "initContainerStatuses": [
-                {
-                    "name": "linkerd-network-validator",
-                    "ready": False,
-                    "restartCount": 1,
-                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                    "lastState": {
-                        "terminated": {
-                            "exitCode": exit_code,
-                            "reason": "Error",
-                            "finishedAt": "2026-01-01T00:00:00Z",
-                        }
-                    },
-                }
-            ],
-        }
-    return doc
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 15.0) -> None:
