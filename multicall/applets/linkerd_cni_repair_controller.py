@@ -507,5 +507,4 @@ SPEC = AppletSpec(
     summary="Linkerd's CNI repair controller: deletes pods whose network validator failed",
     help=__doc__ or "",
     main=main,
-    install_dir="/usr/lib/linkerd",
 )
