@@ -26,13 +26,13 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.kubeapi import TOKEN, UNAUTHORIZED, Pki, not_found, status_body
+from tests.kubeapi import TOKEN, UNAUTHORIZED, Pki, _in_netns, not_found, status_body
 
 
 @dataclass
@@ -42,15 +42,14 @@ class Request:
     body: Any = None
 
 
-@contextlib.contextmanager
-def _in_netns(netns: str | None) -> Iterator[None]:
-    if netns is None:
-        yield
-        return
-    from multicall.effects.ns import entered_netns
-
-    with entered_netns(netns):
-        yield
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 15.0) -> None:
+    """Poll `check` every 50 ms until it holds, or fail naming `what`."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def pod_doc(

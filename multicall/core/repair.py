@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from enum import Enum
 
 from multicall.core.kube_watch import Selector
+from multicall.core.tracing_log import timestamp
 
 CONTROLLER = "linkerd-cni-repair-controller"
 LOG_TARGET = "linkerd_cni_repair_controller"  # the Rust crate's name: log target, metric prefix
@@ -124,12 +124,6 @@ def pod_ref(pod: Json) -> PodRef:
     return PodRef(text("namespace"), text("name"), text("uid"), text("resourceVersion"))
 
 
-def micro_time(nanos: int) -> str:
-    """k8s-openapi's MicroTime: RFC 3339, microseconds, `Z`."""
-    stamp = datetime.fromtimestamp(nanos // 1_000_000_000, UTC)
-    return f"{stamp:%Y-%m-%dT%H:%M:%S}.{nanos // 1000 % 1_000_000:06d}Z"
-
-
 def event_document(
     ref: PodRef,
     instance: str,
@@ -144,7 +138,7 @@ def event_document(
         "apiVersion": "events.k8s.io/v1",
         "kind": "Event",
         "action": action,
-        "eventTime": micro_time(nanos),
+        "eventTime": timestamp(nanos),  # k8s-openapi's MicroTime has the same form
         "metadata": {"name": f"{ref.name}.{nanos:x}", "namespace": ref.namespace},
         "note": note,
         "reason": reason,

@@ -59,6 +59,7 @@ def parse_filter(text: str) -> LogFilter:
 
 
 def timestamp(nanos: int) -> str:
+    """RFC 3339 in UTC with microseconds and `Z` (tracing's and k8s MicroTime's form)."""
     stamp = datetime.fromtimestamp(nanos // 1_000_000_000, UTC)
     return f"{stamp:%Y-%m-%dT%H:%M:%S}.{nanos // 1000 % 1_000_000:06d}Z"
 

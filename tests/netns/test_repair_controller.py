@@ -27,16 +27,16 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FIXTURES, cnibox_argv, require_tool
+from tests.conftest import cnibox_argv, require_tool
 from tests.kubeapi import Pki
-from tests.kubewatch import WatchApi, pod_doc
+from tests.kubewatch import WatchApi, pod_doc, wait_for
 from tests.libcni import Runtime, build_driver, conflist, plugin_dir, primary_plugin
+from tests.netns.test_linkerd_cni import fixture_text, save_text
 from tests.rig import Netns, Rig
 
 pytestmark = pytest.mark.netns
 
 VALIDATOR = Path(__file__).resolve().parents[1] / "repair" / "validator.py"
-IPTABLES = FIXTURES / "derived" / "linkerd-iptables"
 NODE = "node-a"
 
 
@@ -44,15 +44,6 @@ NODE = "node-a"
 def driver() -> Path:
     require_tool("iptables-nft-save")
     return build_driver()
-
-
-def wait_for(what: str, check: Any, timeout: float = 20.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @dataclass
@@ -168,8 +159,10 @@ def node(rig: Rig, tmp_path: Path, pki: Pki, driver: Path) -> Iterator[Node]:
 
 
 def nat(netns: Netns) -> str:
-    text = netns.exec(["iptables-nft-save", "-t", "nat"])
-    return "".join(line + "\n" for line in text.splitlines() if line and not line[0] == "#")
+    return save_text(netns, "iptables-nft-save")
+
+
+UPSTREAM_NAT = fixture_text("default-nft")
 
 
 def test_failed_pod_is_deleted_and_its_replacement_gets_the_rules(node: Node) -> None:
@@ -188,8 +181,7 @@ def test_failed_pod_is_deleted_and_its_replacement_gets_the_rules(node: Node) ->
     node.teardown(broken, broken_ns)
     # install-cni has appended linkerd-cni by now; the ReplicaSet makes a replacement
     fresh, fresh_ns = node.sandbox("web-7d4f8-b2", with_linkerd=True)
-    expected = (IPTABLES / "default-nft.iptables-save.txt").read_text()
-    assert nat(fresh_ns) == "".join(l + "\n" for l in expected.splitlines() if l and l[0] != "#")
+    assert nat(fresh_ns) == UPSTREAM_NAT
     assert node.run_validator(fresh, fresh_ns) == 0
     time.sleep(1.0)  # the controller saw the passing pod and left it alone
     assert node.deleted() == ["web-7d4f8-a1"]
@@ -205,8 +197,7 @@ def test_repair_in_place_programs_the_sandbox_and_keeps_the_pod(node: Node) -> N
     wait_for("the repair's Event", lambda: bool(node.api.events))
     event = node.api.events[0]
     assert (event["action"], event["regarding"]["name"]) == ("Repairing", "api-5c9d-x1")
-    expected = (IPTABLES / "default-nft.iptables-save.txt").read_text()
-    assert nat(netns) == "".join(l + "\n" for l in expected.splitlines() if l and l[0] != "#")
+    assert nat(netns) == UPSTREAM_NAT
     assert node.run_validator(pod, netns) == 0  # the kubelet's retry of the init container
     time.sleep(1.0)
     assert node.deleted() == []

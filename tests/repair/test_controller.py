@@ -25,7 +25,7 @@ import pytest
 
 from tests.conftest import cnibox_argv
 from tests.kubeapi import Pki, refused_port
-from tests.kubewatch import WatchApi
+from tests.kubewatch import WatchApi, wait_for
 from tests.kubewatch import pod_doc as make_pod
 
 NODE = "node-a"
@@ -37,15 +37,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 15.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @dataclass
