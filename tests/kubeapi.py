@@ -230,14 +230,21 @@ class _TlsServer(ThreadingHTTPServer):
 
 def _server(api: KubeApi, listener: socket.socket) -> ThreadingHTTPServer:
     server = _TlsServer(("127.0.0.1", 0), _Handler, bind_and_activate=False)
+    server.api = api
+    server.tls = adopt_listener(server, listener, api.pki)
+    return server
+
+
+def adopt_listener(
+    server: ThreadingHTTPServer, listener: socket.socket, pki: Pki
+) -> ssl.SSLContext:
+    """Make `server` (built unbound) serve on `listener`; the TLS context for its requests."""
     server.socket.close()
     server.socket = listener
     server.server_address = listener.getsockname()
-    server.api = api
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    tls.load_cert_chain(api.pki.server_cert, api.pki.server_key)
-    server.tls = tls
-    return server
+    tls.load_cert_chain(pki.server_cert, pki.server_key)
+    return tls
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -32,7 +32,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.kubeapi import TOKEN, UNAUTHORIZED, Pki, _in_netns, not_found, status_body
+from tests.kubeapi import (
+    TOKEN,
+    UNAUTHORIZED,
+    Pki,
+    _in_netns,
+    adopt_listener,
+    not_found,
+    status_body,
+)
 
 
 @dataclass
@@ -216,13 +224,8 @@ class WatchApi:
         listener.listen(64)
         self.port = listener.getsockname()[1]
         server = _TlsServer(("127.0.0.1", 0), _Handler, bind_and_activate=False)
-        server.socket.close()
-        server.socket = listener
-        server.server_address = listener.getsockname()
         server.api = self
-        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        tls.load_cert_chain(self.pki.server_cert, self.pki.server_key)
-        server.tls = tls
+        server.tls = adopt_listener(server, listener, self.pki)
         self._server = server
         threading.Thread(target=server.serve_forever, daemon=True).start()
 
