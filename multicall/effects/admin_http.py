@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -117,7 +118,6 @@ class AdminServer:
 
     def _serve(self, conn: socket.socket) -> None:
         try:
-            conn.settimeout(HEAD_TIMEOUT)
             buffer = b""
             while True:
                 head, buffer = _read_head(conn, buffer)
@@ -125,6 +125,7 @@ class AdminServer:
                     return
                 method, path, headers, keep_alive = head
                 reply = self.route(method, path, headers)
+                conn.settimeout(HEAD_TIMEOUT)
                 conn.sendall(_render(reply, method == "HEAD", keep_alive))
                 if not keep_alive:
                     return
@@ -167,17 +168,10 @@ class AdminServer:
 def _read_head(
     conn: socket.socket, buffer: bytes
 ) -> tuple[tuple[str, str, dict[str, str], bool] | None, bytes]:
-    while b"\r\n\r\n" not in buffer:
-        if len(buffer) > MAX_HEAD:
-            conn.sendall(_render(Reply(431), False, False))
-            return None, b""
-        data = conn.recv(4096)
-        if not data:
-            return None, b""
-        buffer += data
-    head, _, rest = buffer.partition(b"\r\n\r\n")
-    if len(head) > MAX_HEAD:
-        conn.sendall(_render(Reply(431), False, False))
+    """The next request (method, path, headers, keep-alive) and what followed its head, or
+    None when the connection is to be closed (answered 400/431 where that helps)."""
+    head, rest = _receive_head(conn, buffer)
+    if head is None:
         return None, b""
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ")
@@ -193,6 +187,26 @@ def _read_head(
     connection = headers.get("connection", "").lower()
     keep_alive = connection != "close" if parts[2] == "HTTP/1.1" else connection == "keep-alive"
     return (parts[0], parts[1], headers, keep_alive), rest
+
+
+def _receive_head(conn: socket.socket, buffer: bytes) -> tuple[bytes | None, bytes]:
+    """A request head, which must arrive whole within HEAD_TIMEOUT (a client sending a byte
+    at a time holds a slot no longer than one that sends nothing) and fit MAX_HEAD."""
+    deadline = time.monotonic() + HEAD_TIMEOUT
+    while b"\r\n\r\n" not in buffer and len(buffer) <= MAX_HEAD:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None, b""
+        conn.settimeout(remaining)
+        data = conn.recv(4096)
+        if not data:
+            return None, b""
+        buffer += data
+    head, _, rest = buffer.partition(b"\r\n\r\n")
+    if len(head) > MAX_HEAD:
+        conn.sendall(_render(Reply(431), False, False))
+        return None, b""
+    return head, rest
 
 
 def _render(reply: Reply, head_only: bool, keep_alive: bool) -> bytes:
