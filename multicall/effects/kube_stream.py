@@ -38,6 +38,7 @@ from multicall.effects.kube import (
     _endpoint,
     _read_body,
     _status_message,
+    _token,
     transport_error,
 )
 from multicall.errors import ConfigError, KubeError
@@ -135,7 +136,8 @@ def _default_kubeconfigs(env: Mapping[str, str]) -> list[str]:
 
 
 class Token:
-    """The bearer token: inline, or a file re-read whenever it changes (inode, mtime, size)."""
+    """The bearer token: inline, or the token file (the plugin client's reader), read again
+    whenever the file changes (inode, mtime, size)."""
 
     def __init__(self, config: KubeConfig) -> None:
         self.config = config
@@ -146,18 +148,19 @@ class Token:
     def value(self) -> str:
         if self.config.token or not self.config.token_file:
             return self._value
-        path = self.config.token_file
         with self._lock:
             try:
-                st = os.stat(path)
-                stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-                if stamp != self._stamp:
-                    with open(path, encoding="utf-8") as f:
-                        self._value = f.read().strip()
+                st = os.stat(self.config.token_file)
+            except OSError:
+                st = None
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size) if st is not None else None
+            if stamp is None or stamp != self._stamp:
+                try:
+                    self._value = _token(self.config)
                     self._stamp = stamp
-            except OSError as exc:
-                if self._stamp is None:  # never read: nothing to fall back on
-                    raise KubeError(f"open {path}: {(exc.strerror or '').lower()}") from None
+                except KubeError:
+                    if self._stamp is None:  # never read: nothing to fall back on
+                        raise
             return self._value
 
 
