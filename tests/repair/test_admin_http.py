@@ -48,13 +48,13 @@ def test_a_trickling_client_is_cut_off_after_the_head_timeout(server: AdminServe
             except OSError:
                 closed = True
                 break
-            if time.monotonic() - started > HEAD_TIMEOUT + 1.5:
+            if time.monotonic() - started > HEAD_TIMEOUT + 4:
                 break
         if not closed:
             s.settimeout(2)
             closed = s.recv(100) == b""  # the server closed without answering
         assert closed
-        assert time.monotonic() - started < HEAD_TIMEOUT + 2
+        assert time.monotonic() - started < HEAD_TIMEOUT + 5  # a bound, not a speed test
     assert live(server.port).endswith(b"alive\n")
 
 

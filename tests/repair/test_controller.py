@@ -422,7 +422,7 @@ def test_json_logs_and_clean_shutdown(api: WatchApi, start: Any) -> None:
     assert line["fields"] == {"message": "Deleted pod", "namespace": "app", "name": "logged"}
     started = time.monotonic()
     assert ctl.stop() == 0
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 15  # bounded: the stop does not hang
 
 
 # ----------------------------------------------------------------------------- memory
