@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import signal
 import socket
@@ -291,6 +292,33 @@ def test_silent_watch_is_dropped_and_reopened(api: WatchApi, start: Any) -> None
     api.silent = True
     start("--watch-timeout", "1s")
     wait_for("a second watch", lambda: api.watches_served >= 2, 10)
+
+
+@pytest.mark.parametrize(("history", "events"), [(50, 120), (100_000, 250)], ids=["gone", "cut"])
+def test_a_stalled_watcher_is_cut_off_and_catches_up(
+    api: WatchApi, start: Any, history: int, events: int
+) -> None:
+    """The controller stops reading (SIGSTOP) while 100 KB events pile up. With a short
+    history the server's history moves past the watcher (410 Gone on resuming: a fresh
+    list); with a long one the server's blocked write times out and it cuts the watch, as
+    kube-apiserver drops slow watchers (the controller resumes from its resourceVersion).
+    Either way the pod that failed meanwhile is deleted, once."""
+    api.send_timeout, api.history_size = 1.0, history
+    ctl = start()
+    os.kill(ctl.proc.pid, signal.SIGSTOP)
+    try:
+        for i in range(events):
+            api.apply(make_pod(f"noise-{i % 20:02}", 0, filler=100_000))
+        api.apply(make_pod("failed-meanwhile"))
+        time.sleep(3)  # the server's blocked write times out
+    finally:
+        os.kill(ctl.proc.pid, signal.SIGCONT)
+    wait_for("the catch-up deletion", lambda: "failed-meanwhile" in deleted_names(api), 30)
+    time.sleep(0.5)
+    assert deleted_names(api) == ["failed-meanwhile"]
+    assert api.watches_served >= 2
+    lists = [r for r in api.requests if r.method == "GET" and "watch=true" not in r.path]
+    assert len(lists) == (2 if history == 50 else 1), [r.path for r in lists]
 
 
 def test_slow_and_failing_api_calls_are_counted(api: WatchApi, start: Any) -> None:
