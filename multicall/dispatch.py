@@ -74,7 +74,8 @@ def format_list() -> str:
 def format_help() -> str:
     assert __doc__ is not None
     lines = __doc__.split("\n\nRules of this module")[0].rstrip()
-    table = "\n".join(f"  {spec.name:<18}{spec.summary}" for spec in REGISTRY)
+    width = max(18, *(len(spec.name) + 2 for spec in REGISTRY))
+    table = "\n".join(f"  {spec.name:<{width}}{spec.summary}" for spec in REGISTRY)
     return f"{lines}\n\nApplets:\n{table}\n"
 
 

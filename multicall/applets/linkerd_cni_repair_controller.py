@@ -500,7 +500,7 @@ def run(options: Options, env: Mapping[str, str], stdout: BinaryIO) -> int:
 
 SPEC = AppletSpec(
     name=PROG,
-    summary="Linkerd's CNI repair controller: deletes pods whose network validator failed",
+    summary="delete (or repair) pods whose Linkerd network validator failed",
     help=__doc__ or "",
     main=main,
 )
