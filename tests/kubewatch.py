@@ -148,6 +148,7 @@ class WatchApi:
     delete_status: int = 0  # answer every DELETE with this status (0: really delete)
     event_delay: float = 0.0
     event_status: int = 0
+    list_status: int = 0  # answer every LIST with this status (403: RBAC missing)
     port: int = 0
     requests: list[Request] = field(default_factory=list)
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
@@ -407,6 +408,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if query.get("watch") == "true":
             self._watch(query)
+            return
+        if api.list_status:
+            message = (
+                'pods is forbidden: User "system:serviceaccount:linkerd-cni:linkerd-cni" '
+                'cannot list resource "pods" in API group "" at the cluster scope'
+            )
+            self._send(api.list_status, status_body(api.list_status, message, "Forbidden", {}))
             return
         status, doc = api.list_pods(query)
         self._send(status, json.dumps(doc).encode())

@@ -67,6 +67,7 @@ RECENT_UIDS = 4096  # pods deleted lately: never deleted twice, whatever the eve
 TRACE, DEBUG, INFO, WARN = LEVELS["trace"], LEVELS["debug"], LEVELS["info"], LEVELS["warn"]
 CONTROLLER = repair.LOG_TARGET
 STREAM = "kubert::errors"  # where kubert logs a failed watch ("stream failed")
+WATCHER = "kube_runtime::watcher"
 
 
 class Log:
@@ -227,6 +228,9 @@ class Controller:
                 if self.stopping.is_set():
                     return
                 status = getattr(exc, "status", 0)
+                if status == 403:  # missing RBAC: kube-rs warns, so it shows by default
+                    stage = "list" if cursor.phase is Phase.LIST else "initlist"
+                    self.log(WARN, WATCHER, f"watch {stage} error with 403", error=exc.message)
                 if status:
                     cursor.request_failed(status)
                 elif cursor.phase is Phase.LIST:

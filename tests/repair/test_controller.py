@@ -414,6 +414,19 @@ def test_admin_endpoints(api: WatchApi, start: Any, tmp_path: Path) -> None:
     assert ctl.stop() == 0
 
 
+def test_missing_rbac_shows_at_the_default_log_level(api: WatchApi, start: Any) -> None:
+    """A 403 on the LIST is a WARN (kube-rs's), visible with the default filter; the
+    controller keeps trying and turns ready once the permission is granted."""
+    api.list_status = 403
+    ctl = start(wait_ready=False)
+    wait_for("the warning", lambda: any("watch list error with 403" in line for line in ctl.lines))
+    line = next(line for line in ctl.lines if "watch list error with 403" in line)
+    assert " WARN kube_runtime::watcher: watch list error with 403 error=pods is forbidden" in line
+    assert ctl.get("/ready")[0] == 500
+    api.list_status = 0
+    wait_for("readiness", lambda: ctl.get("/ready")[0] == 200, 60)
+
+
 def test_in_cluster_config_and_token_rotation(
     api: WatchApi, start: Any, pki: Pki, tmp_path: Path
 ) -> None:
