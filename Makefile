@@ -49,8 +49,9 @@ define run_pytest
 	exit $$rc
 endef
 
+# Everything that needs no root: tests/pure (Python only) and tests/tools (host tools).
 unit: venv
-	$(call run_pytest,tests/unit -q)
+	$(call run_pytest,tests/pure tests/tools -q)
 
 test-source: deps
 	$(call run_pytest,tests)
@@ -63,7 +64,7 @@ test-binary: deps build zipapp
 
 test: deps lint type test-source test-binary
 
-# The single file (README.md "Building"): Nuitka standalone dist, static musl
+# The single file (docs/binary.md): Nuitka standalone dist, static musl
 # launcher, packed. Each step reruns only when its inputs changed; Nuitka keeps its own cache
 # (~/.cache/Nuitka, ccache inside), so a Python edit recompiles only what changed.
 BUILD := $(PY) build/build.py
@@ -89,14 +90,14 @@ dist/cnibox.pyz: $(APP_SOURCES) build/build.py build/cnibox_main.py | deps
 demo: deps build
 	CNIBOX=$(CURDIR)/dist/cnibox $(PY) -m tests.demo
 
-# Pod-start cost against upstream's nsenter+iptables approach (bench/bench.py; README
-# "Benchmark"). Throwaway netns only, all removed; raw numbers in bench/results/latest.json.
+# Pod-start cost against upstream's nsenter+iptables approach (bench/bench.py;
+# docs/benchmarks.md). Throwaway netns only, all removed; raw numbers in bench/results/latest.json.
 BENCH_ARGS ?=
 bench: deps build
 	$(PY) bench/bench.py --binary $(CURDIR)/dist/cnibox $(BENCH_ARGS)
 
 # The Talos system extension and the DaemonSet image (OCI layout dirs + oci-archive tars) from
-# the built single file; tests build them from a stand-in file instead (tests/unit/test_packaging.py).
+# the built single file; tests build them from a stand-in file instead (tests/tools/test_packaging.py).
 .PHONY: images
 images: dist/cnibox
 	$(PY) packaging/build.py --binary dist/cnibox --out dist/images

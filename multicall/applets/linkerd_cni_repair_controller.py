@@ -47,25 +47,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
-from multicall.applet import AppletSpec, write_text
-from multicall.core import repair
 from multicall.core.openmetrics import CONTENT_TYPE, Counter, Histogram, exposition
-from multicall.core.repair_cli import Options, parse_args
+from multicall.core.repair import policy
+from multicall.core.repair.cli import Options, parse_args
 from multicall.core.tracing_log import LEVELS, LogFilter, format_line, parse_filter
+from multicall.core.usage import Show
+from multicall.effects.streams import write_text
 from multicall.errors import EXIT_OK, KubeError
 
 if TYPE_CHECKING:
-    from multicall.core.kube_watch import Event, WatchCursor
-    from multicall.core.kubeconfig import KubeConfig
+    from multicall.core.kube.kubeconfig import KubeConfig
+    from multicall.core.kube.watch import Event, WatchCursor
     from multicall.effects.kube_stream import ClientOptions, Session, Token
-    from multicall.effects.sandbox_repair import Repairer
+    from multicall.plugin.repair_in_place import Repairer
 
-PROG = "linkerd-cni-repair-controller"
-VERSION_NAME = PROG
 MAX_ERROR_DELAY = 30.0
 RECENT_UIDS = 4096  # pods deleted lately: never deleted twice, whatever the event order
 TRACE, DEBUG, INFO, WARN = LEVELS["trace"], LEVELS["debug"], LEVELS["info"], LEVELS["warn"]
-CONTROLLER = repair.LOG_TARGET
+CONTROLLER = policy.LOG_TARGET
 STREAM = "kubert::errors"  # where kubert logs a failed watch ("stream failed")
 WATCHER = "kube_runtime::watcher"
 
@@ -133,7 +132,7 @@ class Metrics:
         self.repair_in_place = repair_in_place
 
     def render(self) -> bytes:
-        from multicall.effects.procstat import process_samples
+        from multicall.effects.process_metrics import process_samples
 
         own: list[Counter | Histogram] = [
             self.queue_overflow,
@@ -147,12 +146,12 @@ class Metrics:
         ]
         if self.repair_in_place:
             own += [self.pods_repaired, self.pods_repair_skipped]
-        return exposition([(repair.LOG_TARGET, own), ("process", process_samples())]).encode()
+        return exposition([(policy.LOG_TARGET, own), ("process", process_samples())]).encode()
 
 
 @dataclass(frozen=True, slots=True)
 class Work:
-    ref: repair.PodRef
+    ref: policy.PodRef
     pod: Mapping[str, object]
     failure: str  # "<uid>@<validator finishedAt>": one failed validator run
     may_repair: bool  # False once an in-place repair of this pod did not help
@@ -181,15 +180,15 @@ class Controller:
         self.watch_session: Session = Session(config, token, client)
         self.work_session: Session = Session(config, token, client)
         self.token: Token = token
-        self.queue: queue.Queue[Work] = queue.Queue(maxsize=repair.QUEUE_CAPACITY)
+        self.queue: queue.Queue[Work] = queue.Queue(maxsize=policy.QUEUE_CAPACITY)
         self.stopping = threading.Event()
         self.ready = False
         self.delivered = 0  # list pages and watch lines handled (the watcher thread's count)
         self._lock = threading.Lock()  # guards the sets below (watcher and worker)
-        self._queued = repair.Recent(repair.QUEUE_CAPACITY * 4)  # pod UIDs in the queue
-        self._deleted = repair.Recent(RECENT_UIDS)  # pod UIDs deleted
-        self._repaired = repair.Recent(RECENT_UIDS)  # failures ("uid@finishedAt") repaired
-        self._repaired_pods = repair.Recent(RECENT_UIDS)  # pod UIDs repaired at least once
+        self._queued = policy.Recent(policy.QUEUE_CAPACITY * 4)  # pod UIDs in the queue
+        self._deleted = policy.Recent(RECENT_UIDS)  # pod UIDs deleted
+        self._repaired = policy.Recent(RECENT_UIDS)  # failures ("uid@finishedAt") repaired
+        self._repaired_pods = policy.Recent(RECENT_UIDS)  # pod UIDs repaired at least once
         self._threads: list[threading.Thread] = []
 
     # -- lifecycle
@@ -212,11 +211,11 @@ class Controller:
     # -- the watcher: kube-rs's watcher, kubert's error handling
 
     def run_watch(self) -> None:
-        from multicall.core.kube_watch import Phase, WatchCursor
+        from multicall.core.kube.watch import Phase, WatchCursor
 
         cursor = WatchCursor(
             "/api/v1/pods",
-            repair.pod_selector(self.options.node_name),
+            policy.pod_selector(self.options.node_name),
             timeout_seconds=int(self.options.watch_timeout),
         )
         failures = 0  # consecutive failed steps with nothing delivered in between
@@ -254,7 +253,7 @@ class Controller:
 
     def step(self, cursor: WatchCursor) -> bool:
         """One LIST page, or one WATCH until it ends; True when anything arrived."""
-        from multicall.core.kube_watch import Phase, parse_watch_event
+        from multicall.core.kube.watch import Phase, parse_watch_event
         from multicall.effects.kube_stream import list_page
 
         if cursor.phase is Phase.LIST:
@@ -276,7 +275,7 @@ class Controller:
         return progressed or time.monotonic() - started > 1.0
 
     def handle(self, event: Event) -> None:
-        from multicall.core.kube_watch import Kind
+        from multicall.core.kube.watch import Kind
 
         self.log(TRACE, CONTROLLER, "event", evt=event.kind.value)
         if event.kind is Kind.INIT_DONE:
@@ -286,15 +285,15 @@ class Controller:
 
     def consider(self, pod: Mapping[str, object]) -> None:
         """upstream's process_events for one applied pod."""
-        verdict = repair.verdict(pod)
-        if verdict is repair.Verdict.NO_STATUS:
+        verdict = policy.verdict(pod)
+        if verdict is policy.Verdict.NO_STATUS:
             self.log(INFO, CONTROLLER, "Skipped, no status")
             return
-        if verdict is not repair.Verdict.REPAIR:
+        if verdict is not policy.Verdict.REPAIR:
             return
-        ref = repair.pod_ref(pod)
+        ref = policy.pod_ref(pod)
         key = ref.uid or str(ref)
-        failure = f"{key}@{repair.validator_finished_at(pod)}"
+        failure = f"{key}@{policy.validator_finished_at(pod)}"
         with self._lock:
             if key in self._deleted or key in self._queued or failure in self._repaired:
                 return  # deleted, waiting in the queue, or this very failure was repaired
@@ -343,7 +342,7 @@ class Controller:
         if self.repairer is not None and work.may_repair and self.try_repair(work):
             return "repaired"
         deleted = self.bounded(
-            lambda: delete_pod(self.work_session, ref.namespace, ref.name, repair.DELETE_TIMEOUT),
+            lambda: delete_pod(self.work_session, ref.namespace, ref.name, policy.DELETE_TIMEOUT),
             ref,
             timed_out="Pod deletion timed out",
             failed="Error deleting pod",
@@ -354,15 +353,15 @@ class Controller:
         if not deleted:
             return "failed"
         self.metrics.pods_deleted.inc()
-        event = repair.event_document(ref, self.options.controller_pod_name, time.time_ns())
+        event = policy.event_document(ref, self.options.controller_pod_name, time.time_ns())
         self.publish(ref, event)
         return "deleted"
 
-    def publish(self, ref: repair.PodRef, event: Mapping[str, object]) -> None:
+    def publish(self, ref: policy.PodRef, event: Mapping[str, object]) -> None:
         from multicall.effects.kube_stream import create_event
 
         self.bounded(
-            lambda: create_event(self.work_session, ref.namespace, event, repair.DELETE_TIMEOUT),
+            lambda: create_event(self.work_session, ref.namespace, event, policy.DELETE_TIMEOUT),
             ref,
             timed_out="Event publishing timed out",
             failed="Error publishing event",
@@ -373,7 +372,7 @@ class Controller:
     def bounded(
         self,
         call: Callable[[], None],
-        ref: repair.PodRef,
+        ref: policy.PodRef,
         *,
         timed_out: str,
         failed: str,
@@ -388,7 +387,7 @@ class Controller:
             call()
         except KubeError as exc:
             where = {"namespace": ref.namespace, "name": ref.name}
-            if time.monotonic() - started >= repair.DELETE_TIMEOUT:
+            if time.monotonic() - started >= policy.DELETE_TIMEOUT:
                 self.log(WARN, CONTROLLER, timed_out, **where)
                 counters[0].inc()
             else:
@@ -424,12 +423,12 @@ class Controller:
             netns=outcome.netns,
         )
         self.metrics.pods_repaired.inc()
-        event = repair.event_document(
+        event = policy.event_document(
             ref,
             self.options.controller_pod_name,
             time.time_ns(),
-            action=repair.REPAIR_ACTION,
-            note=repair.REPAIR_NOTE,
+            action=policy.REPAIR_ACTION,
+            note=policy.REPAIR_NOTE,
         )
         self.publish(ref, event)
         return True
@@ -444,23 +443,17 @@ def main(
     stdin: BinaryIO,
     stdout: BinaryIO,
     stderr: BinaryIO,
-) -> int:
+) -> int | Show:
     options = parse_args(argv[1:], env)
-    if options.action == "help":
-        write_text(stdout, __doc__ or "")
-        return EXIT_OK
-    if options.action == "version":
-        from multicall import __version__
-
-        write_text(stdout, f"{VERSION_NAME} {__version__}\n")
-        return EXIT_OK
+    if isinstance(options, Show):
+        return options  # printed by dispatch.run_applet
     return run(options, env, stdout)
 
 
 def run(options: Options, env: Mapping[str, str], stdout: BinaryIO) -> int:
     import signal
 
-    from multicall.effects.admin_http import AdminServer
+    from multicall.effects.admin_server import AdminServer
     from multicall.effects.kube_stream import ClientOptions, load_config
 
     log = Log(stdout, parse_filter(options.log_level), options.log_format)
@@ -477,9 +470,14 @@ def run(options: Options, env: Mapping[str, str], stdout: BinaryIO) -> int:
     metrics = Metrics(repair_in_place=options.repair_in_place)
     repairer = None
     if options.repair_in_place:
-        from multicall.effects.sandbox_repair import Repairer
+        from multicall.effects.pod_sandbox import SandboxFinder
+        from multicall.plugin.repair_in_place import ControllerKube, Repairer
 
-        repairer = Repairer(options, config, log=lambda message: log(DEBUG, CONTROLLER, message))
+        repairer = Repairer(
+            SandboxFinder(options.cni_net_dir, options.cni_cache_dir, options.host_root),
+            ControllerKube(config),
+            log=lambda message: log(DEBUG, CONTROLLER, message),
+        )
     controller = Controller(options, config, client, log, metrics, repairer=repairer)
     # Signals are taken synchronously by the main thread (sigwait): no handler has to run
     # between two bytecodes, which compiled code (Nuitka) does not guarantee.
@@ -500,11 +498,3 @@ def run(options: Options, env: Mapping[str, str], stdout: BinaryIO) -> int:
     admin.stop()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
     return EXIT_OK
-
-
-SPEC = AppletSpec(
-    name=PROG,
-    summary="delete (or repair) pods whose Linkerd network validator failed",
-    help=__doc__ or "",
-    main=main,
-)

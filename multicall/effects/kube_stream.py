@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 from urllib.parse import quote
 
-from multicall.core.installer_config import server_host
-from multicall.core.kube_watch import BodyLines
-from multicall.core.kubeconfig import KubeConfig, parse_kubeconfig
+from multicall.core.installer.config import server_host
+from multicall.core.kube.kubeconfig import KubeConfig, parse_kubeconfig
+from multicall.core.kube.watch import BodyLines
 from multicall.effects.kube import (
     MAX_BODY,
     _Connection,

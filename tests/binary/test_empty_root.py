@@ -26,14 +26,17 @@ from typing import Any
 
 import pytest
 
-from multicall.applets import REGISTRY, all_names
-from tests.binary.artifact import started
-from tests.conftest import require_root, require_tool
-from tests.installer.host import NETWORK_CONFIG, linkerd_count, make_host, put_config
-from tests.kubeapi import KubeApi, make_pki
-from tests.libcni import conflist, primary_plugin
-from tests.netns.test_linkerd_cni import MESHED, SAVE, fixture_text, save_text
-from tests.rig import NETNS_DIR, Netns, Rig, netns_inode
+from multicall.applets import APPLETS, all_names
+from tests.support import require_root, require_tool
+from tests.support.artifact import started
+from tests.support.installer_host import NETWORK_CONFIG, linkerd_count, make_host, put_config
+from tests.support.kubeapi import KubeApi
+from tests.support.libcni import conflist, primary_plugin
+from tests.support.oracles import SAVE, save_text
+from tests.support.pki import make_pki
+from tests.support.pods import MESHED
+from tests.support.rig import NETNS_DIR, Netns, Rig, netns_inode
+from tests.support.scenarios import fixture_text
 
 pytestmark = [pytest.mark.binary, pytest.mark.netns]
 TIMEOUT = 120
@@ -299,7 +302,7 @@ def case_linkerd_cni_repair_controller(root: EmptyRoot, rig: Rig, env: dict[str,
     import sys
     import time
 
-    from tests.kubewatch import WatchApi, pod_doc
+    from tests.support.kubewatch import WatchApi, pod_doc
 
     node = rig.node()
     api = WatchApi(make_pki(root.tmp / "pki"))
@@ -348,7 +351,7 @@ APPLET_CASES: dict[str, Callable[[EmptyRoot, Rig, dict[str, str]], None]] = {
 
 
 def test_every_applet_has_a_case() -> None:
-    missing = sorted({spec.name for spec in REGISTRY} - set(APPLET_CASES))
+    missing = sorted({applet.name for applet in APPLETS} - set(APPLET_CASES))
     assert missing == [], "add an empty-root case for each applet (see this module's doc)"
 
 

@@ -1,5 +1,5 @@
 """linkerd-cni-repair-controller end to end, in throwaway network namespaces: the real libcni
-runs the node's CNI chain for "pods" (netns), the validator (tests/repair/validator.py, upstream's
+runs the node's CNI chain for "pods" (netns), the validator (tests/support/validator.py, upstream's
 behaviour) runs inside them as uid 65534, the test plays the kubelet (it reports the
 validator's exit code into the pod's status and tears sandboxes down), and the controller
 runs inside the node netns against the list/watch stand-in.
@@ -27,16 +27,17 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import cnibox_argv, require_tool
-from tests.kubeapi import Pki
-from tests.kubewatch import WatchApi, pod_doc, wait_for
-from tests.libcni import Runtime, build_driver, conflist, plugin_dir, primary_plugin
-from tests.netns.test_linkerd_cni import fixture_text, save_text
-from tests.rig import Netns, Rig
+from tests.support import cnibox_argv, require_tool
+from tests.support.kubewatch import WatchApi, pod_doc, wait_for
+from tests.support.libcni import Runtime, build_driver, conflist, plugin_dir, primary_plugin
+from tests.support.oracles import save_text
+from tests.support.pki import Pki
+from tests.support.rig import Netns, Rig
+from tests.support.scenarios import fixture_text
 
 pytestmark = pytest.mark.netns
 
-VALIDATOR = Path(__file__).resolve().parents[1] / "repair" / "validator.py"
+VALIDATOR = Path(__file__).resolve().parents[1] / "support" / "validator.py"
 NODE = "node-a"
 
 
