@@ -453,6 +453,7 @@ def main(
 def run(options: Options, env: Mapping[str, str], stdout: BinaryIO) -> int:
     import signal
 
+    from multicall.effects import admin_server
     from multicall.effects.admin_server import AdminServer
     from multicall.effects.kube_stream import ClientOptions, load_config
 
@@ -483,7 +484,14 @@ def run(options: Options, env: Mapping[str, str], stdout: BinaryIO) -> int:
     # between two bytecodes, which compiled code (Nuitka) does not guarantee.
     stop_signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # inherited by every thread below
-    admin = AdminServer(options.admin_addr, lambda: controller.ready, metrics.render, CONTENT_TYPE)
+    admin = AdminServer(
+        options.admin_addr,
+        {  # kubert's admin endpoints and answers
+            "/live": admin_server.probe(lambda: True, b"alive\n"),
+            "/ready": admin_server.probe(lambda: controller.ready, b"ready\n", b"not ready\n"),
+            "/metrics": admin_server.metrics(metrics.render, CONTENT_TYPE),
+        },
+    )
     admin.start()
     log(DEBUG, "kubert::admin", "Serving", port=admin.port)
     controller.start()

@@ -1,11 +1,13 @@
-"""A small admin HTTP server as kubert runs it: `/live`, `/ready`, `/metrics`, answered from
-its own threads so that they answer while the controller waits on the API.
+"""The admin HTTP server of cnibox's long-running applets: health probes and `/metrics`,
+answered from their own threads so that they answer while the applet waits on the API or
+the kernel. Each applet names its routes: the repair controller serves kubert's `/live`,
+`/ready` and `/metrics`; the node agent serves `/healthz`, `/readyz` and `/metrics`.
 
 Rules of this module:
-1. kubert's answers: `/live` and `/ready` take GET and HEAD (405 otherwise), `text/plain`,
-   bodies `alive\\n`, `ready\\n` or (500) `not ready\\n`; `/metrics` takes GET and HEAD (405
-   with `Allow: GET, HEAD` otherwise), OpenMetrics text, gzip when the client accepts it;
-   anything else is 404 with an empty body.
+1. A route answers GET and HEAD (`probe`: text/plain, 200 while its check holds, else 500;
+   `metrics`: the exposition, gzip when the client accepts it); other methods get 405,
+   with `Allow: GET, HEAD` where the route asks for it; unknown paths get 404 with an empty
+   body.
 2. Bounded: a request head must arrive within 2 s and fit 8 KiB (kubert's
    `http1_header_read_timeout`/`http1_max_buf_size`); at most MAX_CONNECTIONS are served at
    once, others are closed unanswered; request bodies are not read.
@@ -17,10 +19,10 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from multicall.errors import KubeError, UsageError
+from multicall.errors import CniboxError, UsageError
 
 HEAD_TIMEOUT = 2.0
 MAX_HEAD = 8 * 1024
@@ -65,16 +67,44 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class AdminServer:
-    """Serves `/live`, `/ready` and `/metrics` until stop()."""
+Handler = Callable[[Mapping[str, str]], Reply]  # the request's headers (lower-case names)
 
-    def __init__(
-        self,
-        address: str,
-        ready: Callable[[], bool],
-        metrics: Callable[[], bytes],
-        metrics_type: str,
-    ) -> None:
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    handler: Handler
+    announce_allow: bool = False  # a 405 says `Allow: GET, HEAD`
+
+
+def probe(check: Callable[[], bool], ok: bytes, failing: bytes = b"") -> Route:
+    """A health probe: 200 with `ok` while `check()` holds, else 500 with `failing`."""
+
+    def answer(_headers: Mapping[str, str]) -> Reply:
+        if check():
+            return Reply(200, ok, "text/plain")
+        return Reply(500, failing, "text/plain")
+
+    return Route(answer)
+
+
+def metrics(render: Callable[[], bytes], content_type: str) -> Route:
+    """A metrics exposition rendered per scrape, gzip-compressed when the client accepts it."""
+
+    def answer(headers: Mapping[str, str]) -> Reply:
+        body = render()
+        if "gzip" in headers.get("accept-encoding", ""):
+            import gzip
+
+            return Reply(200, gzip.compress(body, 1), content_type, (("Content-Encoding", "gzip"),))
+        return Reply(200, body, content_type)
+
+    return Route(answer, announce_allow=True)
+
+
+class AdminServer:
+    """Serves `routes` (path -> Route) on `address` from its own threads until stop()."""
+
+    def __init__(self, address: str, routes: Mapping[str, Route]) -> None:
         host, port = parse_address(address)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
@@ -83,14 +113,12 @@ class AdminServer:
             self._listener.bind((host, port))
         except OSError as exc:
             self._listener.close()
-            raise KubeError(
+            raise CniboxError(
                 f"failed to bind the admin server to {address}: {exc.strerror}"
             ) from None
         self._listener.listen(64)
         self.port: int = self._listener.getsockname()[1]
-        self.ready = ready
-        self.metrics = metrics
-        self.metrics_type = metrics_type
+        self.routes = dict(routes)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._stopped = threading.Event()
 
@@ -135,34 +163,14 @@ class AdminServer:
             conn.close()
             self._slots.release()
 
-    def route(self, method: str, path: str, headers: dict[str, str]) -> Reply:
-        handler = {"/live": self._live, "/ready": self._ready, "/metrics": self._metrics}.get(
-            path.split("?", 1)[0]
-        )
-        if handler is None:
+    def route(self, method: str, path: str, headers: Mapping[str, str]) -> Reply:
+        route = self.routes.get(path.split("?", 1)[0])
+        if route is None:
             return Reply(404)
         if method not in ("GET", "HEAD"):
-            allow = (("Allow", "GET, HEAD"),) if handler == self._metrics else ()
+            allow = (("Allow", "GET, HEAD"),) if route.announce_allow else ()
             return Reply(405, headers=allow)
-        return handler(headers)
-
-    def _live(self, _headers: dict[str, str]) -> Reply:
-        return Reply(200, b"alive\n", "text/plain")
-
-    def _ready(self, _headers: dict[str, str]) -> Reply:
-        if self.ready():
-            return Reply(200, b"ready\n", "text/plain")
-        return Reply(500, b"not ready\n", "text/plain")
-
-    def _metrics(self, headers: dict[str, str]) -> Reply:
-        body = self.metrics()
-        if "gzip" in headers.get("accept-encoding", ""):
-            import gzip
-
-            return Reply(
-                200, gzip.compress(body, 1), self.metrics_type, (("Content-Encoding", "gzip"),)
-            )
-        return Reply(200, body, self.metrics_type)
+        return route.handler(headers)
 
 
 def _read_head(
