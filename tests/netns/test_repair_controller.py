@@ -28,12 +28,13 @@ from typing import Any
 import pytest
 
 from tests.support import cnibox_argv, require_tool
-from tests.support.kubewatch import WatchApi, pod_doc, wait_for
+from tests.support.kubewatch import WatchApi, pod_doc
 from tests.support.libcni import Runtime, build_driver, conflist, plugin_dir, primary_plugin
 from tests.support.oracles import save_text
 from tests.support.pki import Pki
 from tests.support.rig import Netns, Rig
 from tests.support.scenarios import fixture_text
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.netns
 
@@ -171,8 +172,8 @@ def test_failed_pod_is_deleted_and_its_replacement_gets_the_rules(node: Node) ->
     broken, broken_ns = node.sandbox("web-7d4f8-a1", with_linkerd=False)
     assert "PROXY_INIT" not in nat(broken_ns)
     assert node.run_validator(broken, broken_ns) == 95  # no redirect: upstream's exit code
-    wait_for("the controller's deletion", lambda: "web-7d4f8-a1" in node.deleted())
-    wait_for("its Event", lambda: bool(node.api.events))
+    wait_for(lambda: "web-7d4f8-a1" in node.deleted(), "the controller's deletion")
+    wait_for(lambda: bool(node.api.events), "its Event")
     event = node.api.events[0]
     assert (event["reason"], event["action"], event["regarding"]["name"]) == (
         "LinkerdCNINotConfigured",
@@ -195,7 +196,7 @@ def test_repair_in_place_programs_the_sandbox_and_keeps_the_pod(node: Node) -> N
     node.start_controller("--repair-in-place", "--cni-net-dir", str(net_dir),
                           "--cni-cache-dir", str(node.tmp / "cache"), "--host-root=")  # fmt: skip
     assert node.run_validator(pod, netns) == 95
-    wait_for("the repair's Event", lambda: bool(node.api.events))
+    wait_for(lambda: bool(node.api.events), "the repair's Event")
     event = node.api.events[0]
     assert (event["action"], event["regarding"]["name"]) == ("Repairing", "api-5c9d-x1")
     assert nat(netns) == UPSTREAM_NAT
@@ -213,6 +214,6 @@ def test_repair_in_place_falls_back_to_delete_while_the_chain_is_incomplete(node
     node.start_controller("--repair-in-place", "--cni-net-dir", str(empty),
                           "--cni-cache-dir", str(node.tmp / "cache"), "--host-root=")  # fmt: skip
     assert node.run_validator(pod, netns) == 95
-    wait_for("the fallback deletion", lambda: "api-5c9d-y2" in node.deleted())
+    wait_for(lambda: "api-5c9d-y2" in node.deleted(), "the fallback deletion")
     assert "PROXY_INIT" not in nat(netns)  # nothing was programmed
     assert "the CNI chain is still incomplete" in "".join(node.logs)

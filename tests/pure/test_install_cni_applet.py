@@ -16,7 +16,8 @@ from multicall.core.installer.config import parse_environment
 from multicall.dispatch import run_applet
 from multicall.effects import inotify
 from multicall.errors import UsageError
-from tests.support.installer_host import TESTDATA, Host, make_host, put_config, wait_for
+from tests.support.installer_host import TESTDATA, Host, make_host, put_config
+from tests.support.waiting import wait_for
 
 
 def installer_for(root: Path) -> tuple[install_cni.Installer, io.BytesIO, Host]:

@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -48,16 +48,6 @@ class Request:
     method: str
     path: str
     body: Any = None
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 15.0) -> None:
-    """Poll `check` every 50 ms until it holds, or fail naming `what`."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def pod_doc(

@@ -26,9 +26,10 @@ import pytest
 
 from tests.support import cnibox_argv
 from tests.support.kubeapi import refused_port
-from tests.support.kubewatch import WatchApi, wait_for
+from tests.support.kubewatch import WatchApi
 from tests.support.kubewatch import pod_doc as make_pod
 from tests.support.pki import Pki
+from tests.support.waiting import wait_for
 
 NODE = "node-a"
 PREFIX = "linkerd_cni_repair_controller_"
@@ -135,9 +136,9 @@ def start(api: WatchApi, tmp_path: Path) -> Iterator[Callable[..., Controller]]:
         ctl.reader = threading.Thread(target=_collect, args=(proc, ctl.lines), daemon=True)
         ctl.reader.start()
         running.append(ctl)
-        wait_for("the admin server", lambda: _answers(ctl), 20)
+        wait_for(lambda: _answers(ctl), "the admin server", 20)
         if wait_ready:
-            wait_for("readiness", lambda: ctl.get("/ready")[0] == 200, 20)
+            wait_for(lambda: ctl.get("/ready")[0] == 200, "readiness", 20)
         return ctl
 
     try:
@@ -191,7 +192,7 @@ def test_deletes_exactly_the_pods_upstreams_filter_selects(api: WatchApi, start:
     ctl = start()
     for doc in filter_cases("-late"):
         api.apply(doc)
-    wait_for("two deletions", lambda: len(api.events) >= 2)
+    wait_for(lambda: len(api.events) >= 2, "two deletions")
     time.sleep(0.5)  # nothing else may follow
     assert sorted(deleted_names(api)) == ["failed", "failed-late"]
     assert all(r.body == {"gracePeriodSeconds": 0} for r in api.requests if r.method == "DELETE")
@@ -237,7 +238,7 @@ def test_a_failing_pod_updated_many_times_is_deleted_once(api: WatchApi, start: 
         doc = make_pod("flappy")
         doc["status"]["initContainerStatuses"][0]["restartCount"] = i + 2
         api.apply(doc)
-    wait_for("the deletion", lambda: bool(api.events))
+    wait_for(lambda: bool(api.events), "the deletion")
     time.sleep(0.8)
     assert deleted_names(api) == ["flappy"]
 
@@ -253,19 +254,19 @@ def test_survives_api_restarts_and_410_without_missing_or_repeating(
     Every failed pod is deleted exactly once."""
     api.apply(make_pod("before"))
     ctl = start()
-    wait_for("the first deletion", lambda: "before" in deleted_names(api))
+    wait_for(lambda: "before" in deleted_names(api), "the first deletion")
     api.restart(lose_history=False)
     api.apply(make_pod("after-restart"))
-    wait_for("a deletion after the restart", lambda: "after-restart" in deleted_names(api))
+    wait_for(lambda: "after-restart" in deleted_names(api), "a deletion after the restart")
     lists_before = sum(1 for r in api.requests if r.method == "GET" and "watch" not in r.path)
     api.stop()
     api.apply(make_pod("during-outage"))  # changes the controller cannot see yet
     api.compact()  # ... and whose history is gone when the API is back
     time.sleep(0.5)
     api.start()
-    wait_for("the outage's pod", lambda: "during-outage" in deleted_names(api), 20)
+    wait_for(lambda: "during-outage" in deleted_names(api), "the outage's pod", 20)
     api.apply(make_pod("after-gone"))
-    wait_for("the last pod", lambda: "after-gone" in deleted_names(api))
+    wait_for(lambda: "after-gone" in deleted_names(api), "the last pod")
     time.sleep(0.5)
     names = deleted_names(api)
     assert sorted(names) == ["after-gone", "after-restart", "before", "during-outage"], names
@@ -282,7 +283,7 @@ def test_cut_connections_and_trickled_chunks(api: WatchApi, start: Any) -> None:
     for i in range(15):
         api.apply(make_pod(f"cut-{i}", 0))
         api.apply(make_pod(f"cut-{i}"))
-    wait_for("15 deletions", lambda: len(set(deleted_names(api))) == 15, 30)
+    wait_for(lambda: len(set(deleted_names(api))) == 15, "15 deletions", 30)
     time.sleep(0.5)
     assert len(deleted_names(api)) == 15
     assert api.watches_served > 5
@@ -292,7 +293,7 @@ def test_silent_watch_is_dropped_and_reopened(api: WatchApi, start: Any) -> None
     """A watch that gets its headers and then nothing ends at timeoutSeconds plus grace."""
     api.silent = True
     start("--watch-timeout", "1s")
-    wait_for("a second watch", lambda: api.watches_served >= 2, 10)
+    wait_for(lambda: api.watches_served >= 2, "a second watch", 10)
 
 
 @pytest.mark.parametrize(("history", "events"), [(50, 120), (100_000, 250)], ids=["gone", "cut"])
@@ -306,6 +307,8 @@ def test_a_stalled_watcher_is_cut_off_and_catches_up(
     Either way the pod that failed meanwhile is deleted, once."""
     api.send_timeout, api.history_size = 1.0, history
     ctl = start()
+    # ready means listed; stopped before its WATCH, the controller would only replay history
+    wait_for(lambda: api.watches_served == 1, "the first watch")
     os.kill(ctl.proc.pid, signal.SIGSTOP)
     try:
         for i in range(events):
@@ -314,7 +317,7 @@ def test_a_stalled_watcher_is_cut_off_and_catches_up(
         time.sleep(3)  # the server's blocked write times out
     finally:
         os.kill(ctl.proc.pid, signal.SIGCONT)
-    wait_for("the catch-up deletion", lambda: "failed-meanwhile" in deleted_names(api), 30)
+    wait_for(lambda: "failed-meanwhile" in deleted_names(api), "the catch-up deletion", 30)
     time.sleep(0.5)
     assert deleted_names(api) == ["failed-meanwhile"]
     assert api.watches_served >= 2
@@ -327,16 +330,16 @@ def test_slow_and_failing_api_calls_are_counted(api: WatchApi, start: Any) -> No
     ctl = start()
     api.delete_delay = 1.5
     api.apply(make_pod("slow-delete"))
-    wait_for("a delete timeout", lambda: ctl.metric("pods_delete_timeout_total") == 1)
+    wait_for(lambda: ctl.metric("pods_delete_timeout_total") == 1, "a delete timeout")
     api.delete_delay, api.delete_status = 0.0, 500
     api.apply(make_pod("broken-delete"))
-    wait_for("a delete error", lambda: ctl.metric("pods_delete_errors_total") == 1)
+    wait_for(lambda: ctl.metric("pods_delete_errors_total") == 1, "a delete error")
     api.delete_status, api.event_delay = 0, 1.5
     api.apply(make_pod("slow-event"))
-    wait_for("an event timeout", lambda: ctl.metric("events_publish_timeouts_total") == 1)
+    wait_for(lambda: ctl.metric("events_publish_timeouts_total") == 1, "an event timeout")
     api.event_delay, api.event_status = 0.0, 403
     api.apply(make_pod("refused-event"))
-    wait_for("an event error", lambda: ctl.metric("events_publish_errors_total") == 1)
+    wait_for(lambda: ctl.metric("events_publish_errors_total") == 1, "an event error")
     metrics = ctl.metrics()
     # slow-delete timed out, broken-delete failed: the two event cases were deleted
     assert metrics[PREFIX + "pods_deleted_total"] == 2
@@ -359,11 +362,11 @@ def test_queue_overflow_is_dropped_counted_and_caught_up(api: WatchApi, start: A
     for i in range(60):
         api.apply(make_pod(f"burst-{i:02}"))
     ctl = start()
-    wait_for("an overflow", lambda: ctl.metric("queue_overflow_total") > 0)
-    wait_for("the queue to drain", lambda: len(api.events) >= 32, 20)
+    wait_for(lambda: ctl.metric("queue_overflow_total") > 0, "an overflow")
+    wait_for(lambda: len(api.events) >= 32, "the queue to drain", 20)
     for _, name in list(api.pods):  # the remaining pods' next crash-loop status update
         api.apply(make_pod(name))
-    wait_for("every pod", lambda: len(set(deleted_names(api))) == 60, 30)
+    wait_for(lambda: len(set(deleted_names(api))) == 60, "every pod", 30)
     assert len(deleted_names(api)) == 60
 
 
@@ -420,12 +423,12 @@ def test_missing_rbac_shows_at_the_default_log_level(api: WatchApi, start: Any) 
     controller keeps trying and turns ready once the permission is granted."""
     api.list_status = 403
     ctl = start(wait_ready=False)
-    wait_for("the warning", lambda: any("watch list error with 403" in line for line in ctl.lines))
+    wait_for(lambda: any("watch list error with 403" in line for line in ctl.lines), "the warning")
     line = next(line for line in ctl.lines if "watch list error with 403" in line)
     assert " WARN kube_runtime::watcher: watch list error with 403 error=pods is forbidden" in line
     assert ctl.get("/ready")[0] == 500
     api.list_status = 0
-    wait_for("readiness", lambda: ctl.get("/ready")[0] == 200, 60)
+    wait_for(lambda: ctl.get("/ready")[0] == 200, "readiness", 60)
 
 
 def test_in_cluster_config_and_token_rotation(
@@ -445,19 +448,19 @@ def test_in_cluster_config_and_token_rotation(
     }
     start(env=env, kubeconfig=False)
     api.apply(make_pod("with-first"))
-    wait_for("a deletion with the first token", lambda: "with-first" in deleted_names(api))
+    wait_for(lambda: "with-first" in deleted_names(api), "a deletion with the first token")
     (sa / "token.new").write_text("second-token")
     (sa / "token.new").rename(sa / "token")
     api.token = "second-token"
     api.apply(make_pod("with-second"))
-    wait_for("a deletion with the rotated token", lambda: "with-second" in deleted_names(api))
+    wait_for(lambda: "with-second" in deleted_names(api), "a deletion with the rotated token")
 
 
 def test_json_logs_and_clean_shutdown(api: WatchApi, start: Any) -> None:
     ctl = start("--log-format", "json")
     api.apply(make_pod("logged"))
-    wait_for("the deletion", lambda: bool(api.events))
-    wait_for("the log line", lambda: any("Deleted pod" in line for line in ctl.lines))
+    wait_for(lambda: bool(api.events), "the deletion")
+    wait_for(lambda: any("Deleted pod" in line for line in ctl.lines), "the log line")
     line = json.loads(next(line for line in ctl.lines if "Deleted pod" in line))
     assert line["level"] == "INFO"
     assert line["target"] == "linkerd_cni_repair_controller"
@@ -489,7 +492,7 @@ def test_memory_stays_flat_over_a_10000_event_watch(api: WatchApi, start: Any) -
         for n in range(count):
             api.apply(make_pod(f"load-{n % 200:03}", 0, filler=200_000 if n % 50 == 0 else 300))
         api.apply(make_pod(marker))
-        wait_for(marker, lambda: marker in deleted_names(api), 60)
+        wait_for(lambda: marker in deleted_names(api), marker, 60)
 
     burst(1_000, "marker-1")
     first = rss_kib(ctl.proc.pid)
