@@ -7,14 +7,16 @@ runs inside the node netns against the list/watch stand-in.
 1. The chain is incomplete (no linkerd-cni yet): the pod's validator fails with 95, the
    controller deletes the pod; the chain is fixed, the replacement's ADD programs the rules
    and its validator passes; the controller leaves it alone.
-2. --repair-in-place: the controller finds the sandbox through libcni's result cache,
-   programs the rules there (upstream's exact nat table), the validator's retry passes, and
-   the pod is not deleted.
+2. --repair-in-place: the controller finds the sandbox through libcni's result cache, runs
+   the plugin's ADD there (upstream's exact nat table, with the nft and the legacy backend:
+   the legacy one forks a child per table operation from the controller's worker thread),
+   the validator's retry passes, and the pod is not deleted.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -30,7 +32,7 @@ import pytest
 from tests.support import cnibox_argv, require_tool
 from tests.support.kubewatch import WatchApi, pod_doc
 from tests.support.libcni import Runtime, build_driver, conflist, plugin_dir, primary_plugin
-from tests.support.oracles import save_text
+from tests.support.oracles import SAVE, save_text
 from tests.support.pki import Pki
 from tests.support.rig import Netns, Rig
 from tests.support.scenarios import fixture_text
@@ -58,10 +60,11 @@ class Node:
     kubeconfig: Path
     controller: subprocess.Popen[bytes] | None = None
     logs: list[str] = field(default_factory=list)
+    mode: str = "nft"  # linkerd-cni's iptables-mode
 
     def chain(self, *, with_linkerd: bool) -> dict[str, Any]:
         primary = primary_plugin("bridge", self.tmp / "ipam", "10.89.0.0/24", "cbxbr0")
-        conf = conflist(primary, self.kubeconfig)
+        conf = conflist(primary, self.kubeconfig, linkerd={"iptables-mode": self.mode})
         if not with_linkerd:
             conf["plugins"] = conf["plugins"][:1]  # the primary CNI alone: linkerd-cni not yet in
         return conf
@@ -160,8 +163,9 @@ def node(rig: Rig, tmp_path: Path, pki: Pki, driver: Path) -> Iterator[Node]:
         api.stop()
 
 
-def nat(netns: Netns) -> str:
-    return save_text(netns, "iptables-nft-save")
+def nat(netns: Netns, mode: str = "nft") -> str:
+    """The pod's nat table; chain counters zeroed (x_tables counts the validator's packets)."""
+    return re.sub(r"\[\d+:\d+\]$", "[0:0]", save_text(netns, SAVE[mode]), flags=re.MULTILINE)
 
 
 UPSTREAM_NAT = fixture_text("default-nft")
@@ -190,7 +194,11 @@ def test_failed_pod_is_deleted_and_its_replacement_gets_the_rules(node: Node) ->
     assert node.stop_controller() == 0
 
 
-def test_repair_in_place_programs_the_sandbox_and_keeps_the_pod(node: Node) -> None:
+@pytest.mark.parametrize("mode", ["nft", "legacy"])
+def test_repair_in_place_programs_the_sandbox_and_keeps_the_pod(node: Node, mode: str) -> None:
+    if mode == "legacy":
+        require_tool("iptables-legacy-save")
+    node.mode = mode
     pod, netns = node.sandbox("api-5c9d-x1", with_linkerd=False)
     net_dir = node.fix_chain_on_disk()
     node.start_controller("--repair-in-place", "--cni-net-dir", str(net_dir),
@@ -199,11 +207,13 @@ def test_repair_in_place_programs_the_sandbox_and_keeps_the_pod(node: Node) -> N
     wait_for(lambda: bool(node.api.events), "the repair's Event")
     event = node.api.events[0]
     assert (event["action"], event["regarding"]["name"]) == ("Repairing", "api-5c9d-x1")
-    assert nat(netns) == UPSTREAM_NAT
+    assert nat(netns, mode) == fixture_text(f"default-{mode}")
     assert node.run_validator(pod, netns) == 0  # the kubelet's retry of the init container
     time.sleep(1.0)
     assert node.deleted() == []
-    assert "Repaired pod in place" in "".join(node.logs)
+    logs = "".join(node.logs)
+    assert "Repaired pod in place" in logs
+    assert f"nat via {mode}" in logs  # the plugin's own log line, from the seam
     assert node.stop_controller() == 0
 
 
