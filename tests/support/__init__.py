@@ -18,6 +18,7 @@ The everyday names are here; the rest by module:
     artifact.py        the built single file (trailer, extraction cache)
     validator.py       linkerd-network-validator's check, run inside a pod netns
     waiting.py         wait_for: poll a condition with a bound
+    helm.py            the pinned helm and packaging/helm/manifests.py (chart, release)
 """
 
 from tests.support.cnibox import cnibox_argv, cnibox_executable
