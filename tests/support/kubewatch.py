@@ -28,13 +28,14 @@ import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from tests.support.kubeapi import (
     TOKEN,
     UNAUTHORIZED,
+    JsonHandler,
+    TlsServer,
     _in_netns,
     adopt_listener,
     not_found,
@@ -342,39 +343,26 @@ def _bookmark(rv: int) -> dict[str, Any]:
     }
 
 
-class _TlsServer(ThreadingHTTPServer):
-    daemon_threads = True
+class _TlsServer(TlsServer):
     api: WatchApi
-    tls: ssl.SSLContext
-    open: set[socket.socket]
+    open: set[socket.socket]  # client connections, which restart() cuts
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.open = set()
 
     def finish_request(self, request: Any, client_address: Any) -> None:
-        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.open.add(request)
         try:
-            wrapped = self.tls.wrap_socket(request, server_side=True)
-        except (ssl.SSLError, OSError):
-            self.open.discard(request)
-            return
-        try:
-            super().finish_request(wrapped, client_address)
+            super().finish_request(request, client_address)
         except (OSError, ssl.SSLError):
-            pass
+            pass  # a connection cut on purpose (restart, slow watcher)
         finally:
             self.open.discard(request)
-            wrapped.close()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(JsonHandler):
     server: _TlsServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
 
     def _authorized(self) -> bool:
         if self.headers.get("Authorization") == f"Bearer {self.server.api.token}":
@@ -502,10 +490,3 @@ class _Handler(BaseHTTPRequestHandler):
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
-
-    def _send(self, code: int, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
