@@ -128,10 +128,17 @@ class _Session:
     no second read, see nft.py), and the legacy locks taken before the first legacy read."""
 
     def __init__(
-        self, mode: Mode, options: ProxyInitOptions, lock: XtablesLock, log: Log, stack: ExitStack
+        self,
+        mode: Mode,
+        options: ProxyInitOptions,
+        lock: XtablesLock,
+        log: Log,
+        stack: ExitStack,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.mode, self.options, self.lock, self.log = mode, options, lock, log
-        self.stack = stack
+        self.stack, self.sleep = stack, sleep
         self.backends: dict[str, FirewallBackend] = {}
         self.locked = False
 
@@ -166,7 +173,7 @@ class _Session:
                         table="nat",
                     ) from exc
                 self.log(f"{exc.message}; planning again (attempt {attempt + 1})")
-                time.sleep(pause(attempt))
+                self.sleep(pause(attempt))
                 planned = self.plan(planned.family, planned.backend)
         raise AssertionError("unreachable")  # pragma: no cover
 
