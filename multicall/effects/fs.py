@@ -96,7 +96,10 @@ def symlink_atomic(target: str, path: str) -> None:
 
 
 def remove_durably(path: str) -> bool:
-    """Remove a file or symlink; False when it was already gone."""
+    """Remove a file or symlink; False when it was already gone (also on a read-only file
+    system, where unlink(2) says EROFS even for a name that does not exist)."""
+    if not os.path.lexists(path):
+        return False
     try:
         os.unlink(path)
     except FileNotFoundError:

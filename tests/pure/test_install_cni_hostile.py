@@ -116,8 +116,12 @@ class TestFilesThatAreNotFiles:
         put_config(host, "10-calico.conflist")
         token = host.sa_dir / "token"
         token.unlink()
-        {"fifo": lambda: os.mkfifo(token), "directory": token.mkdir,
-         "dev-zero-link": lambda: token.symlink_to("/dev/zero")}[kind]()  # fmt: skip
+        if kind == "fifo":
+            os.mkfifo(token)
+        elif kind == "directory":
+            token.mkdir()
+        else:
+            token.symlink_to("/dev/zero")
         before = snapshot(host.prefix)
         start = time.monotonic()
         proc = host.start()

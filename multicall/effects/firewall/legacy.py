@@ -543,7 +543,7 @@ def _report(work: Callable[[], object], write_end: int) -> None:  # pragma: no c
         kind = "conflict" if isinstance(exc, FirewallConflict) else "error"
         result = (kind, (exc.message, exc.details, exc.table))
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
-        result = ("crash", f"{type(exc).__name__}: {exc}")
+        result = ("crash", str(exc) or "no reason given")
     with contextlib.suppress(Exception), os.fdopen(write_end, "wb") as writer:
         writer.write(pickle.dumps(result))
 

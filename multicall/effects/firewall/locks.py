@@ -85,7 +85,12 @@ def legacy_locks(lock: XtablesLock, *, wait: bool, log: Log = _quiet) -> Iterato
 @contextmanager
 def netns_lock(wait_limit: float = WAIT_LIMIT) -> Iterator[None]:
     """An exclusive flock on the calling thread's current network namespace (rule 3)."""
-    fd = os.open(OWN_NETNS, os.O_RDONLY | os.O_CLOEXEC)  # a new open file description
+    try:
+        fd = os.open(OWN_NETNS, os.O_RDONLY | os.O_CLOEXEC)  # a new open file description
+    except OSError as exc:
+        raise FirewallError(
+            f"cannot lock this pod's network namespace: {exc.strerror}", errno=exc.errno
+        ) from exc
     try:
         if not _flock(fd, wait_limit):
             raise FirewallError(
@@ -154,3 +159,5 @@ def _flock(fd: int, wait_limit: float) -> bool:
                 return False
             time.sleep(min(pause, left))
             pause = min(pause * 2, _POLL_MAX)
+        except OSError as exc:  # ENOLCK and the like: say so, never the exception
+            raise FirewallError(f"cannot take a lock: {exc.strerror}", errno=exc.errno) from exc

@@ -146,11 +146,17 @@ def _grow(sock: socket.socket, option: int, force: int, size: int) -> None:
 
 @contextmanager
 def _netlink() -> Iterator[_Socket]:
-    sock = _Socket()
+    """A fresh socket; an OSError anywhere in the body becomes a plain FirewallError."""
     try:
-        yield sock
-    finally:
-        sock.close()
+        sock = _Socket()
+        try:
+            yield sock
+        finally:
+            sock.close()
+    except OSError as exc:
+        raise FirewallError(
+            f"nf_tables: {exc.strerror or os.strerror(exc.errno or 0)}", errno=exc.errno
+        ) from exc
 
 
 def _error(what: str, err: netlink.NetlinkError) -> FirewallError:
