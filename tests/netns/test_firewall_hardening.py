@@ -15,6 +15,7 @@ it the two 10 000-port oracles: ~675 iptables commands each).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
@@ -177,6 +178,23 @@ class TestNftVerdict:
         with entered_netns(ns.path), pytest.raises(FirewallConflict):
             backend.apply(V4, big_change(3), base)
         assert save_text(ns, "iptables-nft-save") == after_them
+
+    def test_socket_failure_is_a_plain_message(
+        self, rig: Rig, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An OSError of the netlink socket (here: raising its buffers) is a FirewallError
+        saying why, never an exception name; nothing is sent."""
+
+        def no_memory(*_args: object) -> None:
+            raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+
+        monkeypatch.setattr("multicall.effects.firewall.nft._Socket.size_buffers", no_memory)
+        ns = rig.netns()
+        with entered_netns(ns.path):
+            with pytest.raises(FirewallError) as err:
+                NftBackend().apply(V4, big_change(3))
+            assert err.value.message == "nf_tables: Cannot allocate memory"
+            assert NftBackend().dump(V4).rules == ()
 
     def test_concurrent_dual_stack_adds(self, rig: Rig, lock_file: Path) -> None:
         """Ten pairs of nft ADDs (IPv4 and IPv6) on one netns at once: all succeed, and each
