@@ -31,7 +31,8 @@ cnibox's additions:
                                 (docs/repair-controller.md); fall back to deleting
   --cni-net-dir DIR             the node's CNI config dir    [default: /host/etc/cni/net.d]
   --cni-cache-dir DIR           libcni's cache dir           [default: /host/var/lib/cni]
-  --host-root DIR               where the node's / is mounted, for netns paths [default: /host]
+  --host-root DIR               where the node's / is mounted, for netns paths and the node's
+                                xtables lock (run/xtables.lock under it) [default: /host]
 
 SIGTERM or SIGINT stops it (exit 0). Logs go to stdout, as upstream's do.
 """
@@ -472,12 +473,14 @@ def run(options: Options, env: Mapping[str, str], stdout: BinaryIO) -> int:
     repairer = None
     if options.repair_in_place:
         from multicall.effects.pod_sandbox import SandboxFinder
-        from multicall.plugin.repair_in_place import ControllerKube, Repairer
+        from multicall.plugin.ports import RealFirewall
+        from multicall.plugin.repair_in_place import ControllerKube, Repairer, node_xtables_lock
 
         repairer = Repairer(
             SandboxFinder(options.cni_net_dir, options.cni_cache_dir, options.host_root),
             ControllerKube(config),
             log=lambda message: log(DEBUG, CONTROLLER, message),
+            firewall=RealFirewall(lock=node_xtables_lock(options.host_root)),
         )
     controller = Controller(options, config, client, log, metrics, repairer=repairer)
     # Signals are taken synchronously by the main thread (sigwait): no handler has to run

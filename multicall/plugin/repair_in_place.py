@@ -8,9 +8,10 @@ Rules of this module:
    the runtime's result cache holds for the sandbox, the sandbox netns as an fd opened once
    and checked to hold the pod's IP (effects/pod_sandbox.py). There is no second copy of
    ADD: the same config decoding, API reads, annotation overrides and firewall engine run.
-2. Only the API identity differs: the `Kube` port is the controller's own configuration
+2. Two ports differ from the binary's: the `Kube` port is the controller's own configuration
    (`ControllerKube`), not the kubeconfig path the entry names (a node path, written for the
-   plugin).
+   plugin); the firewall takes the node's xtables lock under the host root
+   (`node_xtables_lock`), as the node agent does.
 3. What ADD programmed is then compared with the live tables by CHECK's comparison
    (`commands.rule_differences`); an ADD that programmed nothing (the pod is no longer
    meshed, or the entry is in simulate mode) is a refusal.
@@ -35,9 +36,10 @@ if TYPE_CHECKING:
     from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
     from multicall.core.firewall.ruleset import Table
     from multicall.core.kube.kubeconfig import KubeConfig
+    from multicall.effects.firewall.locks import XtablesLock
     from multicall.effects.ns import NetnsRef
     from multicall.effects.pod_sandbox import Sandbox
-    from multicall.plugin.ports import PodApi
+    from multicall.plugin.ports import Firewall, PodApi
 
 Log = Callable[[str], None]
 API_TIMEOUT = 5.0  # each GET of the ADD, as the plugin's default
@@ -79,10 +81,8 @@ class Programmed:
 class RecordingFirewall:
     """The real firewall engine, remembering what ADD programmed so that it can be checked."""
 
-    def __init__(self) -> None:
-        from multicall.plugin.ports import RealFirewall
-
-        self.real = RealFirewall()
+    def __init__(self, real: Firewall) -> None:
+        self.real = real
         self.programmed: Programmed | None = None
 
     def apply(
@@ -101,11 +101,24 @@ class RecordingFirewall:
         return self.real.dump_nat(netns, mode=mode, family=family, log=log)
 
 
+def node_xtables_lock(host_root: str) -> XtablesLock | None:
+    """The node's xtables lock as this pod sees it (`<host root>/run/xtables.lock`, a hostPath
+    mount), so that the legacy backend excludes kube-proxy and iptables on the node
+    (effects/firewall/locks.py rule 4); None when the node's / is ours (as iptables finds it)."""
+    from multicall.effects.firewall.locks import XT_LOCK_NAME, XtablesLock
+
+    root = host_root.rstrip("/")
+    return XtablesLock(path=root + XT_LOCK_NAME) if root else None
+
+
 class Repairer:
-    def __init__(self, finder: SandboxFinder, kube: ControllerKube, log: Log) -> None:
+    def __init__(
+        self, finder: SandboxFinder, kube: ControllerKube, log: Log, firewall: Firewall
+    ) -> None:
         self.finder = finder
         self.kube = kube
         self.log = log
+        self.firewall = firewall  # the real engine (plugin/ports.RealFirewall)
 
     def repair(self, pod: Mapping[str, object]) -> Outcome:
         try:
@@ -122,7 +135,6 @@ class Repairer:
         from multicall.core.repair.policy import pod_ref
         from multicall.core.repair.sandbox import pod_ips
         from multicall.plugin.commands import rule_differences
-        from multicall.plugin.ports import RealFirewall
 
         ref = pod_ref(pod)
         spec = pod.get("spec")
@@ -137,7 +149,7 @@ class Repairer:
         with opened_sandbox(found.netns, ips) as fd:
             done = self._add(found, fd)
             problems = rule_differences(
-                RealFirewall(),
+                self.firewall,
                 done.netns,
                 done.options,
                 mode=done.mode,
@@ -154,7 +166,7 @@ class Repairer:
         from multicall.plugin.ports import PluginDeps
         from multicall.plugin.run import PluginRequest, run_plugin
 
-        firewall = RecordingFirewall()
+        firewall = RecordingFirewall(self.firewall)
         plugin_log = io.BytesIO()
         result = run_plugin(
             PluginRequest(

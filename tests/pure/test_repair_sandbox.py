@@ -12,6 +12,7 @@ import pytest
 
 from multicall.core.cni.skel import parse_cni_args
 from multicall.core.repair import sandbox
+from multicall.plugin.repair_in_place import node_xtables_lock
 
 
 def cache(
@@ -111,6 +112,13 @@ def test_plugin_env_is_the_runtimes_call_again() -> None:
     }
     identity = parse_cni_args(env["CNI_ARGS"])
     assert (identity.namespace, identity.name) == ("ns", "web")
+
+
+def test_the_node_xtables_lock_is_under_the_host_root() -> None:
+    lock = node_xtables_lock("/host/")
+    assert lock is not None
+    assert lock.lock_path() == "/host/run/xtables.lock"
+    assert node_xtables_lock("") is None  # the node's / is ours: as iptables finds it
 
 
 def test_pod_ips_from_status() -> None:
