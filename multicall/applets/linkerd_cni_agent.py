@@ -249,6 +249,8 @@ def run_request(request: Request, own_netns: tuple[int, int]) -> tuple[int, byte
     """The plugin, in this process, in the caller's context (effects.caller)."""
     from multicall.core import agent_protocol as proto
     from multicall.effects import caller, ns
+    from multicall.effects.firewall.locks import XtablesLock
+    from multicall.plugin.ports import PluginDeps, RealFirewall, RealKube
     from multicall.plugin.run import PluginRequest, run_plugin
 
     fds = request.fds
@@ -285,8 +287,11 @@ def run_request(request: Request, own_netns: tuple[int, int]) -> tuple[int, byte
         netns_fd=target,
         caller_netns_fd=home,
     )
+    # Legacy ADDs take the caller's xtables lock: its XTABLES_LOCKFILE (or /run/xtables.lock)
+    # opened through its root (locks.py rule 4), the lock the one-shot plugin would take.
+    deps = PluginDeps(RealKube(), RealFirewall(XtablesLock(env=request.env)))
     try:
-        outcome = run_plugin(plugin_request)
+        outcome = run_plugin(plugin_request, deps)
     except caller.ServeElsewhere as exc:
         raise _Fallback(exc.reason) from None
     stdout, stderr = outcome.stdout, err.getvalue()

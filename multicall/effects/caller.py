@@ -4,9 +4,9 @@ workers): its files, its pod netns, a netlink socket it made there.
 In a one-shot process there is no context and every function here is the plain operation.
 In a node agent's worker (`multicall.applets.linkerd_cni_agent`) the launcher's descriptors
 stand in for paths:
-- files named by the caller (the kubeconfig, its token and CA files) are opened through the
-  caller's root with openat2(RESOLVE_IN_ROOT), so they resolve as in the caller's mount
-  namespace even though the agent's pod has another filesystem;
+- files named by the caller (the kubeconfig, its token and CA files, the xtables lock file)
+  are opened through the caller's root with openat2(RESOLVE_IN_ROOT), so they resolve as in
+  the caller's mount namespace even though the agent's pod has another filesystem;
 - `CNI_NETNS` resolves to the descriptor the caller opened (`/proc/self/fd/N` reopens an
   nsfs file), so nothing looks the path up in the agent's mount namespace;
 - the nf_tables backend uses the netlink socket the caller created inside the pod's netns
@@ -86,13 +86,28 @@ def has_netlink(path: str) -> bool:
 
 def read_bytes(path: str) -> bytes:
     """The file at `path` as the caller sees it; OSError as open() raises it."""
+    with os.fdopen(open_fd(path, os.O_RDONLY), "rb") as f:
+        return f.read()
+
+
+def open_fd(path: str, flags: int, mode: int = 0o666) -> int:
+    """os.open(path, flags | O_CLOEXEC, mode) as the caller would do it; OSError as os.open
+    raises it."""
     ctx = _context
     if ctx is None:
-        with open(path, "rb") as f:
-            return f.read()
-    fd = _openat2_in_root(ctx.root_fd, os.path.join(ctx.cwd, path))
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
+        return os.open(path, flags | os.O_CLOEXEC, mode)
+    return _openat2_in_root(ctx.root_fd, os.path.join(ctx.cwd, path), flags, mode)
+
+
+def lexists(path: str) -> bool:
+    """os.path.lexists(path) as the caller sees it."""
+    try:
+        os.close(open_fd(path, os.O_PATH | os.O_NOFOLLOW))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # there, but not ours to look at (as lstat's EACCES is not "missing")
+    return True
 
 
 class _OpenHow(ctypes.Structure):
@@ -103,9 +118,11 @@ class _OpenHow(ctypes.Structure):
     )
 
 
-def _openat2_in_root(root_fd: int, path: str) -> int:
-    """open(path) with `root_fd` as "/" for every component, `..` and symlink included."""
-    how = _OpenHow(os.O_RDONLY | os.O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+def _openat2_in_root(root_fd: int, path: str, flags: int, mode: int) -> int:
+    """open(path, flags, mode) with `root_fd` as "/" for every component, `..` and symlink
+    included."""
+    mode = mode if flags & os.O_CREAT else 0  # openat2 refuses a mode without O_CREAT
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
     # The already-loaded libc, as effects.ns opens it (which imports this module).
     syscall = ctypes.CDLL(None, use_errno=True).syscall
     syscall.restype = ctypes.c_long
