@@ -72,9 +72,11 @@ def main(
         options, log, lambda conn, report: serve(conn, report, build, own_netns), prepare=warm_up
     )
     try:
-        server.bind()
-    except (OSError, ValueError) as exc:
-        log("error", f"cannot listen: {exc}")
+        server.bind()  # a bad --admin-addr: UsageError; a busy port: CniboxError (exit 1)
+    except OSError as exc:
+        log("error", f"cannot listen on {opts['socket']}: {exc.strerror}")
+        if server.admin is not None:
+            server.admin.stop()
         return 1
     if server.admin_port is not None:
         log("info", f"admin endpoints on {opts['admin-addr']} (port {server.admin_port})")

@@ -10,7 +10,8 @@ Rules of this module:
 1. The parent owns: the listening socket (bound under a temporary name, then renamed over
    the socket path, so an upgrade takes over without a window), one control socketpair per
    worker, its own copy of each client connection (only to notice a caller that went away:
-   it never reads or writes it), the admin sockets.
+   it never reads or writes it). The admin endpoints are the project's admin server
+   (effects/admin_server.py, on its own threads); what they show is read on the loop.
 2. A client that hangs up before its worker reported a result gets that worker SIGKILLed;
    so does a worker past the request deadline. Either way the client sees EOF and (if it is
    still there) runs the one-shot path; a worker that dies leaves nothing half-applied,
@@ -22,7 +23,6 @@ Rules of this module:
 from __future__ import annotations
 
 import contextlib
-import errno
 import gc
 import json
 import os
@@ -30,12 +30,18 @@ import select
 import signal
 import socket
 import struct
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 from multicall.core.agent_metrics import Metrics, render
 from multicall.core.agent_protocol import accept_frame
+
+if TYPE_CHECKING:
+    from multicall.effects.admin_server import AdminServer
 
 Log = Callable[[str, str], None]  # (level, message)
 # A worker's job: serve one accepted connection, reporting through the callable.
@@ -44,8 +50,12 @@ Serve = Callable[[socket.socket, Callable[[str, dict[str, object]], None]], None
 # latest report (the applet: dial the API server the previous request used).
 Prepare = Callable[[object], None]
 
+T = TypeVar("T")
+
 POLLRDHUP = getattr(select, "POLLRDHUP", 0x2000)
-MAX_ADMIN_REQUEST = 8192
+LOOP_ANSWER = 2.0  # seconds an admin request waits for the loop to render or answer
+TEXT = "text/plain; charset=utf-8"
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_REPORT = 256 * 1024
 # After a caller hung up, how long its worker may still report a result it already sent.
 CALLER_GRACE = 0.05
@@ -75,13 +85,6 @@ class Worker:
     killed: str = ""
 
 
-@dataclass
-class _AdminConn:
-    sock: socket.socket
-    data: bytes = b""
-    opened: float = field(default_factory=time.monotonic)
-
-
 class Server:
     def __init__(
         self, options: ServerOptions, log: Log, serve: Serve, prepare: Prepare | None = None
@@ -94,10 +97,10 @@ class Server:
         self.metrics = Metrics()
         self.workers: dict[int, Worker] = {}  # by control socket fd
         self.by_conn: dict[int, Worker] = {}  # by the parent's client-connection fd
-        self.admin_conns: dict[int, _AdminConn] = {}
         self.poll = select.poll()
         self.listener: socket.socket | None = None
-        self.admin: socket.socket | None = None
+        self.admin: AdminServer | None = None
+        self.jobs: deque[Callable[[], None]] = deque()  # from admin threads (on_loop)
         self.socket_id: tuple[int, int] | None = None
         self.draining = False
         self.terminate_at = 0.0
@@ -106,6 +109,9 @@ class Server:
     # ------------------------------------------------------------------ setup
 
     def bind(self) -> None:
+        """The admin server first (a bad --admin-addr changes nothing), then the socket."""
+        if self.options.admin_addr:
+            self.start_admin()
         path = self.options.socket_path
         directory = os.path.dirname(path) or "."
         if not os.path.isdir(directory):
@@ -123,14 +129,11 @@ class Server:
         self.socket_id = (st.st_dev, st.st_ino)
         self.listener = sock
         self.poll.register(sock, select.POLLIN)
-        if self.options.admin_addr:
-            self.admin = _listen_tcp(self.options.admin_addr)
-            self.poll.register(self.admin, select.POLLIN)
         self.poll.register(self.wake_r, select.POLLIN)
 
     @property
     def admin_port(self) -> int | None:
-        return self.admin.getsockname()[1] if self.admin is not None else None
+        return self.admin.port if self.admin is not None else None
 
     # ------------------------------------------------------------------ the loop
 
@@ -166,23 +169,20 @@ class Server:
 
     def owner(self, fd: int) -> object:
         """What a descriptor belongs to now (a Worker by its control socket or by its client
-        connection, an admin connection), or the descriptor itself for the fixed ones."""
-        return self.workers.get(fd) or self.by_conn.get(fd) or self.admin_conns.get(fd) or fd
+        connection), or the descriptor itself for the fixed ones."""
+        return self.workers.get(fd) or self.by_conn.get(fd) or fd
 
     def handle(self, fd: int, mask: int) -> None:
         if fd == self.wake_r:
             with contextlib.suppress(BlockingIOError):
                 os.read(self.wake_r, 512)
+            self.run_jobs()
         elif self.listener is not None and fd == self.listener.fileno():
             self.accept_clients()
-        elif self.admin is not None and fd == self.admin.fileno():
-            self.accept_admin()
         elif fd in self.workers:
             self.worker_event(self.workers[fd], mask)
         elif fd in self.by_conn:
             self.client_gone(self.by_conn[fd])
-        elif fd in self.admin_conns:
-            self.admin_event(self.admin_conns[fd], mask)
 
     # ------------------------------------------------------------------ clients
 
@@ -348,11 +348,10 @@ class Server:
     def _parent_fds(self) -> list[int]:
         """Every descriptor the parent owns, detached from its Python object (a later
         collection of that object must not close a reused number)."""
-        fds = [self.wake_r, self.wake_w]
-        socks = [self.listener, self.admin]
+        fds = [self.wake_r, self.wake_w]  # (the admin server's sockets: closed at fork)
+        socks = [self.listener]
         socks += [w.ctl for w in self.workers.values()]
         socks += [w.conn for w in self.workers.values()]
-        socks += [a.sock for a in self.admin_conns.values()]
         for sock in socks:
             if sock is not None and sock.fileno() >= 0:
                 fds.append(sock.detach())
@@ -438,9 +437,6 @@ class Server:
                 self.kill(worker, "deadline")
             elif self.draining and now > self.terminate_at:
                 self.kill(worker, "shutdown")
-        for admin in list(self.admin_conns.values()):
-            if now - admin.opened > 5:
-                self.close_admin(admin)
 
     def poll_timeout(self) -> int:
         """Milliseconds until the next deadline check is due (short while a caller is gone)."""
@@ -486,65 +482,53 @@ class Server:
                 os.kill(worker.pid, signal.SIGKILL)
             self.worker_exited(worker)
         if self.admin is not None:
-            self.admin.close()
+            self.admin.stop()
 
     # ------------------------------------------------------------------ admin HTTP
 
-    def accept_admin(self) -> None:
-        assert self.admin is not None
-        try:
-            sock, _ = self.admin.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        sock.setblocking(False)
-        self.admin_conns[sock.fileno()] = _AdminConn(sock)
-        self.poll.register(sock, select.POLLIN)
+    def start_admin(self) -> None:
+        """/healthz, /readyz, /metrics on the project's admin server (its own threads). State
+        lives in the loop: a scrape is rendered by the loop (`on_loop`), so it sees every
+        report handled before it, and /healthz answers only while the loop turns."""
+        from multicall.effects.admin_server import AdminServer, Reply, Route, probe
 
-    def admin_event(self, admin: _AdminConn, mask: int) -> None:
-        chunk = _recv_ready(admin.sock, 4096)
-        if chunk is None:
-            return
-        admin.data += chunk
-        if not chunk or len(admin.data) > MAX_ADMIN_REQUEST:
-            self.close_admin(admin)
-            return
-        if b"\r\n\r\n" not in admin.data and b"\n\n" not in admin.data:
-            return
-        line = admin.data.split(b"\n", 1)[0].decode("latin-1").split()
-        status, ctype, body = self.admin_response(line)
-        head = (
-            f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n"
-        ).encode("latin-1")
-        with contextlib.suppress(OSError):
-            admin.sock.setblocking(True)
-            admin.sock.settimeout(2)
-            admin.sock.sendall(head + (body if line[:1] != ["HEAD"] else b""))
-        self.close_admin(admin)
+        def metrics(_headers: object) -> Reply:
+            body = self.on_loop(self.render_metrics)
+            if body is None:
+                return Reply(500, b"the agent's event loop did not answer\n", TEXT)
+            return Reply(200, body, METRICS_TYPE)
 
-    def admin_response(self, line: list[str]) -> tuple[str, str, bytes]:
-        text = "text/plain; charset=utf-8"
-        if len(line) < 2 or line[0] not in ("GET", "HEAD"):
-            return "405 Method Not Allowed", text, b"only GET\n"
-        path = line[1].split("?", 1)[0]
-        if path == "/healthz":
-            return "200 OK", text, b"ok\n"
-        if path == "/readyz":
-            if self.draining or self.listener is None:
-                return "503 Service Unavailable", text, b"stopping\n"
-            return "200 OK", text, b"ready\n"
-        if path == "/metrics":
-            self.metrics.idle_workers = self.idle_count()
-            self.metrics.in_flight = self.in_flight()
-            body = render(self.metrics, self.options.build).encode()
-            return "200 OK", "text/plain; version=0.0.4; charset=utf-8", body
-        return "404 Not Found", text, b"not found\n"
+        routes = {
+            "/healthz": probe(lambda: self.on_loop(lambda: True) is True, b"ok\n", b"stuck\n"),
+            "/readyz": probe(lambda: not self.draining, b"ready\n", b"stopping\n"),
+            "/metrics": Route(metrics, announce_allow=True),
+        }
+        self.admin = AdminServer(self.options.admin_addr, routes)
+        self.admin.start()
 
-    def close_admin(self, admin: _AdminConn) -> None:
-        fd = admin.sock.fileno()
-        self.poll.unregister(fd)
-        del self.admin_conns[fd]
-        admin.sock.close()
+    def render_metrics(self) -> bytes:
+        self.metrics.idle_workers = self.idle_count()
+        self.metrics.in_flight = self.in_flight()
+        return render(self.metrics, self.options.build).encode()
+
+    def on_loop(self, job: Callable[[], T], timeout: float = LOOP_ANSWER) -> T | None:
+        """Run `job` on the event loop's thread (from an admin thread); None when the loop
+        did not get to it within `timeout`."""
+        done = threading.Event()
+        box: list[T] = []
+
+        def run() -> None:
+            box.append(job())
+            done.set()
+
+        self.jobs.append(run)  # deque.append: atomic, no lock needed
+        with contextlib.suppress(BlockingIOError):
+            os.write(self.wake_w, b"\0")  # a full pipe means the loop has a wake-up pending
+        return box[0] if done.wait(timeout) and box else None
+
+    def run_jobs(self) -> None:
+        while self.jobs:
+            self.jobs.popleft()()
 
 
 def _recv_ready(sock: socket.socket, size: int) -> bytes | None:
@@ -560,23 +544,3 @@ def _recv_ready(sock: socket.socket, size: int) -> bytes | None:
 def _report(ctl: socket.socket, kind: str, data: dict[str, object]) -> None:
     with contextlib.suppress(OSError):
         ctl.send(kind.encode() + json.dumps(data).encode())
-
-
-def _listen_tcp(addr: str) -> socket.socket:
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"--admin-addr {addr!r}: expected HOST:PORT")
-    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - the probes' default, as upstream's
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, int(port)))
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise ValueError(f"--admin-addr {addr}: address already in use") from None
-        raise ValueError(f"--admin-addr {addr}: {exc.strerror}") from None
-    sock.listen(64)
-    sock.setblocking(False)
-    return sock
