@@ -79,6 +79,12 @@ def netlink_fd() -> int | None:
     return os.dup(ctx.netlink_fd)
 
 
+def netlink_netns_fd() -> int | None:
+    """The pod netns (a descriptor) the caller's netlink socket lives in, if it sent one."""
+    ctx = _context
+    return ctx.netns_fd if ctx is not None and ctx.netlink_fd is not None else None
+
+
 def has_netlink(path: str) -> bool:
     ctx = _context
     return ctx is not None and ctx.netlink_fd is not None and path == ctx.netns_path

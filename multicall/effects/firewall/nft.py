@@ -4,7 +4,10 @@ Rules of this module:
 1. Only the socket lives here; every byte is built and parsed by `multicall.core.firewall.nft`
    (netlink framing, dumps -> tables, batches).
 2. Each call opens its own socket, so it talks to the network namespace the calling thread
-   is in at that moment (the caller enters the pod's netns first).
+   is in at that moment (the caller enters the pod's netns first). In a node agent's worker
+   each call gets a new descriptor of the socket the caller made inside the pod's netns
+   (`effects.caller`), emptied of replies an earlier call left behind; the batch sizing,
+   generation guard and read-back below apply to it unchanged.
 3. `apply` is one NFNL batch guarded by the ruleset generation id of the snapshot the change
    was planned from, as iptables-nft does: the kernel commits all of it or none of it, and a
    change made meanwhile by anyone makes it refuse (ERESTART) -> FirewallConflict, and the
@@ -77,6 +80,10 @@ class _Socket:
             if handed is None or exc.errno != errno_mod.EINVAL:
                 raise
             # A handed socket is bound (port id assigned) by its first use already.
+        if handed is not None:
+            # One socket serves every operation of the request, so replies an earlier one
+            # left queued (the rest of an aborted batch's errors) must not answer this one.
+            self.drain()
         self.seq = int(time.time()) & 0x3FFFFFFF
 
     def next_seq(self) -> int:
@@ -310,7 +317,9 @@ def read_chains(family: Family) -> list[dump.ChainInfo]:
 
 
 def _netns_id() -> tuple[int, int]:
-    st = os.stat(OWN_NETNS)
+    """The netns a new socket talks to: the pod's when the caller handed its socket over."""
+    handed = caller.netlink_netns_fd()
+    st = os.fstat(handed) if handed is not None else os.stat(OWN_NETNS)
     return (st.st_dev, st.st_ino)
 
 
