@@ -142,11 +142,14 @@ class KubeClient:
             conn.open(self.config, deadline)
             try:
                 return conn.get(path, self._headers(), deadline)
+            except TimeoutError:
+                raise  # the request's deadline is spent: the one-shot path's error
             except (OSError, ValueError):
                 if not conn.warm:
                     raise
                 # A connection made ahead of time that the server closed meanwhile: GET is
-                # idempotent, so once more on a new one (as Go's transport does).
+                # idempotent, so once more on a new one (as Go's transport does). Never after
+                # a timeout: the server got the request, and no time would be left.
                 self.close()
                 conn = self._conn = _Connection(self.endpoint)
                 conn.open(self.config, deadline)

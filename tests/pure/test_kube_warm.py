@@ -12,6 +12,7 @@ import pytest
 
 from multicall.core.kube.kubeconfig import KubeConfig
 from multicall.effects import kube
+from multicall.errors import KubeError
 
 CONFIG = KubeConfig(server="https://10.96.0.1:443", ca_data=b"PEM")
 
@@ -96,3 +97,44 @@ def test_hint_carries_no_token() -> None:
     kube._last_config[:] = [KubeConfig(server="https://h:1", ca_file="/ca.crt")]
     assert kube.warm_hint() is None  # a file is read per request, through the caller's root
     kube._last_config.clear()
+
+
+def test_a_request_on_a_warm_connection_that_times_out_is_not_retried(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    """A server that takes the GET on an adopted connection and never answers: the request
+    fails as the one-shot path's does, waiting for headers, with no second dial after the
+    deadline (which would report a dial timeout instead)."""
+    client = kube.KubeClient(KubeConfig(server="http://127.0.0.1:1", token="t"), timeout=0.3)
+    install(pair[0], KubeConfig(server="http://127.0.0.1:1", token="t"))
+    with pytest.raises(KubeError) as failed:
+        client.get_pod("ns", "web")
+    assert failed.value.message.endswith(
+        "context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
+    ), failed.value.message
+    assert pair[1].recv(4096).startswith(b"GET /api/v1/namespaces/ns/pods/web HTTP/1.1\r\n")
+
+
+def test_a_warm_connection_the_server_closed_meanwhile_is_retried(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    """EOF on an adopted connection: the GET goes once more on a new connection (here to a
+    port nobody listens on, so the second attempt's own error is what the caller sees)."""
+    import threading
+
+    from tests.support.kubeapi import refused_port
+
+    server = f"http://127.0.0.1:{refused_port(None)}"
+    config = KubeConfig(server=server, token="t")
+    install(pair[0], config)
+    client = kube.KubeClient(config, timeout=5)
+
+    def close_after_the_request() -> None:
+        pair[1].recv(4096)
+        pair[1].shutdown(socket.SHUT_RDWR)
+
+    closer = threading.Thread(target=close_after_the_request)
+    closer.start()
+    with pytest.raises(KubeError, match="connect: connection refused"):
+        client.get_pod("ns", "web")
+    closer.join()
