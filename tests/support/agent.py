@@ -89,35 +89,16 @@ class AgentProcess:
         return self.proc.pid
 
     def get(self, path: str) -> tuple[int, str]:
-        if self.netns is not None:
-            from multicall.effects.ns import entered_netns
-
-            with entered_netns(self.netns):
-                return self._get(path)
-        return self._get(path)
-
-    def _get(self, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+        assert self.port is not None
+        return admin_get(self.port, path, self.netns)
 
     def metrics(self) -> dict[str, float]:
         """Every sample of /metrics by its full name with labels."""
-        status, text = self.get("/metrics")
-        assert status == 200, text
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
-        return out
+        assert self.port is not None
+        return scrape(self.port, self.netns)
 
     def served(self, command: str = "ADD", result: str = "ok", code: str = "") -> int:
-        labels = f'command="{command}",result="{result}",cni_code="{code}"'
-        key = f"cnibox_agent_requests_total{{{labels}}}"
-        return int(self.metrics().get(key, 0))
+        return served(self.metrics(), command, result, code)
 
     def fallbacks(self, reason: str) -> int:
         return int(self.metrics().get(f'cnibox_agent_fallbacks_total{{reason="{reason}"}}', 0))
@@ -154,3 +135,53 @@ class AgentProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def admin_get(port: int, path: str, netns: str | None = None) -> tuple[int, str]:
+    """GET http://127.0.0.1:`port``path` (from inside `netns` when given): status and body."""
+    if netns is not None:
+        from multicall.effects.ns import entered_netns
+
+        with entered_netns(netns):
+            return admin_get(port, path)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def scrape(port: int, netns: str | None = None) -> dict[str, float]:
+    """The /metrics samples of an agent whose admin server is on 127.0.0.1:`port`."""
+    status, text = admin_get(port, "/metrics", netns)
+    assert status == 200, text
+    return parse_metrics(text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Every sample of a Prometheus text exposition by its full name with labels."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def served(
+    metrics: dict[str, float], command: str = "ADD", result: str = "ok", code: str = ""
+) -> int:
+    """Requests the agent answered with a result (not handed back), by command and result."""
+    labels = f'command="{command}",result="{result}",cni_code="{code}"'
+    return int(metrics.get(f"cnibox_agent_requests_total{{{labels}}}", 0))
+
+
+def answered(metrics: dict[str, float], command: str = "ADD") -> int:
+    """Requests of `command` the agent answered with a result, whatever the result."""
+    prefix = f'cnibox_agent_requests_total{{command="{command}",'
+    return int(sum(v for k, v in metrics.items() if k.startswith(prefix)))
+
+
+def fallbacks(metrics: dict[str, float]) -> int:
+    """Requests the agent handed back or dropped, for any reason."""
+    return int(sum(v for k, v in metrics.items() if k.startswith("cnibox_agent_fallbacks_total")))
