@@ -32,6 +32,7 @@ import pytest
 from tests.support import REPO, require_root, require_tool
 from tests.support.agent import AgentProcess
 from tests.support.artifact import artifact_path
+from tests.support.concurrency import flock_held
 from tests.support.kubeapi import KubeApi
 from tests.support.libcni import CHART_LINKERD
 from tests.support.oracles import SAVE, proxy_init_lines, save_text
@@ -82,6 +83,8 @@ class Node:
             "CNI_ARGS": args,
             "CNIBOX_CACHE": str(self.tmp / "cache"),
         }
+        if lock := os.environ.get("XTABLES_LOCKFILE"):  # the run's own (tests/conftest.py)
+            env["XTABLES_LOCKFILE"] = lock
         if netns is not None:
             env["CNI_NETNS"] = netns.path
         return {**env, **extra}
@@ -338,6 +341,44 @@ def test_agent_in_the_callers_netns_uses_warm_api_connections(node: Node, tmp_pa
         _wait(lambda: near.served("ADD") == 6, "all served")
     assert not unpacked(node)
     assert node.api.connections <= 6 + 4 + 1  # requests, the pool's warm-ups, one spare
+
+
+def test_legacy_through_the_agent_takes_the_callers_xtables_lock(
+    node: Node, tmp_path: Path
+) -> None:
+    """The agent in a mount namespace of its own where the caller's lock directory is an
+    empty tmpfs (as a pod without that hostPath sees the node): a legacy ADD it serves still
+    contends for the lock file the caller names, opened through the caller's root. Held by
+    someone else and without the wait flag, the ADD fails at once with iptables' message,
+    changes nothing, and was served by the agent; released, the next one programs the pod."""
+    require_tool("unshare")
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    lock_file = locks / "xtables.lock"
+    hide = ["unshare", "--mount", "--propagation", "private", "--",
+            "sh", "-c", 'mount -t tmpfs cbxlocks "$0" && exec "$@"', str(locks)]  # fmt: skip
+    private = AgentProcess(
+        tmp_path / "private" / "agent.sock",
+        argv=[str(artifact_path())],
+        preexec=hide,
+        env={"CNIBOX_CACHE": str(tmp_path / "agent-cache")},
+    )
+    with private:
+        env = {**via(private), "XTABLES_LOCKFILE": str(lock_file)}
+        held = node.rig.pod().netns
+        with flock_held(lock_file):
+            result = node.run(node.env(held, MESHED, **env), node.stdin("legacy"))
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "Another app is currently holding the xtables lock" in result.stdout
+        code = str(json.loads(result.stdout)["code"])
+        _wait(lambda: private.served("ADD", "error", code) == 1, "the agent served the failure")
+        assert proxy_init_lines(held) == []
+        free = node.rig.pod().netns
+        result = node.run(node.env(free, MESHED, **env), node.stdin("legacy"))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert_meshed(free, "legacy")
+        _wait(lambda: private.served("ADD") == 1, "the agent served the ADD")
+    assert not unpacked(node)
 
 
 # ----------------------------------------------------------------------------- isolation
