@@ -77,10 +77,14 @@ test-binary: deps build zipapp
 	export CNIBOX=$(CURDIR)/dist/cnibox CNIBOX_PYZ=$(CURDIR)/dist/cnibox.pyz
 	$(call run_pytest,tests)
 
-# The suites that run linkerd-cni once more, with a node agent serving the whole session
-# (tests/conftest.py session_agent; docs/agent.md); tests/agent runs in test-binary already.
-AGENT_SUITES := tests/netns/test_linkerd_cni.py tests/binary/test_empty_root.py \
-	tests/binary/test_launcher.py
+# The end-to-end suites that run linkerd-cni once more, with a node agent serving the whole
+# session (tests/conftest.py session_agent; docs/agent.md): the libcni driver scenarios, the
+# installer's chain under libcni, the 10 000-port ADDs (one batch over the caller's socket),
+# the empty root and the launcher. tests/agent and the CRI suite's agent mode run in
+# test-binary already.
+AGENT_SUITES := tests/netns/test_linkerd_cni.py tests/netns/test_install_cni_end_to_end.py \
+	tests/netns/test_firewall_hardening.py::test_10000_ports_leave_what_upstream_leaves \
+	tests/binary/test_empty_root.py tests/binary/test_launcher.py
 test-agent: deps build
 	export CNIBOX=$(CURDIR)/dist/cnibox CNIBOX_TEST_AGENT=1
 	$(call run_pytest,$(AGENT_SUITES))

@@ -86,11 +86,14 @@ def api_node(rig: Rig, tmp_path: Path, pki: Pki) -> Iterator[tuple[Netns, Path]]
 def command_add(
     node: Netns, pod: Netns, kubeconfig: Path, linkerd: dict[str, Any], **env: str
 ) -> subprocess.CompletedProcess[bytes]:
-    """`linkerd-cni` ADD as the runtime runs it (the built binary under CNIBOX=...)."""
+    """`linkerd-cni` ADD as the runtime runs it (the built binary under CNIBOX=...; through
+    the session's node agent under `make test-agent`)."""
+    agent = os.environ.get("CNIBOX_AGENT_SOCKET", "")
     return subprocess.run(
         ["ip", "netns", "exec", node.name, *cnibox_argv("linkerd-cni")],
         input=add_stdin(linkerd, str(kubeconfig)),
-        env={**add_env(pod.path), "PATH": os.environ.get("PATH", ""), **env},
+        env={**add_env(pod.path), "PATH": os.environ.get("PATH", ""),
+             "CNIBOX_AGENT_SOCKET": agent, **env},
         capture_output=True, timeout=120, check=False,
     )  # fmt: skip
 
