@@ -133,14 +133,16 @@ def node(tmp_path: Path, pki: Pki) -> Iterator[Node]:
         rig.cleanup()
 
 
+def built_agent(tmp_path: Path, socket_path: Path, **kwargs: Any) -> AgentProcess:
+    """`cnibox agent` of the file under test, unpacking into its own cache under `tmp_path`."""
+    return AgentProcess(socket_path, argv=[str(artifact_path())],
+                        env={"CNIBOX_CACHE": str(tmp_path / "agent-cache")}, **kwargs)  # fmt: skip
+
+
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[AgentProcess]:
     run_dir = tmp_path / "run"
-    process = AgentProcess(
-        run_dir / "agent.sock",
-        argv=[str(artifact_path())],
-        env={"CNIBOX_CACHE": str(tmp_path / "agent-cache")},
-    )
+    process = built_agent(tmp_path, run_dir / "agent.sock")
     with process:
         yield process
 
@@ -302,12 +304,7 @@ def test_least_privilege_nft_served_legacy_handed_back(node: Node, tmp_path: Pat
     sockets, so the pod netns would have to be entered."""
     require_tool("setpriv")
     inside = ["ip", "netns", "exec", node.node.name, "setpriv", "--bounding-set=-sys_admin"]
-    weak = AgentProcess(
-        tmp_path / "weak" / "agent.sock",
-        argv=[str(artifact_path())],
-        preexec=inside,
-        env={"CNIBOX_CACHE": str(tmp_path / "agent-cache")},
-    )
+    weak = built_agent(tmp_path, tmp_path / "weak" / "agent.sock", preexec=inside)
     with weak:
         nft_pod = node.rig.pod().netns
         result = node.run(node.env(nft_pod, MESHED, **via(weak)), node.stdin("nft"))
@@ -329,9 +326,7 @@ def test_agent_in_the_callers_netns_uses_warm_api_connections(node: Node, tmp_pa
     dials the API server before its request (the previous request's server and CA) and the
     request adopts that connection. Every ADD is still served and exactly right, and the
     server sees about one connection per request, not more."""
-    near = AgentProcess(tmp_path / "near" / "agent.sock", argv=[str(artifact_path())],
-                        netns=node.node.path,
-                        env={"CNIBOX_CACHE": str(tmp_path / "agent-cache")})  # fmt: skip
+    near = built_agent(tmp_path, tmp_path / "near" / "agent.sock", netns=node.node.path)
     with near:
         for _ in range(6):
             pod_ns = node.rig.pod().netns
@@ -357,12 +352,7 @@ def test_legacy_through_the_agent_takes_the_callers_xtables_lock(
     lock_file = locks / "xtables.lock"
     hide = ["unshare", "--mount", "--propagation", "private", "--",
             "sh", "-c", 'mount -t tmpfs cbxlocks "$0" && exec "$@"', str(locks)]  # fmt: skip
-    private = AgentProcess(
-        tmp_path / "private" / "agent.sock",
-        argv=[str(artifact_path())],
-        preexec=hide,
-        env={"CNIBOX_CACHE": str(tmp_path / "agent-cache")},
-    )
+    private = built_agent(tmp_path, tmp_path / "private" / "agent.sock", preexec=hide)
     with private:
         env = {**via(private), "XTABLES_LOCKFILE": str(lock_file)}
         held = node.rig.pod().netns
@@ -497,11 +487,7 @@ def test_agent_sigkilled_at_random_points_during_100_adds(node: Node, tmp_path: 
     def killer() -> None:
         rng = random.Random(11)
         while not stop.is_set():
-            current = AgentProcess(
-                path,
-                argv=[str(artifact_path())],
-                env={"CNIBOX_CACHE": str(tmp_path / "agent-cache")},
-            )
+            current = built_agent(tmp_path, path)
             agents.append(current.start())
             time.sleep(rng.uniform(0.0, 0.4))
             current.stop(signal.SIGKILL)
@@ -560,12 +546,7 @@ def test_sigterm_removes_the_socket_and_finishes_in_flight(node: Node, agent: Ag
 
 
 def test_log_format_json(tmp_path: Path) -> None:
-    process = AgentProcess(
-        tmp_path / "j" / "agent.sock",
-        argv=[str(artifact_path())],
-        extra=["--log-format", "json"],
-        env={"CNIBOX_CACHE": str(tmp_path / "agent-cache")},
-    )
+    process = built_agent(tmp_path, tmp_path / "j" / "agent.sock", extra=["--log-format", "json"])
     require_root()
     with process:
         pass

@@ -20,9 +20,8 @@ from typing import Any
 
 import pytest
 
-from multicall.core.firewall.model import Family, Mode, ProxyInitOptions, TableChange
+from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
 from multicall.core.firewall.proxy_init import expected_table, strip_counters
-from multicall.core.firewall.ruleset import Rule
 from multicall.effects import caller, ns
 from multicall.effects.firewall import engine
 from multicall.effects.firewall.locks import XtablesLock
@@ -33,6 +32,7 @@ from multicall.plugin.run import PluginRequest, run_plugin
 from tests.support import require_tool
 from tests.support.concurrency import Forked, add_env, add_stdin, flock_held, release
 from tests.support.fakes import FakeKube
+from tests.support.nft import big_change
 from tests.support.oracles import save_text
 from tests.support.pods import MESHED
 from tests.support.rig import Netns, Rig
@@ -74,14 +74,6 @@ def as_worker(pod: Netns, root: str, work: Callable[[], object], *, enter: bool 
         return work()
 
     return release([Forked(child)])[0].result()
-
-
-def big_change(rules: int, last: Rule | None = None) -> TableChange:
-    body = tuple(
-        Rule("BIG", ("-p", "tcp", "-m", "tcp", "--dport", str(1000 + i), "-j", "RETURN"))
-        for i in range(rules)
-    )
-    return TableChange("nat", ("BIG",), (), body + ((last,) if last else ()))
 
 
 def in_pod(pod: Netns) -> ns.NetnsRef:

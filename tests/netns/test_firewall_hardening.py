@@ -49,6 +49,7 @@ from tests.support.concurrency import (
     together,
 )
 from tests.support.kubeapi import KubeApi
+from tests.support.nft import big_change
 from tests.support.oracles import SAVE, save_text
 from tests.support.pki import Pki
 from tests.support.pods import MESHED
@@ -127,14 +128,6 @@ def test_10000_ports_leave_what_upstream_leaves(
 
 
 # ----------------------------------------------------------------------------- nft verdicts
-
-
-def big_change(rules: int, last: Rule | None = None) -> TableChange:
-    body = tuple(
-        Rule("BIG", ("-p", "tcp", "-m", "tcp", "--dport", str(1000 + i), "-j", "RETURN"))
-        for i in range(rules)
-    )
-    return TableChange("nat", ("BIG",), (), body + ((last,) if last else ()))
 
 
 class TestNftVerdict:
