@@ -1,4 +1,4 @@
-"""Build cnibox's two OCI images from one binary: `build.py --binary FILE --out DIR`.
+"""Build cnibox's two OCI images: `build.py --binary [ARCH=]FILE… --out DIR`.
 
 - `cnibox-talos-extension`: a Talos system extension (`/manifest.yaml` from
   packaging/talos/manifest.yaml, `/rootfs/usr/local/lib/cnibox/cnibox`, links from
@@ -6,14 +6,19 @@
 - `cnibox-installer`: the DaemonSet image, `FROM scratch` with only cnibox and a link per
   applet (packaging/image/layout.json), entrypoint `cnibox install-cni`.
 Each is written as an OCI layout directory and as an oci-archive tar, tagged with the
-version. Any file serves as the binary (tests use a stand-in); `make images` uses dist/cnibox.
+version: a multi-arch image index with one image per `--binary ARCH=FILE` (amd64, arm64;
+a FILE without ARCH= is amd64), each platform's image also tagged `<version>-<arch>`
+(packaging/oci.py "multi-arch index"). Any file serves as a binary (tests use stand-ins);
+`make images` uses dist/cnibox and dist/cnibox-arm64.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import oci
@@ -56,30 +61,59 @@ def image_entries(binary: bytes) -> tuple[list[oci.Entry], oci.ImageConfig]:
     return entries, config
 
 
-def build(binary_path: Path, out: Path, version: str = __version__) -> dict[str, Path]:
-    """Write both images under `out`; returns the archive path of each."""
-    binary = binary_path.read_bytes()
+ARCHITECTURES = ("amd64", "arm64")
+
+
+def build(binaries: Mapping[str, Path], out: Path, version: str = __version__) -> dict[str, Path]:
+    """Write both images under `out`, each an index of one image per architecture in
+    `binaries` (architecture -> binary file); returns the archive path of each."""
+    images: dict[str, dict[str, oci.Image]] = {TALOS_NAME: {}, IMAGE_NAME: {}}
+    for arch, binary_path in binaries.items():
+        talos, installer = platform_images(binary_path.read_bytes(), arch)
+        images[TALOS_NAME][arch] = talos
+        images[IMAGE_NAME][arch] = installer
     out.mkdir(parents=True, exist_ok=True)
-    talos = oci.build_image(talos_entries(binary), oci.ImageConfig())
-    entries, config = image_entries(binary)
-    installer = oci.build_image(entries, config)
     written = {}
-    for name, image in ((TALOS_NAME, talos), (IMAGE_NAME, installer)):
-        oci.write_layout(out / name, image, version)
-        oci.write_archive(out / f"{name}.tar", image, version)
+    for name, per_arch in images.items():
+        index = oci.build_index(per_arch)
+        oci.write_index_layout(out / name, index, version)
+        oci.write_index_archive(out / f"{name}.tar", index, version)
         written[name] = out / f"{name}.tar"
     check_extension.check(written[TALOS_NAME])
     return written
 
 
+def platform_images(binary: bytes, arch: str) -> tuple[oci.Image, oci.Image]:
+    """(Talos extension, installer image) of one architecture's binary."""
+    talos = oci.build_image(talos_entries(binary), oci.ImageConfig(architecture=arch))
+    entries, config = image_entries(binary)
+    installer = oci.build_image(entries, dataclasses.replace(config, architecture=arch))
+    return talos, installer
+
+
+def parse_binaries(values: list[str]) -> dict[str, Path]:
+    """`--binary` values ("arm64=dist/cnibox-arm64", or a bare path for amd64) by arch."""
+    binaries: dict[str, Path] = {}
+    for value in values:
+        arch, sep, path = value.partition("=")
+        if not sep:
+            arch, path = "amd64", value
+        if arch not in ARCHITECTURES:
+            raise SystemExit(f"--binary {value}: architecture must be one of {ARCHITECTURES}")
+        if arch in binaries:
+            raise SystemExit(f"--binary: {arch} given twice")
+        binaries[arch] = Path(path)
+    return binaries
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--binary", type=Path, required=True)
+    parser.add_argument("--binary", action="append", required=True, metavar="[ARCH=]FILE")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--version", default=__version__)
     args = parser.parse_args(argv)
     try:
-        written = build(args.binary, args.out, args.version)
+        written = build(parse_binaries(args.binary), args.out, args.version)
     except check_extension.ExtensionError as exc:
         sys.stderr.write(f"the Talos extension breaks Talos' rules: {exc}\n")
         return 1
