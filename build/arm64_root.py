@@ -53,6 +53,7 @@ AMD64_PACKAGES = (
     "python3.11-venv",
     "gcc-aarch64-linux-gnu",
     "ccache",
+    "make",  # Nuitka's parallel LTO link (gcc -flto=N runs make)
     "patchelf",
     "binutils",
     "ca-certificates",
@@ -210,6 +211,13 @@ def static_libpython_shim() -> None:
            f"{libpl}/libpython3.11-pic.a")  # fmt: skip
 
 
+def cross_compiler_as_gcc() -> None:
+    """SCons (inside Nuitka) picks its linker tool by finding `gcc` on its own default PATH,
+    and the root has no amd64 gcc on purpose: name the cross wrapper (build/cross/gcc, seen at
+    /src while a build runs) `gcc` there. Nothing else in the root compiles for amd64."""
+    chroot("ln", "-sf", "/src/build/cross/gcc", "/usr/local/bin/gcc")
+
+
 def fetch_wheels() -> None:
     """Wheels/sdists for the root's venv, and PyYAML's aarch64 wheel, via the host's pip."""
     shutil.rmtree(WHEELS, ignore_errors=True)
@@ -281,6 +289,7 @@ def ensure() -> None:
     configure_apt(mirror, security)
     install_packages()
     static_libpython_shim()
+    cross_compiler_as_gcc()
     fetch_wheels()
     make_venv()
     record_packages()

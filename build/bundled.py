@@ -140,17 +140,18 @@ def dpkg_owners(target: Target, paths: list[str]) -> dict[str, tuple[str, str, s
 
 
 def python_distributions(target: Target) -> list[dict[str, str]]:
+    """The compiled-in distributions' versions, from the environment that ran Nuitka."""
+    from importlib.metadata import distributions
+
     if target.cross:
-        site = (
-            Path(__file__).resolve().parent / "out/arm64-root/opt/venv/lib/python3.11/site-packages"
-        )
-        from importlib.metadata import distributions
+        sys.path.insert(0, str(Path(__file__).parent))
+        import arm64_root
 
+        site = arm64_root.ROOT / "opt/venv/lib/python3.11/site-packages"
         found = {d.metadata["Name"].lower(): d.version for d in distributions(path=[str(site)])}
-        found.setdefault("python-iptables", "1.2.0")  # installed from its sdist by hand
+        # Installed from its sdist without pip (arm64_root.make_venv): no metadata.
+        found.setdefault("python-iptables", arm64_root.pinned("python-iptables").split("==")[1])
     else:
-        from importlib.metadata import distributions
-
         found = {d.metadata["Name"].lower(): d.version for d in distributions()}
     return [{"name": name, "version": found.get(name.lower(), "")} for name in PYTHON_DISTRIBUTIONS]
 
@@ -159,6 +160,9 @@ def write_record(target: Target) -> Path:
     dist = target.dist
     plugin = json.loads((target.out / "bundled.json").read_text())["sources"]
     sources = {**nuitka_sources(target.out / "nuitka-report.xml"), **plugin}
+    for rel, source in list(sources.items()):  # "dist:REL": a copy of another dist file
+        if source.startswith("dist:"):
+            sources[rel] = sources.get(source.removeprefix("dist:"), source)
     files = [p for p in elf_files(dist) if p.name != "cnibox.bin"]
     files += sorted((dist / "locale").rglob("*"))
     files = [p for p in files if p.is_file()]

@@ -34,6 +34,8 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
+import types
 
 from nuitka.plugins.PluginBase import NuitkaPluginBase
 
@@ -61,6 +63,26 @@ READELF_INTERP = re.compile(r"\[Requesting program interpreter: ([^\]]+)\]")
 LDD_LINE = re.compile(r"^\s*(?:(\S+)\s+=>\s+)?(\S+)\s+\(0x[0-9a-f]+\)$")
 LDD_MISSING = re.compile(r"^\s*(\S+)\s+=>\s+not found$")
 ELF_MAGIC = b"\x7fELF"
+
+
+def _answer_nuitkas_iptc_lookup() -> None:
+    """Cross builds: Nuitka's dll-files plugin finds python-iptables' libxtwrapper by importing
+    `iptc.util` in the build machine's Python, and importing python-iptables dlopens the build
+    machine's libxtables, which the toolchain root does not have (only the target's). Answer
+    that lookup with the target's libxtwrapper; Nuitka compiles iptc from its files as usual
+    (its module finder does not import what it compiles)."""
+    path = os.path.join(TARGET_SITE, f"libxtwrapper.cpython-311-{MULTIARCH}.so")
+    util = types.ModuleType("iptc.util")
+    util.find_library = lambda *_names: (types.SimpleNamespace(_name=path), 0)  # type: ignore[attr-defined]
+    package = types.ModuleType("iptc")
+    package.__path__ = []
+    package.util = util  # type: ignore[attr-defined]
+    sys.modules.setdefault("iptc", package)
+    sys.modules.setdefault("iptc.util", util)
+
+
+if CROSS:
+    _answer_nuitkas_iptc_lookup()
 
 
 class CniboxSelfContained(NuitkaPluginBase):
@@ -112,6 +134,9 @@ class CniboxSelfContained(NuitkaPluginBase):
             self._copy(dist_dir, os.path.join(LIBDIR, host), os.path.join(iptlibs, name))
         for wrapper in glob.glob(os.path.join(dist_dir, "libxtwrapper*.so")):
             shutil.copy2(wrapper, iptlibs)
+            # Nuitka copied it to the dist root (its report names the source): point there.
+            rel = os.path.relpath(wrapper, dist_dir)
+            self.sources[os.path.join("iptlibs", rel)] = f"dist:{rel}"
         extensions = sorted(glob.glob(os.path.join(XTABLES_DIR, "*.so")))
         if not extensions:
             self.sysexit(f"no xtables extensions in {XTABLES_DIR} (install libxtables12/iptables)")
@@ -124,8 +149,11 @@ class CniboxSelfContained(NuitkaPluginBase):
         target = os.path.join(dist_dir, "locale", "C.utf8")
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(LOCALE_DIR, target, symlinks=False)
-        for name in sorted(os.listdir(target)):
-            self.sources[f"locale/C.utf8/{name}"] = os.path.realpath(os.path.join(LOCALE_DIR, name))
+        for base, _dirs, files in os.walk(target):
+            for name in files:
+                rel = os.path.relpath(os.path.join(base, name), target)
+                source = os.path.realpath(os.path.join(LOCALE_DIR, rel))
+                self.sources[os.path.join("locale", "C.utf8", rel)] = source
 
     def _bundle_host_libraries(self, dist_dir: str) -> set[str]:
         """Copy every library an ELF file in the dist resolves outside it; repeat to a fixpoint."""

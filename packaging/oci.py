@@ -178,26 +178,39 @@ def layout_files(image: Image, ref: str) -> dict[str, bytes]:
             }
         ],
     }
+    return _layout(index, image.blobs)
+
+
+def _layout(index: Mapping[str, object], blobs: Mapping[str, bytes]) -> dict[str, bytes]:
+    """The files of an OCI image layout: oci-layout, index.json, content-addressed blobs."""
     files = {"oci-layout": canonical_json({"imageLayoutVersion": "1.0.0"})}
     files["index.json"] = canonical_json(index)
-    for digest, blob in image.blobs.items():
+    for digest, blob in blobs.items():
         files["blobs/sha256/" + digest.removeprefix("sha256:")] = blob
     return files
 
 
 def write_layout(directory_path: Path, image: Image, ref: str) -> None:
     """Write the layout directory (replacing index.json; blobs are content-addressed)."""
-    for name, data in layout_files(image, ref).items():
+    write_layout_files(directory_path, layout_files(image, ref))
+
+
+def write_archive(path: Path, image: Image, ref: str) -> None:
+    """The layout as one reproducible tar (skopeo's `oci-archive:` transport)."""
+    write_archive_files(path, layout_files(image, ref))
+
+
+def write_layout_files(directory_path: Path, files: Mapping[str, bytes]) -> None:
+    """Write the files of a layout (from layout_files or index_layout_files) under a dir."""
+    for name, data in files.items():
         path = directory_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
 
 
-def write_archive(path: Path, image: Image, ref: str) -> None:
-    """The layout as one reproducible tar (skopeo's `oci-archive:` transport)."""
-    files = layout_files(image, ref)
-    dirs = {"blobs", "blobs/sha256"}
-    entries = [directory(d) for d in dirs]
+def write_archive_files(path: Path, files: Mapping[str, bytes]) -> None:
+    """The files of a layout as one reproducible tar."""
+    entries = [directory(d) for d in ("blobs", "blobs/sha256")]
     entries += [file(name, data, 0o644) for name, data in files.items()]
     path.write_bytes(build_tar(entries))
 
@@ -282,26 +295,17 @@ def index_layout_files(index: Index, ref: str) -> dict[str, bytes]:
         }
         for arch, image in sorted(index.images.items())
     ]
-    files = {"oci-layout": canonical_json({"imageLayoutVersion": "1.0.0"})}
-    files["index.json"] = canonical_json({"schemaVersion": 2, "manifests": entries})
-    for digest, blob in index.blobs.items():
-        files["blobs/sha256/" + digest.removeprefix("sha256:")] = blob
-    return files
+    return _layout({"schemaVersion": 2, "manifests": entries}, index.blobs)
 
 
 def write_index_layout(directory_path: Path, index: Index, ref: str) -> None:
     """Write the layout directory of `index` (replacing index.json)."""
-    for name, data in index_layout_files(index, ref).items():
-        path = directory_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+    write_layout_files(directory_path, index_layout_files(index, ref))
 
 
 def write_index_archive(path: Path, index: Index, ref: str) -> None:
     """The index's layout as one reproducible tar (skopeo's `oci-archive:` transport)."""
-    entries = [directory("blobs"), directory("blobs/sha256")]
-    entries += [file(name, data, 0o644) for name, data in index_layout_files(index, ref).items()]
-    path.write_bytes(build_tar(entries))
+    write_archive_files(path, index_layout_files(index, ref))
 
 
 def platform_manifests(read: Callable[[str], bytes]) -> dict[str, dict[str, Any]]:

@@ -6,10 +6,9 @@ skip, even under CI, because `make test` runs them in its `test-arm64` step, whi
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import pytest
+from tests.binary.artifact import artifact_path
 
 EM_AARCH64 = 183
 PT_INTERP = 3
@@ -17,13 +16,7 @@ PT_DYNAMIC = 2
 
 
 def arm64_artifact() -> Path:
-    binary = os.environ.get("CNIBOX_ARM64")
-    if not binary:
-        pytest.skip("CNIBOX_ARM64 is not set: the arm64 suites run in `make test-arm64`")
-    path = Path(binary).resolve()
-    if not path.is_file():
-        pytest.fail(f"CNIBOX_ARM64={binary}: no such file")
-    return path
+    return artifact_path("CNIBOX_ARM64", "test-arm64")
 
 
 def elf_facts(path: Path) -> tuple[int, int, set[int]]:

@@ -20,9 +20,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +28,6 @@ import pytest
 from multicall import __version__
 from multicall.applets import all_names
 from tests.arm64.artifact import EM_AARCH64, PT_DYNAMIC, PT_INTERP, arm64_artifact, elf_facts
-from tests.binary.artifact import started
 from tests.binary.test_empty_root import ENVIRONMENTS, EmptyRoot, case_install_cni, make_root
 from tests.conftest import require_root, require_tool
 from tests.unit.test_iptables_verify import LINKERD, netconf, scenario_family
@@ -49,15 +45,18 @@ NETNS_IN_ROOT = "/var/run/netns/cbx-arm64"
 
 
 @dataclass
-class QemuRoot:
-    """The empty root, entered through a user namespace whose binfmt_misc runs qemu-user."""
+class QemuRoot(EmptyRoot):
+    """The empty root, entered through a user namespace whose binfmt_misc runs qemu-user;
+    with `with_netns`, a fresh netns is made in that user namespace and bind-mounted at
+    NETNS_IN_ROOT, and the first output line is `netns <inode>`. The x86_64 suite's `run` and
+    `started` (and its cases that use only them) work unchanged."""
 
-    root: EmptyRoot
-    base: Path
-    qemu: str
+    base: Path = Path()
+    qemu: str = QEMU
+    with_netns: bool = False
 
-    def script(self, argv: list[str], netns: bool = False) -> list[str]:
-        root, base = str(self.root.path), str(self.base)
+    def script(self, argv: list[str]) -> list[str]:
+        root, base = str(self.path), str(self.base)
         rule = self.base / "binfmt.rule"
         rule.write_text(f":cnibox-aarch64:M::{BINFMT_MAGIC}:{BINFMT_MASK}:{self.qemu}:F\n")
         (self.base / "binfmt").mkdir(exist_ok=True)
@@ -67,7 +66,7 @@ class QemuRoot:
             f"unshare --net='{base}/netns' true\n"
             f"echo \"netns $(stat -L -c %i '{base}/netns')\"\n"
             f"mount --bind '{base}/netns' '{root}{NETNS_IN_ROOT}'\n"
-            if netns
+            if self.with_netns
             else ""
         )
         return [
@@ -85,46 +84,10 @@ class QemuRoot:
             f"{make_netns}"
             # A user namespace may not mount a new proc without its own pid namespace.
             f"mount --rbind /proc '{root}/proc'\n"
-            f"mount --bind -o nosuid '{self.root.tmp}' '{root}/tmp'\n"
+            f"mount --bind -o nosuid '{self.tmp}' '{root}/tmp'\n"
             f"mount -o remount,bind,ro '{root}'\n"
             f"exec {shutil.which('chroot') or '/usr/sbin/chroot'} '{root}' {quoted}",
         ]
-
-    def run(
-        self, argv: list[str], env: Mapping[str, str], input_: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.script(argv),
-            env=dict(env),
-            input=input_,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-            check=False,
-        )
-
-    @contextmanager
-    def started_in_netns(
-        self, argv: list[str], env: Mapping[str, str]
-    ) -> Iterator[tuple[subprocess.Popen[str], int]]:
-        """argv started with a fresh netns at NETNS_IN_ROOT; yields (process, netns inode)."""
-        with started(self.script(argv, netns=True), env) as proc:
-            assert proc.stdout is not None
-            first = proc.stdout.readline().split()
-            assert first[:1] == ["netns"], f"no netns made: {first}"
-            yield proc, int(first[1])
-
-
-class QemuAdapter(EmptyRoot):
-    """An EmptyRoot whose run() goes through the QemuRoot: the x86_64 suite's applet cases
-    that need no netns and no firewall (case_install_cni) run unchanged on arm64."""
-
-    qemu_root: QemuRoot
-
-    def run(
-        self, argv: list[str], env: Mapping[str, str], input_: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        return self.qemu_root.run(argv, env, input_)
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +100,8 @@ def qroot(artifact: Path, tmp_path: Path) -> QemuRoot:
     require_root()
     for tool in ("unshare", "chroot", "mount", "stat"):
         require_tool(tool)
-    qemu = require_tool(QEMU)
-    return QemuRoot(make_root(tmp_path, artifact), tmp_path, qemu)
+    empty = make_root(tmp_path, artifact)
+    return QemuRoot(empty.path, empty.tmp, base=tmp_path, qemu=require_tool(QEMU))
 
 
 def test_artifact_is_a_static_aarch64_executable(artifact: Path) -> None:
@@ -157,7 +120,7 @@ def test_list_and_version(qroot: QemuRoot, env_name: str) -> None:
     listed = qroot.run(["/cnibox", "--list"], env)
     assert (listed.returncode, listed.stderr) == (0, "")
     assert listed.stdout.split() == all_names()
-    assert [p.name for p in qroot.root.tmp.iterdir()] == ["cnibox"], "unpacked into /tmp/cnibox"
+    assert [p.name for p in qroot.tmp.iterdir()] == ["cnibox"], "unpacked into /tmp/cnibox"
     version = qroot.run(["/cnibox", "--version"], env)
     assert version.returncode == 0, version.stderr
     assert __version__ in version.stdout
@@ -166,7 +129,7 @@ def test_list_and_version(qroot: QemuRoot, env_name: str) -> None:
 def test_unpacked_copy_is_aarch64_only(qroot: QemuRoot) -> None:
     """What the launcher unpacked holds the aarch64 loader and no ELF for another machine."""
     assert qroot.run(["/cnibox", "--list"], {}).returncode == 0
-    (unpacked,) = (qroot.root.tmp / "cnibox").iterdir()
+    (unpacked,) = (qroot.tmp / "cnibox").iterdir()
     assert (unpacked / "ld-linux-aarch64.so.1").is_file()
     assert not (unpacked / "ld-linux-x86-64.so.2").exists()
     machines = set()
@@ -180,14 +143,17 @@ def test_unpacked_copy_is_aarch64_only(qroot: QemuRoot) -> None:
 def test_netns_exec_enters_a_netns(qroot: QemuRoot, name: str) -> None:
     """netns-exec (and its nsenter name) enters the throwaway netns: the aarch64 program it
     runs lives in that netns, not in ours."""
+    qroot.with_netns = True
     argv = [f"/{name}", f"--net={NETNS_IN_ROOT}", "/cnibox", "--selftest-signal"]
-    with qroot.started_in_netns(argv, {}) as (proc, netns_inode):
+    with qroot.started(argv, {}) as proc:
         assert proc.stdout is not None
+        first = proc.stdout.readline().split()
+        assert first[:1] == ["netns"], f"no netns made: {first}"
         line = proc.stdout.readline()
         assert line.startswith("ready "), f"{name}: no output"
         pid = int(line.split()[1])
         inside = os.stat(f"/proc/{pid}/ns/net").st_ino
-        assert inside == netns_inode
+        assert inside == int(first[1])
         assert inside != os.stat("/proc/self/ns/net").st_ino
         os.kill(pid, signal.SIGTERM)
         assert proc.wait(timeout=TIMEOUT) == 42
@@ -196,9 +162,7 @@ def test_netns_exec_enters_a_netns(qroot: QemuRoot, name: str) -> None:
 def test_install_cni_once(qroot: QemuRoot) -> None:
     """The installer's --once run (the x86_64 suite's case): copies the single file it runs
     from, links linkerd-cni, writes the kubeconfig, patches the network config."""
-    adapter = QemuAdapter(qroot.root.path, qroot.root.tmp)
-    adapter.qemu_root = qroot
-    case_install_cni(adapter, None, {})  # type: ignore[arg-type]  # this case needs no rig
+    case_install_cni(qroot, None, {})  # type: ignore[arg-type]  # this case needs no rig
 
 
 @pytest.mark.parametrize("scenario", ["default-legacy", "default-ipv6-nft"])
@@ -207,10 +171,10 @@ def test_iptables_verify_input(qroot: QemuRoot, scenario: str) -> None:
     fails with exit 1 and names the rule."""
     family = scenario_family(scenario).value
     save = (LINKERD / f"{scenario}.iptables-save.txt").read_text()
-    (qroot.root.tmp / "conf.json").write_text(json.dumps(netconf(scenario)))
-    (qroot.root.tmp / "good.txt").write_text(save)
+    (qroot.tmp / "conf.json").write_text(json.dumps(netconf(scenario)))
+    (qroot.tmp / "good.txt").write_text(save)
     dropped = next(line for line in save.splitlines() if line.startswith("-A PROXY_INIT_OUTPUT"))
-    (qroot.root.tmp / "bad.txt").write_text(save.replace(dropped + "\n", "", 1))
+    (qroot.tmp / "bad.txt").write_text(save.replace(dropped + "\n", "", 1))
     argv = ["/iptables-verify", "--config", "/tmp/conf.json", "--family", family, "--input"]
     good = qroot.run([*argv, "/tmp/good.txt"], {})
     assert good.returncode == 0, good.stdout + good.stderr
