@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -94,12 +95,7 @@ def nuitka_sources(report: Path) -> dict[str, str]:
 
 
 def _dpkg_command(target: Target) -> list[str]:
-    if target.cross:
-        sys.path.insert(0, str(Path(__file__).parent))
-        import arm64_root
-
-        return ["chroot", str(arm64_root.ROOT)]
-    return []
+    return ["chroot", str(_arm64_root().ROOT)] if target.cross else []
 
 
 def dpkg_owners(target: Target, paths: list[str]) -> dict[str, tuple[str, str, str]]:
@@ -139,21 +135,58 @@ def dpkg_owners(target: Target, paths: list[str]) -> dict[str, tuple[str, str, s
     return result
 
 
-def python_distributions(target: Target) -> list[dict[str, str]]:
-    """The compiled-in distributions' versions, from the environment that ran Nuitka."""
+def _site_packages(target: Target) -> list[str]:
+    """The site-packages dirs of the environment that ran Nuitka (as seen from the host)."""
+    if target.cross:
+        return [str(_arm64_root().ROOT / "opt/venv/lib/python3.11/site-packages")]
+    import site
+
+    return [p for p in sys.path if p.endswith("site-packages")] or site.getsitepackages()
+
+
+def _arm64_root() -> Any:
+    sys.path.insert(0, str(Path(__file__).parent))
+    import arm64_root
+
+    return arm64_root
+
+
+def python_distributions(target: Target) -> dict[str, str]:
+    """Name -> version of the compiled-in distributions, from the environment that ran
+    Nuitka (python-iptables has no metadata in the toolchain root: it is built from its
+    sdist without pip, so its pinned version stands in)."""
     from importlib.metadata import distributions
 
+    found = {
+        d.metadata["Name"].lower(): d.version for d in distributions(path=_site_packages(target))
+    }
     if target.cross:
-        sys.path.insert(0, str(Path(__file__).parent))
-        import arm64_root
+        found.setdefault("python-iptables", _arm64_root().pinned("python-iptables").split("==")[1])
+    return {name: found.get(name.lower(), "") for name in PYTHON_DISTRIBUTIONS}
 
-        site = arm64_root.ROOT / "opt/venv/lib/python3.11/site-packages"
-        found = {d.metadata["Name"].lower(): d.version for d in distributions(path=[str(site)])}
-        # Installed from its sdist without pip (arm64_root.make_venv): no metadata.
-        found.setdefault("python-iptables", arm64_root.pinned("python-iptables").split("==")[1])
-    else:
-        found = {d.metadata["Name"].lower(): d.version for d in distributions()}
-    return [{"name": name, "version": found.get(name.lower(), "")} for name in PYTHON_DISTRIBUTIONS]
+
+def non_debian_owner(target: Target, source: str) -> dict[str, str] | None:
+    """The package of a bundled file dpkg does not own: a Python distribution's extension
+    (PyYAML's _yaml, python-iptables' libxtwrapper; the toolchain root keeps the aarch64 ones
+    in /opt/arm64-site), a .deb the toolchain root unpacked without installing (libc-bin's
+    locale), or the build interpreter's own CPython (pyenv's, for amd64)."""
+    versions = python_distributions(target)
+    name = os.path.basename(source)
+    if name.startswith("libxtwrapper"):
+        return {"type": "pypi", "name": "python-iptables", "version": versions["python-iptables"]}
+    if name.startswith("_yaml."):
+        return {"type": "pypi", "name": "PyYAML", "version": versions["PyYAML"]}
+    if target.cross:
+        root = _arm64_root()
+        if source.startswith(root.LIBC_BIN + "/"):
+            debs = (root.ROOT / root.DOWNLOADS.lstrip("/")).glob("libc-bin_*_arm64.deb")
+            version = next(debs).name.split("_")[1]
+            return {"type": "deb", "name": "libc-bin", "version": version, "architecture": "arm64"}
+        return None
+    if source.startswith(sys.base_prefix + "/"):
+        return {"type": "cpython", "name": "CPython", "version": platform.python_version(),
+                "origin": sys.base_prefix}  # fmt: skip
+    return None
 
 
 def write_record(target: Target) -> Path:
@@ -171,29 +204,25 @@ def write_record(target: Target) -> Path:
     entries: list[dict[str, Any]] = []
     for path, rel in zip(files, rels, strict=True):
         source = sources.get(rel)
-        owner = owners.get(source) if source else None
-        entries.append(
-            {
-                "path": rel,
-                "sha256": _sha256(path),
-                "source": source,
-                "package": (
-                    {"name": owner[0], "version": owner[1], "architecture": owner[2]}
-                    if owner
-                    else None
-                ),
-            }
-        )
-    packages = sorted({(e["package"]["name"], e["package"]["version"], e["package"]["architecture"])
-                       for e in entries if e["package"]})  # fmt: skip
+        package: dict[str, str] | None = None
+        if source in owners:
+            name, version, arch = owners[source]
+            package = {"type": "deb", "name": name, "version": version, "architecture": arch}
+        elif source:
+            package = non_debian_owner(target, source)
+        entries.append({"path": rel, "sha256": _sha256(path), "source": source, "package": package})
+    debs = sorted({(e["package"]["name"], e["package"]["version"], e["package"]["architecture"])
+                   for e in entries if e["package"] and e["package"]["type"] == "deb"})  # fmt: skip
     record = {
         "arch": target.arch,
         "machine": target.machine,
         "artifact": os.path.relpath(target.artifact, Path(__file__).resolve().parent.parent),
         "artifact_sha256": _sha256(target.artifact) if target.artifact.is_file() else None,
         "dpkg": "build/out/arm64-root" if target.cross else "build host",
-        "debian_packages": [{"name": n, "version": v, "architecture": a} for n, v, a in packages],
-        "python_distributions": python_distributions(target),
+        "debian_packages": [{"name": n, "version": v, "architecture": a} for n, v, a in debs],
+        "python_distributions": [
+            {"name": n, "version": v} for n, v in python_distributions(target).items()
+        ],
         "files": entries,
     }
     out = Path(__file__).resolve().parent / "out" / f"bundled-{target.arch}.json"

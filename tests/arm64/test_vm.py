@@ -6,8 +6,8 @@ iptables mode (legacy: libiptc; nft: nf_tables netlink), what the x86_64 empty-r
 test API server, the pod netns' nat table printed by Debian's arm64 iptables-<mode>-save (the
 oracle) and compared with upstream's golden, `iptables-verify --netns` passing, then failing
 with the rule named once a chain is flushed. One boot serves every step (a boot costs ~10 s,
-the first start of the binary under TCG more). Runs in `make test-arm64-vm`; it needs root
-(netns for QEMU and the API server).
+the first start of the binary under TCG more). Runs in `make test-arm64` (after the qemu-user
+stage) and alone in `make test-arm64-vm`; needs root (netns for QEMU and the API server).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def guest_script() -> str:
 def boot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vm.Boot]:
     """One boot running every step; the API server listens in QEMU's throwaway netns."""
     if not os.environ.get("CNIBOX_ARM64_VM"):
-        pytest.skip("the arm64 VM stage runs in `make test-arm64-vm` (CNIBOX_ARM64_VM=1)")
+        pytest.skip("the arm64 VM stage runs in `make test-arm64` (CNIBOX_ARM64_VM=1)")
     artifact = arm64_artifact()
     require_root()
     for tool in ("qemu-system-aarch64", "readelf", "nsenter"):
@@ -94,7 +94,7 @@ def boot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vm.Boot]:
         result = vm.boot(
             artifact, inputs, guest_script(), workdir=work, netns=host.path, timeout=BOOT_TIMEOUT
         )
-        print(f"arm64 VM: booted, ran {2 * len(MODES)} applet runs, off in {result.seconds:.0f} s")
+        print(f"arm64 VM: booted, ran the {'/'.join(MODES)} steps, off in {result.seconds:.0f} s")
         yield result
     finally:
         api.stop()
@@ -113,8 +113,9 @@ def test_plugin_add_programs_upstream_rules(boot: vm.Boot, mode: str) -> None:
     """ADD returns the previous result and leaves exactly upstream's nat table, as Debian's
     arm64 iptables-<mode>-save prints it."""
     out, rc = boot.section(f"add-{mode}")
-    assert rc == 0, out
+    assert rc == 0, out + boot.section(f"add-{mode}.stderr")[0]
     assert json.loads(out)["ips"] == [{"address": "10.89.0.7/24"}]
+    assert f"ipv4 nat via {mode}: created" in boot.section(f"add-{mode}.stderr")[0]
     save, rc = boot.section(f"save-{mode}")
     assert rc == 0, save
     assert without_comments(save) == fixture_text(MODES[mode])
@@ -130,4 +131,6 @@ def test_iptables_verify_netns(boot: vm.Boot, mode: str) -> None:
     assert rc == 0, flush
     broken, rc = boot.section(f"verify-broken-{mode}")
     assert rc == 1, broken
-    assert "PROXY_INIT_OUTPUT" in broken
+    missing = [line for line in broken.splitlines() if line.endswith("# missing")]
+    assert len(missing) == 3, broken
+    assert all(line.startswith("- -A PROXY_INIT_OUTPUT ") for line in missing), broken

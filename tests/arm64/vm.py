@@ -232,8 +232,9 @@ def base_initramfs() -> tuple[Kernel, Path]:
     if archive.exists():
         return kern, archive
     entries: list[tuple[str, int, bytes]] = [
-        _dir(d) for d in ("proc", "sys", "dev", "run", "tmp", "var/run/netns", "in", "etc")
+        _dir(d) for d in ("proc", "sys", "dev", "run", "tmp", "in", "etc")
     ]
+    entries.append(_link("var/run", "/run"))  # as on Debian: iproute2 keeps netns in /run/netns
     entries.append(_file("init", INIT.encode()))
     entries.append(_file("etc/passwd", b"root:x:0:0:root:/:/bin/sh\n", 0o644))
     programs = [ROOT / p for p in PROGRAMS]
@@ -274,9 +275,9 @@ class Boot:
     seconds: float
 
     def section(self, name: str) -> tuple[str, int]:
-        """(output, exit status) of a named step of the script."""
+        """(stdout, exit status) of a named step of the script; `<name>.stderr` its stderr."""
         match = re.search(
-            rf"^@@cbx {re.escape(name)}\n(.*?)^@@cbx-end {re.escape(name)} (\d+)$",
+            rf"^@@cbx {re.escape(name)}\n(.*?)\n^@@cbx-end {re.escape(name)} (\d+)$",
             self.console,
             re.MULTILINE | re.DOTALL,
         )
@@ -286,8 +287,15 @@ class Boot:
 
 
 def step(name: str, command: str) -> str:
-    """A script fragment running `command`, its output and status framed for Boot.section."""
-    return f'echo "@@cbx {name}"\n( {command} ) 2>&1\necho "@@cbx-end {name} $?"\n'
+    """A script fragment running `command`: its stdout and exit status, then its stderr, each
+    framed for Boot.section. A newline closes each (output need not end with one, as the
+    plugin's JSON does not): section() removes it again."""
+    return (
+        f'echo "@@cbx {name}"\n'
+        f"( {command} ) 2>/tmp/stderr; rc=$?\n"
+        f'echo; echo "@@cbx-end {name} $rc"\n'
+        f'echo "@@cbx {name}.stderr"; cat /tmp/stderr; echo; echo "@@cbx-end {name}.stderr 0"\n'
+    )
 
 
 def boot(
