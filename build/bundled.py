@@ -86,10 +86,15 @@ def nuitka_sources(report: Path) -> dict[str, str]:
     """dist-relative path -> source path, for the DLLs and extension modules Nuitka copied."""
     if not report.is_file():
         return {}
+    # The report abbreviates the interpreter's prefixes (this script runs in the same
+    # environment as Nuitka for a native build; a cross build's plugin record overrides).
+    prefixes = {"${sys.prefix}": sys.prefix, "${sys.real_prefix}": sys.base_prefix}
     sources = {}
     for element in ET.parse(report).getroot().iter():  # noqa: S314 - Nuitka's own report
         dest, source = element.get("dest_path"), element.get("source_path")
         if dest and source:
+            for variable, value in prefixes.items():
+                source = source.replace(variable, value)
             sources[dest] = source
     return sources
 
@@ -100,12 +105,14 @@ def _dpkg_command(target: Target) -> list[str]:
 
 def dpkg_owners(target: Target, paths: list[str]) -> dict[str, tuple[str, str, str]]:
     """source path -> (package, version, architecture), for the paths dpkg knows."""
-    # usrmerge: dpkg registered /lib/… while realpath() says /usr/lib/…; ask for both.
+    # usrmerge: dpkg may have registered /lib/… or /usr/lib/… for the same file; ask for both.
     aliases: dict[str, str] = {}
     for path in paths:
         aliases[path] = path
         if path.startswith("/usr/lib/"):
             aliases[path.removeprefix("/usr")] = path
+        elif path.startswith("/lib/"):
+            aliases["/usr" + path] = path
     prefix = _dpkg_command(target)
     listing = subprocess.run(
         [*prefix, "dpkg", "-S", *sorted(aliases)], capture_output=True, text=True, check=False
