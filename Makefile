@@ -108,6 +108,8 @@ dist/cnibox: $(NUITKA_DIST) build/out/launcher build/pack.py build/bundled.py | 
 ARM64_ROOT := build/out/arm64-root/.cnibox-ready
 ARM64_DIST := build/out/arm64/cnibox_main.dist/cnibox.bin
 
+# ensure rebuilds the root (and rewrites the stamp) only when its inputs' hash changed: an edit
+# that keeps the hash (pyproject.toml beyond the pins) costs one "up to date", not a rebuild.
 $(ARM64_ROOT): build/arm64_root.py pyproject.toml | deps
 	$(PY) build/arm64_root.py ensure
 

@@ -280,7 +280,6 @@ def record_packages() -> None:
 def ensure() -> None:
     wanted = inputs_hash()
     if STAMP.is_file() and STAMP.read_text().strip() == wanted:
-        STAMP.touch()  # newer than its inputs for make, after a checkout that kept the content
         print(f"arm64-root: up to date ({ROOT})")
         return
     started = time.monotonic()
@@ -293,7 +292,7 @@ def ensure() -> None:
     fetch_wheels()
     make_venv()
     record_packages()
-    STAMP.write_text(wanted + "\n")  # also what make's dependency on the root looks at
+    STAMP.write_text(wanted + "\n")
     print(f"arm64-root: ready in {time.monotonic() - started:.0f} s ({ROOT})")
 
 
