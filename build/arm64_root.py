@@ -22,7 +22,8 @@ What it holds:
 
 Reproducible: Debian's archive as the host's apt is configured (debootstrap reads the same
 URIs); every installed package version is recorded in build/out/arm64-root.packages, and the
-root is rebuilt only when this file or pyproject.toml changes (a stamp holds their hash).
+root is rebuilt only when this file or the pinned requirements in pyproject.toml change (a
+stamp holds their hash).
 """
 
 from __future__ import annotations
@@ -55,8 +56,7 @@ AMD64_PACKAGES = (
     "ccache",
     "make",  # Nuitka's parallel LTO link (gcc -flto=N runs make)
     "patchelf",
-    "binutils",
-    "ca-certificates",
+    "binutils",  # readelf: the plugin's DT_NEEDED walk over aarch64 files
 )
 ARM64_PACKAGES = (
     "libpython3.11-dev",
@@ -172,12 +172,6 @@ def configure_apt(mirror: str, security: str) -> None:
     policy = ROOT / "usr/sbin/policy-rc.d"
     policy.write_text("#!/bin/sh\nexit 101\n")
     policy.chmod(0o755)
-    # The machine's CA bundle: apt over https mirrors and pip behind a TLS proxy need it.
-    bundle = Path("/etc/ssl/certs/ca-certificates.crt")
-    if bundle.is_file():
-        target = ROOT / "usr/local/share/cnibox-ca.crt"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(bundle, target)
     chroot("dpkg", "--add-architecture", "arm64")
     chroot("apt-get", "update", "-qq")
 
