@@ -53,8 +53,9 @@ define run_pytest
 	exit $$rc
 endef
 
+# Everything that needs no root: tests/pure (Python only) and tests/tools (host tools).
 unit: venv
-	$(call run_pytest,tests/unit -q)
+	$(call run_pytest,tests/pure tests/tools -q)
 
 test-source: deps
 	$(call run_pytest,tests)
@@ -78,7 +79,7 @@ test-arm64-vm: deps dist/cnibox-arm64
 
 test: deps lint type test-source test-binary test-arm64
 
-# The single file (README.md "Building"): Nuitka standalone dist, static musl
+# The single file (docs/binary.md): Nuitka standalone dist, static musl
 # launcher, packed. Each step reruns only when its inputs changed; Nuitka keeps its own cache
 # (~/.cache/Nuitka, ccache inside), so a Python edit recompiles only what changed.
 BUILD := $(PY) build/build.py
@@ -131,15 +132,15 @@ dist/cnibox.pyz: $(APP_SOURCES) build/build.py build/cnibox_main.py | deps
 demo: deps build
 	CNIBOX=$(CURDIR)/dist/cnibox $(PY) -m tests.demo
 
-# Pod-start cost against upstream's nsenter+iptables approach (bench/bench.py; README
-# "Benchmark"). Throwaway netns only, all removed; raw numbers in bench/results/latest.json.
+# Pod-start cost against upstream's nsenter+iptables approach (bench/bench.py;
+# docs/benchmarks.md). Throwaway netns only, all removed; raw numbers in bench/results/latest.json.
 BENCH_ARGS ?=
 bench: deps build
 	$(PY) bench/bench.py --binary $(CURDIR)/dist/cnibox $(BENCH_ARGS)
 
 # The Talos system extension and the DaemonSet image (OCI layout dirs + oci-archive tars), each a
 # multi-arch index (amd64 + arm64) of the two built single files; tests build them from stand-in
-# files instead (tests/unit/test_packaging.py).
+# files instead (tests/tools/test_packaging.py).
 .PHONY: images
 images: dist/cnibox dist/cnibox-arm64
 	$(PY) packaging/build.py --binary amd64=dist/cnibox --binary arm64=dist/cnibox-arm64 \

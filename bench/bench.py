@@ -2,7 +2,7 @@
 
 Every case runs in throwaway network namespaces this script creates and removes (also on
 Ctrl-C, SIGTERM or an exception); nothing touches the machine's own network namespace: the
-test Kubernetes API (tests/kubeapi.py) listens on 127.0.0.1 of a bench "node" netns, the
+test Kubernetes API (tests/support/kubeapi.py) listens on 127.0.0.1 of a bench "node" netns, the
 plugin runs in that node netns (like a runtime on the host) and programs a fresh pod netns.
 Speed is reported here, never asserted in tests.
 
@@ -45,11 +45,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from multicall.core.installer_config import render_kubeconfig  # noqa: E402
+from multicall.core.installer.config import render_kubeconfig  # noqa: E402
 from multicall.effects.ns import entered_netns  # noqa: E402
-from tests.conftest import FIXTURES  # noqa: E402
-from tests.kubeapi import TOKEN, KubeApi, make_pki, pods_from_golden  # noqa: E402
-from tests.libcni import CHART_LINKERD  # noqa: E402
+from tests.support import FIXTURES  # noqa: E402
+from tests.support.kubeapi import TOKEN, KubeApi, pods_from_golden  # noqa: E402
+from tests.support.libcni import CHART_LINKERD  # noqa: E402
+from tests.support.pki import make_pki  # noqa: E402
 
 SCENARIOS = FIXTURES / "derived" / "linkerd-iptables"
 PREV_RESULT = (

@@ -1,4 +1,4 @@
-"""Build driver for the cnibox artifacts (called by the Makefile; see README "Building").
+"""Build driver for the cnibox artifacts (called by the Makefile; see docs/binary.md).
 
     python build/build.py dist       Nuitka standalone dist   -> build/out/cnibox_main.dist/
     python build/build.py launcher   static musl launcher     -> build/out/launcher
@@ -85,33 +85,11 @@ TARGETS = {
 # Only the native build runs on the build machine itself; arm64 needs the toolchain root.
 NATIVE = "amd64"
 
-# pyroute2's package __init__ imports nearly all of pyroute2; multicall imports submodules
-# behind a stub package (multicall.effects.bundle.import_pyroute2), so these are dead weight.
-PYROUTE2_PRUNED = (
-    *(
-        f"pyroute2.{name}"
-        for name in ("arp", "bsd", "conntrack", "decoder", "devlink", "dhcp", "ethtool", "ext")
-    ),
-    *(
-        f"pyroute2.{name}"
-        for name in ("fixtures", "inotify", "ipdb", "ipset", "ipvs", "iwutil", "minimal", "ndb")
-    ),
-    *(f"pyroute2.{name}" for name in ("nftables", "nslink", "plan9", "wirouting", "wiset")),
-    *(
-        f"pyroute2.netlink.{name}"
-        for name in ("connector", "devlink", "diag", "event", "generic", "ipq", "nfnetlink")
-    ),
-    *(f"pyroute2.netlink.{name}" for name in ("nl80211", "taskstats", "uevent")),
-)
 # Imported lazily by applets (so Nuitka may not see them yet) or needed at run time anyway.
 INCLUDED_PACKAGES = ("multicall", "yaml", "iptc")
-# pyroute2 submodules are imported by name (bundle.import_pyroute2), which Nuitka cannot follow:
-# list each one an applet uses here. No applet uses pyroute2 today; any module listed pulls in
-# pyroute2's package __init__ and what it imports beyond PYROUTE2_PRUNED (~100 modules).
-PYROUTE2_MODULES: tuple[str, ...] = ()
-INCLUDED_MODULES = ("ssl", "http.client", "json", "_json", *PYROUTE2_MODULES)
+INCLUDED_MODULES = ("ssl", "json", "_json")
 # Pure-Python dependencies shipped inside the zipapp (C extensions cannot load from a zip).
-ZIPAPP_PACKAGES = ("multicall", "yaml", "pyroute2", "iptc")
+ZIPAPP_PACKAGES = ("multicall", "yaml", "iptc")
 
 
 def nuitka_command(target: Target) -> list[str]:
@@ -132,7 +110,6 @@ def nuitka_command(target: Target) -> list[str]:
         f"--jobs={os.cpu_count() or 2}",
         *(f"--include-package={name}" for name in INCLUDED_PACKAGES),
         *(f"--include-module={name}" for name in (*INCLUDED_MODULES, *cross_modules)),
-        *(f"--nofollow-import-to={name}" for name in PYROUTE2_PRUNED),
         f"--include-data-files={target.dataclass_cache}=dataclasses.marshal",
         f"--report={target.out / 'nuitka-report.xml'}",
         f"--output-dir={target.out}",

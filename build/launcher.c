@@ -7,7 +7,7 @@
  * The trailer: "CNIBOX\x01\n", u64 payload offset, u64 payload size, u64 raw size,
  *   16 hex chars content hash, u64 format, u64 XXH64 of the preceding 56 bytes.
  *
- * What it does (build-notes §10, issue #6):
+ * What it does (docs/binary.md "The launcher"; issue #6):
  * 1. Fast path: for each extraction root (below), if <root>/<hash>/.ok exists, take a shared
  *    flock on it (kept across exec: it marks the directory as in use) and exec the bundled
  *    glibc loader on the main binary with argv unchanged:

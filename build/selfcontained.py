@@ -20,8 +20,9 @@ Loaded with `--user-plugin=build/selfcontained.py`. When Nuitka has finished the
    from, for build/bundled.py (the package-version record).
 
 Why a plugin: Nuitka treats glibc, libz and friends as system libraries and never bundles
-them, and it has no Linux option to do so (build-notes §4, §5). Host paths come from
-environment variables so CI machines with another multiarch layout can override them.
+them, and it has no Linux option to do so (docs/binary.md, "Why not stock Nuitka onefile").
+Host paths come from environment variables so CI machines with another multiarch layout can
+override them.
 """
 
 from __future__ import annotations

@@ -1,44 +1,53 @@
-"""What an applet is: its spec (name, help, install policy) and its entry point's shape.
+"""What an applet is: a row of the applet table (`Applet`) and the shape of its module.
 
-An applet module starts with its usage text as the docstring (first line `usage: NAME ...`),
-defines `SPEC = AppletSpec(...)` and a `main(argv, env, stdin, stdout, stderr) -> int`.
-Streams are binary so the CNI applet controls every byte it prints. Applet modules import
-heavy libraries (pyroute2, iptc, ssl) inside functions, never at module level: the dispatcher
-imports every applet module on every start.
+An applet module starts with its usage text as the docstring (first line `usage: NAME ...`)
+and defines `main(argv, env, stdin, stdout, stderr)`, which returns the exit status, or a
+`Show` for the dispatcher to print help or the version (multicall/core/usage.py). Streams
+are binary so the CNI applet controls every byte it prints. Applet modules import heavy
+libraries (iptc, ssl, yaml) inside functions, not at module level: the module is imported
+on every start of its applet.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
-AppletMain = Callable[[Sequence[str], Mapping[str, str], BinaryIO, BinaryIO, BinaryIO], int]
+if TYPE_CHECKING:
+    from multicall.core.usage import Show
+
+
+class AppletModule(Protocol):
+    """An applet's module: its `__doc__` is the usage text."""
+
+    __name__: str
+
+    def main(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        stdin: BinaryIO,
+        stdout: BinaryIO,
+        stderr: BinaryIO,
+    ) -> int | Show: ...
 
 
 @dataclass(frozen=True, slots=True)
-class AppletSpec:
-    """Registration data for one applet (BusyBox's `//applet:` line, toybox's NEWTOY)."""
+class Applet:
+    """One row of the applet table (BusyBox's applet table, pip's commands_dict)."""
 
     name: str
-    summary: str
-    help: str
-    main: AppletMain
-    aliases: tuple[str, ...] = ()
-    install_dir: str = "/usr/local/bin"
-    # Why root is needed, or "" when it is not (BusyBox requires SUID policies be justified).
-    needs_root: str = ""
+    aliases: tuple[str, ...]
+    summary: str  # one line, for `cnibox --help`
+    # The module, as a function with a static import (Nuitka follows it): called only when
+    # the applet runs, so a start imports no other applet.
+    load: Callable[[], AppletModule]
+    # True: the applet's own parser finds help/version requests (netns-exec: util-linux
+    # getopt order); False: `core.usage.requested` does, before `main` runs.
+    parses_help: bool = False
+    version_note: str = ""  # shown after `--version`'s text, in parentheses
 
     @property
     def names(self) -> tuple[str, ...]:
         return (self.name, *self.aliases)
-
-    @property
-    def usage(self) -> str:
-        return self.help.strip().splitlines()[0]
-
-
-def write_text(stream: BinaryIO, text: str) -> None:
-    """Write text to a binary stream as UTF-8 (surrogates kept, like os.fsencode)."""
-    stream.write(text.encode("utf-8", "surrogateescape"))
-    stream.flush()

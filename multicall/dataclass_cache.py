@@ -2,9 +2,9 @@
 
 Python 3.11 builds each generated dataclass method (__init__, __eq__, __repr__, __hash__,
 __setattr__, __delattr__) from source text with exec(): about 1 ms per class, 36 classes on a
-`linkerd-cni` ADD, the largest single start-up cost left in the binary (bench/README
-"Benchmark"). `record` imports every cnibox module and keeps the code object of each text;
-the build stores them next to the binary (same interpreter, so the same marshal format);
+`linkerd-cni` ADD, the largest single start-up cost left in the binary (docs/benchmarks.md).
+`record` imports every cnibox module and keeps the code object of each text; the build
+stores them next to the binary (same interpreter, so the same marshal format);
 `install` makes dataclasses run the stored code for an identical text and compile any other
 text as before, so a missing, stale or foreign cache only costs the time it would have saved.
 Each code object is stored as its own marshal string and loaded when its class is made:

@@ -12,7 +12,8 @@ argument when invoked as `cnibox`.
   --version         print the version
 
 Rules of this module: it is the only exit-code boundary for plain applets (the CNI applet
-prints CNI error JSON itself); nothing raised by an applet reaches the user as a traceback.
+prints CNI error JSON itself); nothing raised by an applet reaches the user as a traceback;
+it is the one place that prints an applet's help and version (`run_applet`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from collections.abc import Mapping, Sequence
 from typing import BinaryIO, NoReturn
 
 from multicall import __version__
-from multicall.applet import AppletSpec, write_text
-from multicall.applets import REGISTRY, all_names, find_applet
+from multicall.applet import Applet
+from multicall.applets import APPLETS, all_names, find_applet
+from multicall.core.usage import Show, help_text, requested, version_text
+from multicall.effects.streams import write_text
 from multicall.errors import (
     EXIT_FAILURE,
     EXIT_INTERNAL,
@@ -74,7 +77,7 @@ def format_list() -> str:
 def format_help() -> str:
     assert __doc__ is not None
     lines = __doc__.split("\n\nRules of this module")[0].rstrip()
-    table = "\n".join(f"  {spec.name:<18}{spec.summary}" for spec in REGISTRY)
+    table = "\n".join(f"  {applet.name:<18}{applet.summary}" for applet in APPLETS)
     return f"{lines}\n\nApplets:\n{table}\n"
 
 
@@ -86,16 +89,22 @@ def suggest(name: str) -> str:
 
 
 def run_applet(
-    spec: AppletSpec,
+    applet: Applet,
     argv: Sequence[str],
     env: Mapping[str, str],
     streams: tuple[BinaryIO, BinaryIO, BinaryIO],
 ) -> int:
-    """Run one applet and map whatever it raises to an exit code (the one boundary)."""
+    """Run one applet and map whatever it raises to an exit code (the one boundary); print
+    its help or version when its command line asks for them (the one place)."""
     stdin, stdout, stderr = streams
-    prog = applet_name(argv[0]) if argv else spec.name
+    prog = applet_name(argv[0]) if argv else applet.name
     try:
-        return spec.main(argv, env, stdin, stdout, stderr)
+        module = applet.load()
+        show = None if applet.parses_help else requested(argv[1:])
+        outcome = show or module.main(argv, env, stdin, stdout, stderr)
+        if isinstance(outcome, Show):
+            return _show(outcome, applet, module.__doc__ or "", argv, stdout)
+        return outcome
     except KeyboardInterrupt:
         # An uncaught KeyboardInterrupt segfaults Nuitka binaries at exit.
         return EXIT_INTERRUPTED
@@ -112,6 +121,16 @@ def run_applet(
             raise
         write_text(stderr, f"{prog}: internal error: {type(exc).__name__}: {exc}\n")
         return EXIT_INTERNAL
+
+
+def _show(what: Show, applet: Applet, doc: str, argv: Sequence[str], stdout: BinaryIO) -> int:
+    """Help or version on stdout, naming the program as it was invoked (as util-linux does)."""
+    prog = argv[0].rsplit("/", 1)[-1] if argv else applet.name
+    if what is Show.HELP:
+        write_text(stdout, help_text(doc, prog))
+    else:
+        write_text(stdout, version_text(prog, __version__, applet.version_note))
+    return EXIT_OK
 
 
 def _silence_stdout() -> None:
@@ -133,11 +152,11 @@ def run_multiplexer(
     first = args[0]
     if first.startswith("--"):
         return _option(args, stdout, stderr)
-    spec = find_applet(applet_name(first))
-    if spec is None:
+    applet = find_applet(applet_name(first))
+    if applet is None:
         write_text(stderr, f"{first}: applet not found\n{suggest(first)}")
         return EXIT_NOT_FOUND
-    return run_applet(spec, list(args), env, streams)
+    return run_applet(applet, list(args), env, streams)
 
 
 def _option(args: Sequence[str], stdout: BinaryIO, stderr: BinaryIO) -> int:
@@ -214,11 +233,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = applet_name(argv0)
         if is_multiplexer(name):
             return run_multiplexer(args, env, streams)
-        spec = find_applet(name)
-        if spec is None:
+        applet = find_applet(name)
+        if applet is None:
             write_text(streams[2], f"{name}: applet not found\n")
             return EXIT_NOT_FOUND
-        return run_applet(spec, [argv0, *args], env, streams)
+        return run_applet(applet, [argv0, *args], env, streams)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
 
@@ -226,9 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def exit_now(code: int) -> NoReturn:
     """End the process without interpreter teardown, after flushing the standard streams.
 
-    Teardown (module and GC cleanup) costs a `linkerd-cni` ADD 15-30 ms (bench/README
-    "Benchmark"). Nothing in cnibox relies on it: no atexit hooks, finalizers or threads, and
-    applets flush or close what they write. For the entry points only, never in-process.
+    Teardown (module and GC cleanup) costs a `linkerd-cni` ADD 15-30 ms (docs/benchmarks.md).
+    Nothing in cnibox relies on it: no atexit hooks, finalizers or threads, and applets flush
+    or close what they write. For the entry points only, never in-process.
     """
     import contextlib
 

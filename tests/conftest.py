@@ -1,7 +1,9 @@
-"""Shared fixtures: the netns rig, root/CI policy, and the cnibox command under test.
+"""pytest's fixtures and hooks for every suite: the netns rig, the session's PKI, and the
+guard that the machine's own firewall is never changed. Helpers live in tests/support/.
 
-Policy: tests that need root, `ip` or oracle binaries are skipped on a developer's machine
-that lacks them, but under CI (CI=true) a skip would hide untested code, so they fail.
+Suites by what a test needs: tests/pure/ (Python and cnibox only), tests/tools/ (host tools
+or compilers: go, openssl, skopeo, umoci), tests/netns/ (root and throwaway network
+namespaces), tests/binary/ (the built single file, `make test-binary`).
 `CNIBOX=/path/to/binary` runs the command-level suites against a built executable instead
 of `python -m multicall`.
 """
@@ -12,61 +14,19 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.rig import Rig, run
-
-if TYPE_CHECKING:
-    from tests.kubeapi import Pki
-
-REPO = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("CNIBOX_SHARED", REPO.parent / "shared"))
-FIXTURES = SHARED / "fixtures"
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def skip_or_fail(reason: str) -> None:
-    if in_ci():
-        pytest.fail(f"would skip under CI: {reason}")
-    pytest.skip(reason)
-
-
-def require_root() -> None:
-    if os.geteuid() != 0:
-        skip_or_fail("needs root")
-    if shutil.which("ip") is None:
-        skip_or_fail("needs iproute2's ip")
-
-
-def require_tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        skip_or_fail(f"needs {name}")
-        raise AssertionError  # unreachable: skip_or_fail raises
-    return path
-
-
-def cnibox_argv(applet: str | None = None) -> list[str]:
-    """How to invoke cnibox (optionally as APPLET) in command-level tests."""
-    binary = os.environ.get("CNIBOX")
-    base = [binary] if binary else [sys.executable, "-m", "multicall"]
-    return [*base, applet] if applet else base
+from tests.support import require_root, require_tool
+from tests.support.pki import Pki, make_pki
+from tests.support.rig import Rig
 
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """One CA and server certificate (openssl CLI) for every test API server of the run."""
     require_tool("openssl")
-    from tests.kubeapi import make_pki
-
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
@@ -100,6 +60,3 @@ def host_firewall_untouched() -> Iterator[None]:
     yield
     after = _host_firewall()
     assert before == after, "the machine's own firewall changed during the test run"
-
-
-__all__ = ["FIXTURES", "REPO", "SHARED", "cnibox_argv", "require_root", "require_tool", "run"]

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.rig import Netns, Pod, Rig
+from tests.support.rig import Netns, Pod, Rig
 
 BRIDGE = "cni0"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -116,10 +116,12 @@ def step_linkerd_cni(demo: Demo) -> None:
     """The real libcni runs bridge + host-local, then linkerd-cni (cnibox), for a meshed pod
     (upstream's injected manifest, served by a TLS test API server in the node netns) and a
     plain one; the meshed pod's nat table is printed and TCP shows the redirection."""
-    from tests.kubeapi import KubeApi, make_pki, pods_from_golden
-    from tests.libcni import Runtime, build_driver, conflist, plugin_dir, primary_plugin
+    from tests.support import FIXTURES
+    from tests.support.kubeapi import KubeApi, pods_from_golden
+    from tests.support.libcni import Runtime, build_driver, conflist, plugin_dir, primary_plugin
+    from tests.support.pki import make_pki
 
-    golden = REPO_ROOT.parent / "shared" / "fixtures" / "upstream" / "linkerd2" / "inject-goldens"
+    golden = FIXTURES / "upstream" / "linkerd2" / "inject-goldens"
     meshed = pods_from_golden(golden / "inject_emojivoto_deployment_no_init_container.golden.yml")[
         0
     ]
@@ -182,7 +184,9 @@ def _verify(demo: Demo, conf: dict[str, object], pod: dict[str, object], netns: 
 
 
 def _traffic(meshed: Netns, plain: Netns, meshed_ip: str, plain_ip: str) -> str:
-    probe = str(REPO_ROOT / "tests" / "libcni" / "tcp_probe.py")
+    from tests.support.libcni import TCP_PROBE
+
+    probe = str(TCP_PROBE)
     listeners = [meshed.popen([sys.executable, probe, "listen", "4143", "4140", "8080"]),
                  plain.popen([sys.executable, probe, "listen", "9999"])]  # fmt: skip
     try:
@@ -190,13 +194,17 @@ def _traffic(meshed: Netns, plain: Netns, meshed_ip: str, plain_ip: str) -> str:
             assert proc.stdout is not None
             proc.stdout.readline()
         lines = []
-        for what, netns, host, port, uid in (
-            ("plain pod -> meshed:8080", plain, meshed_ip, "8080", None),
-            ("meshed pod (uid 1000) -> plain:9999", meshed, plain_ip, "9999", "1000"),
-            ("meshed pod (uid 2102, the proxy) -> plain:9999", meshed, plain_ip, "9999", "2102"),
-        ):
+        for what, netns, host, port, uid, expected in (
+            ("plain pod -> meshed:8080", plain, meshed_ip, "8080", None, "4143"),
+            ("meshed pod (uid 1000) -> plain:9999", meshed, plain_ip, "9999", "1000", "4140"),
+            ("meshed pod (uid 2102, the proxy) -> plain:9999", meshed, plain_ip, "9999", "2102",
+             "9999"),
+        ):  # fmt: skip
             argv = [sys.executable, probe, "connect", host, port, *([uid] if uid else [])]
-            lines.append(f"{what}: answered by port {netns.exec(argv, check=False).strip()}")
+            answer = netns.exec(argv, check=False).strip()
+            if answer != expected:
+                raise SystemExit(f"demo: {what} was answered by {answer!r}, not {expected}")
+            lines.append(f"{what}: answered by port {answer}")
         return "\n".join(lines)
     finally:
         for proc in listeners:

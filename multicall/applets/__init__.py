@@ -1,84 +1,84 @@
-"""The applet registry: every applet's names, and a loader whose static import Nuitka follows.
+"""The applet table: every applet's name, aliases, summary and module, in one place.
 
-An applet module is imported only when it runs (or when the whole registry is listed):
-importing all of them cost every `linkerd-cni` start ~24 dataclasses and their modules
-(about a tenth of an ADD's CPU time, bench/README "Benchmark").
+Only the applet that runs is imported: a row's loader holds a static import (which Nuitka
+follows) and is called when its applet runs; `cnibox --help` and `--list` read the table
+alone. Importing every applet cost each `linkerd-cni` start ~24 dataclasses and their
+modules, about a tenth of an ADD's CPU time (docs/benchmarks.md).
 
-Adding an applet: one module here with a usage docstring, `SPEC` and `main`, one loader and
-one entry in `LOADERS` below (with the SPEC's names), one line in the README's applet table
-(tests check all of them agree).
+Adding an applet: a module here whose docstring is its usage text and which defines `main`
+(multicall/applet.py), one loader and one row below, one line in the README's applet table
+(tests check all three agree).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import overload
-
-from multicall.applet import AppletSpec
+from multicall.applet import Applet, AppletModule
 
 
-def _netns_exec() -> AppletSpec:
+def _netns_exec() -> AppletModule:
     from multicall.applets import netns_exec
 
-    return netns_exec.SPEC
+    return netns_exec
 
 
-def _install_cni() -> AppletSpec:
+def _install_cni() -> AppletModule:
     from multicall.applets import install_cni
 
-    return install_cni.SPEC
+    return install_cni
 
 
-def _linkerd_cni() -> AppletSpec:
+def _linkerd_cni() -> AppletModule:
     from multicall.applets import linkerd_cni
 
-    return linkerd_cni.SPEC
+    return linkerd_cni
 
 
-def _iptables_verify() -> AppletSpec:
+def _iptables_verify() -> AppletModule:
     from multicall.applets import iptables_verify
 
-    return iptables_verify.SPEC
+    return iptables_verify
 
 
-# Each applet's names (SPEC.names, checked by tests/unit/test_registry.py) and its loader.
-LOADERS: tuple[tuple[tuple[str, ...], Callable[[], AppletSpec]], ...] = (
-    (("netns-exec", "nsenter"), _netns_exec),
-    (("install-cni",), _install_cni),
-    (("linkerd-cni",), _linkerd_cni),
-    (("iptables-verify",), _iptables_verify),
+# In `cnibox --help` order. Each comment says why the applet needs root where it does.
+APPLETS: tuple[Applet, ...] = (
+    # setns(2) needs CAP_SYS_ADMIN in the target namespace's user namespace
+    Applet(
+        "netns-exec",
+        ("nsenter",),
+        "run a program in other namespaces (nsenter drop-in)",
+        _netns_exec,
+        parses_help=True,
+        version_note="util-linux 2.38.1 compatible",
+    ),
+    # writes the host's CNI bin and config dirs through hostPath mounts
+    Applet(
+        "install-cni",
+        (),
+        "install and keep Linkerd's CNI plugin chained on this node (DaemonSet)",
+        _install_cni,
+    ),
+    # programs iptables rules inside pod network namespaces
+    Applet(
+        "linkerd-cni",
+        (),
+        "Linkerd's chained CNI plugin (upstream-compatible, no host binaries)",
+        _linkerd_cni,
+    ),
+    # --netns/--pid enter another network namespace (CAP_SYS_ADMIN, CAP_NET_ADMIN)
+    Applet(
+        "iptables-verify",
+        (),
+        "compare a pod's nat table with what linkerd-cni would program",
+        _iptables_verify,
+    ),
 )
 
 
-class _Registry(Sequence[AppletSpec]):
-    """Every applet's spec, in LOADERS order; iterating it imports every applet module."""
-
-    @overload
-    def __getitem__(self, index: int) -> AppletSpec: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[AppletSpec]: ...
-    def __getitem__(self, index: int | slice) -> AppletSpec | Sequence[AppletSpec]:
-        specs = tuple(load() for _, load in LOADERS)
-        return specs[index]
-
-    def __len__(self) -> int:
-        return len(LOADERS)
-
-    def __iter__(self) -> Iterator[AppletSpec]:
-        return (load() for _, load in LOADERS)
-
-
-REGISTRY: Sequence[AppletSpec] = _Registry()
-
-
-def find_applet(name: str) -> AppletSpec | None:
+def find_applet(name: str) -> Applet | None:
     """The applet answering to `name` (its own name or an alias), if any."""
-    for names, load in LOADERS:
-        if name in names:
-            return load()
-    return None
+    return next((applet for applet in APPLETS if name in applet.names), None)
 
 
 def all_names() -> list[str]:
     """Every name an applet answers to, sorted (what `--list` prints)."""
-    return sorted(name for names, _ in LOADERS for name in names)
+    return sorted(name for applet in APPLETS for name in applet.names)

@@ -28,9 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from multicall.applet import AppletSpec, write_text
-from multicall.core import conflist
-from multicall.core.installer_config import (
+from multicall.core.installer import conflist
+from multicall.core.installer.config import (
     InstallerConfig,
     SourceRead,
     choose_network_config,
@@ -39,6 +38,7 @@ from multicall.core.installer_config import (
     source_names,
 )
 from multicall.effects import fs
+from multicall.effects.streams import write_text
 from multicall.errors import EXIT_OK, CniboxError, ConfigError, UsageError
 
 if TYPE_CHECKING:
@@ -490,11 +490,7 @@ def main(
     stdout: BinaryIO,
     stderr: BinaryIO,
 ) -> int:
-    args = list(argv[1:])
-    if "--help" in args or "-h" in args:
-        write_text(stdout, __doc__ or "")
-        return EXIT_OK
-    options = parse_args(args)
+    options = parse_args(list(argv[1:]))
     config = parse_environment(env)
     log = Log(stderr, options.verbose)
     if options.mode == "uninstall":
@@ -542,12 +538,3 @@ def _undo_and_log(installer: Installer) -> list[str]:
     for error in errors:
         installer.log.info(f"undo: {error}")
     return errors
-
-
-SPEC = AppletSpec(
-    name="install-cni",
-    summary="install and keep Linkerd's CNI plugin chained on this node (DaemonSet)",
-    help=__doc__ or "",
-    main=main,
-    needs_root="writes the host's CNI bin and config dirs through hostPath mounts",
-)

@@ -21,7 +21,7 @@ control-plane pods, the `default/kubernetes` service.
   --mode legacy|nft      kernel interface to dump (default: the config's iptables-mode)
   --strict               compare the whole nat table, not only PROXY_INIT_* chains and the
                          rules jumping to them
-  --json                 print the result as JSON (schema in the README)
+  --json                 print the result as JSON (schema: docs/iptables-verify.md)
   --quiet                print nothing; the exit status says it all
 
 Fetching the pod instead of reading files:
@@ -32,7 +32,7 @@ Fetching the pod instead of reading files:
                          its `linkerd-cni-context` is used, as the plugin does)
 
 Exit status: 0 the rules match, 1 they differ, 2 usage or input error.
-"""  # noqa: E501 - the usage line stays one line (AppletSpec.usage)
+"""  # noqa: E501 - the usage line stays one line (the usage hint prints it)
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
-from multicall.applet import AppletSpec, write_text
+from multicall.effects.streams import write_text
 from multicall.errors import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -51,11 +51,11 @@ from multicall.errors import (
 )
 
 if TYPE_CHECKING:
-    from multicall.core.firewall import Mode, ProxyInitOptions
-    from multicall.core.k8s import Service
-    from multicall.core.ruleset import Table
-    from multicall.core.ruleset_diff import RulesetDiff
-    from multicall.effects.kube import PodInputs
+    from multicall.core.firewall.diff import RulesetDiff
+    from multicall.core.firewall.model import Mode, ProxyInitOptions
+    from multicall.core.firewall.ruleset import Table
+    from multicall.core.kube.objects import Service
+    from multicall.plugin.pod_inputs import PodInputs
 
 PROG = "iptables-verify"
 JSON_SCHEMA = "cnibox.iptables-verify/v1"
@@ -72,7 +72,7 @@ _VALUED = (
     "--namespace",
     "--kubeconfig",
 )
-_FLAGS = ("--strict", "--json", "--quiet", "--help", "-h")
+_FLAGS = ("--strict", "--json", "--quiet")
 
 
 class InputError(CniboxError):
@@ -97,7 +97,6 @@ class Options:
     strict: bool = False
     json: bool = False
     quiet: bool = False
-    help: bool = False
 
 
 # ----------------------------------------------------------------------------- command line
@@ -133,8 +132,6 @@ def _usage_hint() -> str:
 
 
 def _options(values: Mapping[str, str], flags: set[str]) -> Options:
-    if flags & {"--help", "-h"}:
-        return Options(help=True)
     if "--config" not in values:
         raise UsageError("--config NETCONF.json is required", hint=_usage_hint())
     sources = [s for s in ("--input", "--netns", "--pid") if s in values]
@@ -191,7 +188,7 @@ def plugin_config(data: bytes, path: str) -> bytes:
     passes them), or the document itself when it is a single plugin config."""
     import json
 
-    from multicall.core.conflist import is_linkerd, parse_document
+    from multicall.core.installer.conflist import is_linkerd, parse_document
 
     document = parse_document(data, path)
     plugins = document.get("plugins")
@@ -239,9 +236,9 @@ class Expectation:
 
 def expected(opts: Options, stdin: BinaryIO, env: Mapping[str, str]) -> Expectation:
     """The nat table the plugin would leave, from the same core code as its ADD."""
-    from multicall.core.cni_config import base_options, mode_of, parse_netconf
-    from multicall.core.firewall import Family, Mode
-    from multicall.core.proxy_init import empty_table, expected_table
+    from multicall.core.cni.netconf import base_options, mode_of, parse_netconf
+    from multicall.core.firewall.model import Family, Mode
+    from multicall.core.firewall.proxy_init import empty_table, expected_table
 
     netconf = parse_netconf(plugin_config(read_bytes(opts.config, stdin), opts.config))
     mode = Mode(opts.mode) if opts.mode else mode_of(netconf)
@@ -264,8 +261,8 @@ def _pod_inputs(
     opts: Options, stdin: BinaryIO, env: Mapping[str, str], kubeconfig: str
 ) -> PodInputs:
     """The pod, its namespace's annotations and the API service, from files or the API."""
-    from multicall.core.k8s import parse_namespace, parse_pod, parse_service
-    from multicall.effects.kube import PodInputs
+    from multicall.core.kube.objects import parse_namespace, parse_pod, parse_service
+    from multicall.plugin.pod_inputs import PodInputs
 
     assert opts.pod is not None
     namespace = service = None
@@ -286,12 +283,8 @@ def _fetch(
     service: Service | None,
 ) -> PodInputs:
     """What ADD reads from the API, except what was given as files."""
-    from multicall.effects.kube import (
-        KubeClient,
-        read_kubeconfig,
-        read_pod_inputs,
-        timeout_from_env,
-    )
+    from multicall.effects.kube import KubeClient, read_kubeconfig, timeout_from_env
+    from multicall.plugin.pod_inputs import read_pod_inputs
 
     assert opts.namespace is not None
     assert opts.pod is not None
@@ -310,7 +303,7 @@ def _fetch(
 def _pod_options(
     inputs: PodInputs, base: ProxyInitOptions
 ) -> tuple[ProxyInitOptions | None, str, str]:
-    from multicall.core.pod_policy import decide, effective_options
+    from multicall.core.kube.pod_policy import decide, effective_options
 
     pod = inputs.pod
     name = f"{pod.namespace}/{pod.name}"
@@ -330,8 +323,8 @@ class Actual:
 
 def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> Actual:
     """The nat table to check, and where it came from."""
-    from multicall.core.iptables_save import last_table, parse_save
-    from multicall.core.proxy_init import empty_table
+    from multicall.core.firewall.iptables_save import last_table, parse_save
+    from multicall.core.firewall.proxy_init import empty_table
 
     if opts.input is not None:
         source = "<stdin>" if opts.input == "-" else opts.input
@@ -341,11 +334,12 @@ def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> Actual:
         # iptables-save prints no *nat block when the table was never instantiated.
         return Actual(found or empty_table(), source, ruleset.warnings)
     path = opts.netns if opts.netns is not None else f"/proc/{opts.pid}/ns/net"
-    from multicall.core.firewall import Family
-    from multicall.effects.firewall import dump_nat
+    from multicall.core.firewall.model import Family
+    from multicall.effects.firewall.engine import dump_nat
+    from multicall.effects.ns import NetnsRef
 
     # Reading is harmless, so the verifier's own namespace may be inspected too.
-    table = dump_nat(path, mode=mode, family=Family(opts.family), allow_own_netns=True)
+    table = dump_nat(NetnsRef(path, allow_own=True), mode=mode, family=Family(opts.family))
     return Actual(table, path)
 
 
@@ -355,7 +349,7 @@ def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> Actual:
 def format_json(diff: RulesetDiff, opts: Options, want: Expectation, got: Actual) -> str:
     import json
 
-    from multicall.core.ruleset_diff import diff_to_json
+    from multicall.core.firewall.report import diff_to_json
 
     doc = {
         **diff_to_json(diff),
@@ -371,7 +365,7 @@ def format_json(diff: RulesetDiff, opts: Options, want: Expectation, got: Actual
 
 
 def format_text(diff: RulesetDiff, opts: Options, want: Expectation, got: Actual) -> str:
-    from multicall.core.ruleset_diff import format_diff, format_summary
+    from multicall.core.firewall.report import format_diff, format_summary
 
     head = f"{opts.family} nat table of {got.source}"
     notes = [want.note] if want.note else []
@@ -384,7 +378,7 @@ def format_text(diff: RulesetDiff, opts: Options, want: Expectation, got: Actual
 
 
 def run(opts: Options, env: Mapping[str, str], stdin: BinaryIO, stdout: BinaryIO) -> int:
-    from multicall.core.ruleset_diff import diff_tables
+    from multicall.core.firewall.diff import diff_tables
 
     want = expected(opts, stdin, env)
     got = actual(opts, want.mode, stdin)
@@ -403,9 +397,6 @@ def main(
     stderr: BinaryIO,
 ) -> int:
     opts = parse_args(argv[1:])
-    if opts.help:
-        write_text(stdout, __doc__ or "")
-        return EXIT_OK
     try:
         return run(opts, env, stdin, stdout)
     except (UsageError, InputError):
@@ -419,12 +410,3 @@ def main(
             errno=exc.errno,
             details=exc.details,
         ) from exc
-
-
-SPEC = AppletSpec(
-    name=PROG,
-    summary="compare a pod's nat table with what linkerd-cni would program",
-    help=__doc__ or "",
-    main=main,
-    needs_root="--netns/--pid enter another network namespace (CAP_SYS_ADMIN, CAP_NET_ADMIN)",
-)

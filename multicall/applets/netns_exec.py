@@ -39,11 +39,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import BinaryIO, NoReturn
 
-from multicall import __version__
-from multicall.applet import AppletSpec, write_text
-from multicall.core import nsenter_args as na
-from multicall.core.nsenter_args import FileOpen, Invocation, NsenterError
-from multicall.effects import ns, process
+from multicall.core import netns_exec as na
+from multicall.core.netns_exec import FileOpen, Invocation, NsenterError
+from multicall.core.usage import Show
+from multicall.effects import bundle, ns, process
+from multicall.effects.streams import write_text
 from multicall.errors import ExecFailed, ExecNotFound
 
 
@@ -53,7 +53,7 @@ def main(
     stdin: BinaryIO,
     stdout: BinaryIO,
     stderr: BinaryIO,
-) -> int:
+) -> int | Show:
     argv0 = argv[0] if argv else "netns-exec"
     prog = argv0.rsplit("/", 1)[-1]
     parsed = na.parse_args(list(argv[1:]))
@@ -67,19 +67,10 @@ def main(
             stderr, f"{argv0}: {outcome.message}\nTry '{prog} --help' for more information.\n"
         )
         return 1
-    if outcome is na.Show.HELP:
-        write_text(stdout, format_help(prog))
-        return 0
-    if outcome is na.Show.VERSION:
-        write_text(stdout, na.format_version(prog, __version__))
-        return 0
+    if isinstance(outcome, Show):
+        return outcome  # the dispatcher prints help or version (as util-linux, on stdout)
     assert isinstance(outcome, Invocation)
     return run(outcome, parsed, fds, env)
-
-
-def format_help(prog: str) -> str:
-    assert __doc__ is not None
-    return __doc__.replace("usage: netns-exec", f"usage: {prog}", 1)
 
 
 def open_all(fds: dict[str, int], opens: Sequence[FileOpen]) -> None:
@@ -225,21 +216,14 @@ def switch_ids(creds: na.Credentials, groups_dropped_early: bool) -> None:
 
 
 def execute(program: Sequence[str], env: Mapping[str, str]) -> NoReturn:
+    """exec the program (or the shell) with the caller's environment, as nsenter does: minus
+    the LOCPATH the binary's launcher set for itself (bundle.child_environ)."""
     name = program[0] if program else env.get("SHELL", process.BOURNE_SHELL)
+    child = bundle.child_environ(env)
     try:
         if program:
-            process.exec_program(program, env)
-        process.exec_shell(env)
+            process.exec_program(program, child)
+        process.exec_shell(child)
     except OSError as exc:
         error = ExecNotFound if exc.errno == errno.ENOENT else ExecFailed
         raise error(f"failed to execute {name}: {exc.strerror}", errno=exc.errno) from exc
-
-
-SPEC = AppletSpec(
-    name="netns-exec",
-    summary="run a program in other namespaces (nsenter drop-in)",
-    help=__doc__ or "",
-    main=main,
-    aliases=("nsenter",),
-    needs_root="setns(2) needs CAP_SYS_ADMIN in the target namespace's user namespace",
-)

@@ -1,2 +1,2 @@
 """Pure functions over values: no os, subprocess, socket, ctypes or multicall.effects here
-(tests/unit/test_layering.py enforces it)."""
+(tests/pure/test_layering.py enforces it)."""

@@ -9,23 +9,16 @@ Rules of this module:
    are used, as python-iptables would find them.
 3. It also short-circuits ctypes.util.find_library("c"), which otherwise spawns ldconfig and
    gcc (absent in an empty root, and slow).
-4. pyroute2 is imported only through `import_pyroute2("netns")` etc.: pyroute2's package
-   `__init__` imports nearly all of pyroute2 (NDB, sqlite3, ...), and the build prunes those
-   modules (build/build.py PYROUTE2_PRUNED), so a plain `import pyroute2` fails when compiled.
-5. The launcher sets LOCPATH to the bundled locale; `child_environ()` drops it again for host
+4. The launcher sets LOCPATH to the bundled locale; `child_environ()` drops it again for host
    programs a cnibox applet starts (their glibc must use the host's locales).
 """
 
 from __future__ import annotations
 
 import ctypes.util
-import importlib
-import importlib.util
 import os
-import sys
 from collections.abc import Callable, Mapping
 from functools import cache
-from types import ModuleType
 
 import multicall
 
@@ -67,24 +60,6 @@ def _short_circuit_find_library() -> None:
         return "libc.so.6" if name == "c" else original(name)
 
     ctypes.util.find_library = find_library
-
-
-def import_pyroute2(submodule: str) -> ModuleType:
-    """`pyroute2.<submodule>`, imported without running pyroute2's package `__init__`."""
-    if "pyroute2" not in sys.modules:
-        _install_pyroute2_stub()
-    return importlib.import_module(f"pyroute2.{submodule}")
-
-
-def _install_pyroute2_stub() -> None:
-    spec = importlib.util.find_spec("pyroute2")
-    if spec is None or spec.submodule_search_locations is None:
-        raise ModuleNotFoundError("No module named 'pyroute2'", name="pyroute2")
-    stub = ModuleType("pyroute2")
-    stub.__path__ = list(spec.submodule_search_locations)
-    stub.__spec__ = spec
-    stub.__file__ = spec.origin
-    sys.modules["pyroute2"] = stub
 
 
 def child_environ(env: Mapping[str, str]) -> dict[str, str]:

@@ -13,13 +13,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 from urllib.parse import quote, urlsplit
 
-from multicall.core.k8s import Namespace, Pod, Service, parse_namespace, parse_pod, parse_service
-from multicall.core.kubeconfig import KubeConfig, parse_kubeconfig
+from multicall.core.kube.kubeconfig import KubeConfig, parse_kubeconfig
+from multicall.core.kube.objects import (
+    Namespace,
+    Pod,
+    Service,
+    parse_namespace,
+    parse_pod,
+    parse_service,
+)
 from multicall.errors import ConfigError, KubeError
 
 if TYPE_CHECKING:
@@ -161,46 +168,6 @@ class KubeClient:
         if self._token:
             lines.append(f"Authorization: Bearer {self._token}")
         return "".join(f"{line}\r\n" for line in lines)
-
-
-@dataclass(frozen=True, slots=True)
-class PodInputs:
-    """What ADD reads from the API for one pod."""
-
-    pod: Pod
-    namespace_annotations: Mapping[str, str] | None
-    service: Service | None
-
-
-def _ignore(_exc: KubeError) -> None:
-    """The default for a failed service GET: upstream falls back to 443,6443 silently."""
-
-
-def read_pod_inputs(
-    client: KubeClient,
-    namespace: str,
-    name: str,
-    *,
-    namespace_annotations: Mapping[str, str] | None = None,
-    service: Service | None = None,
-    on_service_error: Callable[[KubeError], None] = _ignore,
-) -> PodInputs:
-    """The pod, then for a meshed pod its namespace (only when an override annotation is not
-    on the pod) and the `default/kubernetes` service (only for control-plane pods): at most
-    three GETs. Given namespace annotations or service are used instead of a GET."""
-    from multicall.core.pod_policy import decide, needs_namespace, needs_service
-
-    pod = client.get_pod(namespace, name)
-    if not decide(pod).meshed:
-        return PodInputs(pod, namespace_annotations, service)
-    if namespace_annotations is None and needs_namespace(pod):
-        namespace_annotations = client.get_namespace(pod.namespace or namespace).annotations
-    if service is None and needs_service(pod):
-        try:
-            service = client.get_service("default", "kubernetes")
-        except KubeError as exc:
-            on_service_error(exc)  # effective_options then adds upstream's 443,6443
-    return PodInputs(pod, namespace_annotations, service)
 
 
 class _Connection:

@@ -4,8 +4,10 @@ always returns.
 Rules of this module:
 1. libc is opened with CDLL(None): the already-loaded libc, no ctypes.util.find_library
    (which spawns ldconfig/gcc and fails in an empty root).
-2. `entered_netns` is for single-threaded processes only: setns switches the calling thread,
-   and any other thread would stay behind. It refuses the caller's own netns unless told.
+2. `entered_netns` switches the calling thread only (setns is per thread): the body must not
+   hand work to other threads. It refuses the caller's own netns unless told.
+3. A namespace is named by a `NetnsRef`: a path, or an fd the caller already opened (the node
+   agent receives them from its clients); borrowed fds are never closed here.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import errno as errno_mod
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import cache
 
 from multicall.errors import NetnsError, NetnsNotFound
@@ -47,14 +50,36 @@ def unshare(flags: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
-def ns_identity(path: str) -> tuple[int, int]:
-    st = os.stat(path)
+OWN_NETNS = "/proc/thread-self/ns/net"
+
+
+@dataclass(frozen=True, slots=True)
+class NetnsRef:
+    """A network namespace to enter or inspect.
+
+    `path` names it in messages (CNI_NETNS); `fd`, when given, is an fd already open on it and
+    is used instead of opening `path`. `own_fd` is the namespace counted as the caller's own
+    (None: this thread's), refused unless `allow_own` (libcni's CNI_NETNS_OVERRIDE). Fds are
+    borrowed: never closed here.
+    """
+
+    path: str
+    fd: int | None = None
+    own_fd: int | None = None
+    allow_own: bool = False
+
+
+def ns_identity(target: str | int) -> tuple[int, int]:
+    """(device, inode) of a namespace file, by path or open fd."""
+    st = os.fstat(target) if isinstance(target, int) else os.stat(target)
     return (st.st_dev, st.st_ino)
 
 
-def is_own_netns(path: str) -> bool:
-    """True when `path` is the network namespace this thread is in."""
-    return ns_identity(path) == ns_identity("/proc/thread-self/ns/net")
+def is_own_netns(netns: NetnsRef | str) -> bool:
+    """True when `netns` is the caller's own network namespace (OSError if it cannot be read)."""
+    ref = NetnsRef(netns) if isinstance(netns, str) else netns
+    target = ns_identity(ref.fd if ref.fd is not None else ref.path)
+    return target == ns_identity(ref.own_fd if ref.own_fd is not None else OWN_NETNS)
 
 
 def open_netns(path: str) -> int:
@@ -68,24 +93,25 @@ def open_netns(path: str) -> int:
 
 
 @contextmanager
-def entered_netns(path: str, *, allow_own: bool = False) -> Iterator[None]:
-    """Run the body inside the netns at `path`, then return to the original one.
+def entered_netns(netns: NetnsRef | str, *, allow_own: bool = False) -> Iterator[None]:
+    """Run the body inside `netns` (a `NetnsRef`, or a path), then return to the original one.
 
-    Refuses the current netns (the host's, for a CNI plugin) unless `allow_own`, like
+    Refuses the caller's own netns (the host's, for a CNI plugin) unless allowed, like
     libcni's CNI_NETNS_OVERRIDE. If the way back fails the process cannot be trusted any
     more, so it exits at once rather than run anything in the wrong namespace.
     """
-    target = open_netns(path)
+    ref = NetnsRef(netns, allow_own=allow_own) if isinstance(netns, str) else netns
+    target = ref.fd if ref.fd is not None else open_netns(ref.path)
     try:
-        if not allow_own and is_own_netns(path):
+        if not ref.allow_own and is_own_netns(NetnsRef(ref.path, target, ref.own_fd)):
             raise NetnsError(
-                f"{path} is the caller's own network namespace; refusing to program it",
-                netns=path,
+                f"{ref.path} is the caller's own network namespace; refusing to program it",
+                netns=ref.path,
                 hint="set CNI_NETNS_OVERRIDE=1 to allow it",
             )
-        original = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        original = os.open(OWN_NETNS, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            _switch(target, path)
+            _switch(target, ref.path)
             try:
                 yield
             finally:
@@ -93,7 +119,8 @@ def entered_netns(path: str, *, allow_own: bool = False) -> Iterator[None]:
         finally:
             os.close(original)
     finally:
-        os.close(target)
+        if ref.fd is None:
+            os.close(target)
 
 
 def _switch(fd: int, path: str) -> None:

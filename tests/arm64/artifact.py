@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.binary.artifact import artifact_path
+from tests.support.artifact import artifact_path
 
 EM_AARCH64 = 183
 PT_INTERP = 3

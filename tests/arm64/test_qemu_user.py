@@ -6,7 +6,7 @@ namespace of the test's own (Linux >= 6.7 gives each user namespace its own binf
 nothing is registered on the machine. Explicit `qemu-aarch64-static FILE` is not enough: the
 launcher execs the loader, and qemu-user hands execve to the host kernel.
 
-The root is the x86_64 suite's (tests/binary/test_empty_root.py: only the binary, its applet
+The root is the x86_64 suite's (tests/support/empty_root.py: only the binary, its applet
 links, /tmp, /proc, read-only). What differs from that suite:
 - the throwaway netns is created inside the user namespace (a netns of the machine's own user
   namespace cannot be entered from a child one), bind-mounted into the root, and gone with it;
@@ -28,9 +28,9 @@ import pytest
 from multicall import __version__
 from multicall.applets import all_names
 from tests.arm64.artifact import EM_AARCH64, PT_DYNAMIC, PT_INTERP, arm64_artifact, elf_facts
-from tests.binary.test_empty_root import ENVIRONMENTS, EmptyRoot, case_install_cni, make_root
-from tests.conftest import require_root, require_tool
-from tests.unit.test_iptables_verify import LINKERD, netconf, scenario_family
+from tests.support import require_root, require_tool
+from tests.support.empty_root import ENVIRONMENTS, EmptyRoot, install_cni_once, make_root
+from tests.support.scenarios import SCENARIOS, netconf, scenario_family
 
 pytestmark = [pytest.mark.binary, pytest.mark.netns]
 # Generous: a first start unpacks ~40 MB under emulation on a shared 2-core machine.
@@ -162,7 +162,7 @@ def test_netns_exec_enters_a_netns(qroot: QemuRoot, name: str) -> None:
 def test_install_cni_once(qroot: QemuRoot) -> None:
     """The installer's --once run (the x86_64 suite's case): copies the single file it runs
     from, links linkerd-cni, writes the kubeconfig, patches the network config."""
-    case_install_cni(qroot, None, {})  # type: ignore[arg-type]  # this case needs no rig
+    install_cni_once(qroot, {})
 
 
 @pytest.mark.parametrize("scenario", ["default-legacy", "default-ipv6-nft"])
@@ -170,7 +170,7 @@ def test_iptables_verify_input(qroot: QemuRoot, scenario: str) -> None:
     """iptables-verify --input: upstream's save text passes (exit 0); with one rule gone it
     fails with exit 1 and names the rule."""
     family = scenario_family(scenario).value
-    save = (LINKERD / f"{scenario}.iptables-save.txt").read_text()
+    save = (SCENARIOS / f"{scenario}.iptables-save.txt").read_text()
     (qroot.tmp / "conf.json").write_text(json.dumps(netconf(scenario)))
     (qroot.tmp / "good.txt").write_text(save)
     dropped = next(line for line in save.splitlines() if line.startswith("-A PROXY_INIT_OUTPUT"))

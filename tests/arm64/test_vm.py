@@ -21,11 +21,14 @@ import pytest
 
 from tests.arm64 import vm
 from tests.arm64.artifact import arm64_artifact
-from tests.conftest import require_root, require_tool
-from tests.kubeapi import KubeApi, make_pki
-from tests.libcni import conflist, primary_plugin
-from tests.netns.test_linkerd_cni import MESHED, SAVE, fixture_text, without_comments
-from tests.rig import Rig
+from tests.support import require_root, require_tool
+from tests.support.kubeapi import KubeApi
+from tests.support.libcni import conflist, primary_plugin
+from tests.support.oracles import SAVE
+from tests.support.pki import make_pki
+from tests.support.pods import MESHED
+from tests.support.rig import Rig
+from tests.support.scenarios import fixture_text, without_comments
 
 pytestmark = [pytest.mark.binary, pytest.mark.netns, pytest.mark.slow]
 BOOT_TIMEOUT = 1200

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.binary.artifact import artifact_path, read_trailer
+from tests.support.artifact import artifact_path, read_trailer
 
 
 @pytest.fixture(scope="session")

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from multicall.applets import REGISTRY, all_names
-from tests.binary.artifact import env_with_cache, read_trailer, started
-from tests.conftest import require_root, require_tool
+from multicall.applets import APPLETS, all_names
+from tests.support import require_root, require_tool
+from tests.support.artifact import env_with_cache, read_trailer, started
 
 pytestmark = pytest.mark.binary
 TIMEOUT = 60
@@ -61,8 +61,8 @@ def test_symlink_names_reach_the_dispatcher(artifact: Path, cache: Path, tmp_pat
     assert unknown.returncode == 127
     assert unknown.stderr == "no-such-applet: applet not found\n"
     assert run([str(links / "cnibox"), "--list"], cache).stdout.split() == all_names()
-    for spec in REGISTRY:
-        for name in spec.names:
+    for applet in APPLETS:
+        for name in applet.names:
             result = run([str(links / name), "--help"], cache)
             assert "applet not found" not in result.stderr, name
             assert (result.returncode, bool(result.stdout)) == (0, True), (name, result.stderr)

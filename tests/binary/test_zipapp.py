@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from multicall.applets import REGISTRY, all_names
+from multicall.applets import APPLETS, all_names
 
 pytestmark = pytest.mark.binary
 
@@ -40,8 +40,8 @@ def test_runs_as_the_multiplexer(pyz: Path) -> None:
 
 
 def test_symlinks_dispatch_by_name(pyz: Path, tmp_path: Path) -> None:
-    for spec in REGISTRY:
-        for name in spec.names:
+    for applet in APPLETS:
+        for name in applet.names:
             (tmp_path / name).symlink_to(pyz)
             result = run([str(tmp_path / name), "--help"])
             assert (result.returncode, bool(result.stdout)) == (0, True), (name, result.stderr)

@@ -16,20 +16,31 @@ from pathlib import Path
 
 import pytest
 
-from multicall.core.firewall import OUTPUT_CHAIN, REDIRECT_CHAIN, Family, Mode, ProxyInitOptions
-from multicall.core.proxy_init import build_run_argv, expected_table, plan_change, strip_counters
-from multicall.core.ruleset import Rule, render_table
-from multicall.effects.firewall import apply_proxy_init, backend_for, dump_nat
+from multicall.core.firewall.model import (
+    OUTPUT_CHAIN,
+    REDIRECT_CHAIN,
+    Family,
+    Mode,
+    ProxyInitOptions,
+    families,
+)
+from multicall.core.firewall.proxy_init import (
+    expected_table,
+    plan_change,
+    strip_counters,
+)
+from multicall.core.firewall.ruleset import Rule, render_table
+from multicall.effects.firewall.engine import apply_proxy_init, backend_for, dump_nat
 from multicall.effects.ns import entered_netns
 from multicall.errors import FirewallError, NetnsError
-from tests.conftest import REPO, require_tool
-from tests.rig import Netns, Rig
-from tests.unit.test_proxy_init import (
+from tests.support import REPO, require_tool
+from tests.support.oracles import MODES, oracle, save_tool
+from tests.support.rig import Netns, Rig
+from tests.support.scenarios import (
     ERROR_NAMES,
     OK_NAMES,
     fixture_body,
     fixture_error,
-    save_body,
     scenario_family,
     scenario_options,
     times_applied,
@@ -37,23 +48,13 @@ from tests.unit.test_proxy_init import (
 
 pytestmark = pytest.mark.netns
 
-MODES = [Mode.LEGACY, Mode.NFT]
+V4_ONLY = families(ipv6=False)
+
 DEFAULT = ProxyInitOptions(inbound_ports_to_ignore=("4191", "4190"))
 
 
-def save_tool(mode: Mode, family: Family) -> str:
-    prefix = "iptables" if family is Family.IPV4 else "ip6tables"
-    flavour = "legacy" if mode is Mode.LEGACY else "nft"
-    return require_tool(f"{prefix}-{flavour}-save")
-
-
-def oracle(ns: Netns, mode: Mode, family: Family) -> list[str]:
-    """The `*nat` body the real save tool prints inside `ns`."""
-    return save_body(ns.exec([save_tool(mode, family), "-t", "nat"]))
-
-
 def apply(ns: Netns, options: ProxyInitOptions, mode: Mode, *, ipv6: bool = False) -> None:
-    apply_proxy_init(ns.path, options, mode=mode, ipv6=ipv6)
+    apply_proxy_init(ns.path, options, mode=mode, families=families(ipv6=ipv6))
 
 
 def model_body(options: ProxyInitOptions, family: Family) -> list[str]:
@@ -174,38 +175,23 @@ def test_kernel_refusal_changes_nothing(rig: Rig, mode: Mode) -> None:
 
 
 class TestSafety:
-    def test_simulate_logs_and_changes_nothing(self, rig: Rig) -> None:
-        """Simulate mode logs upstream's command lines and touches no table."""
-        pod = rig.netns("p")
-        lines: list[str] = []
-        apply_proxy_init(
-            pod.path, DEFAULT, mode=Mode.NFT, ipv6=True, simulate=True, log=lines.append
-        )
-        expected = [
-            " ".join(argv)
-            for family in Family
-            for argv in build_run_argv(DEFAULT, family, mode=Mode.NFT, netns=pod.path)
-        ]
-        assert lines == expected
-        for mode in MODES:
-            assert not any("PROXY_INIT" in line for line in oracle(pod, mode, Family.IPV4))
-
     def test_refuses_own_netns(self, rig: Rig) -> None:
         """From inside a netns, programming that same netns is refused unless allowed."""
         pod = rig.netns("p")
         script = textwrap.dedent(
             """
-            from multicall.core.firewall import Mode, ProxyInitOptions
-            from multicall.effects.firewall import apply_proxy_init
+            from multicall.core.firewall.model import Mode, ProxyInitOptions, families
+            from multicall.effects.firewall.engine import apply_proxy_init
+            from multicall.effects.ns import NetnsRef
             from multicall.errors import NetnsError
             own = "/proc/self/ns/net"
+            v4 = families(ipv6=False)
             try:
-                apply_proxy_init(own, ProxyInitOptions(), mode=Mode.LEGACY, ipv6=False)
+                apply_proxy_init(own, ProxyInitOptions(), mode=Mode.LEGACY, families=v4)
             except NetnsError as exc:
                 print("refused:", exc)
-            apply_proxy_init(
-                own, ProxyInitOptions(), mode=Mode.LEGACY, ipv6=False, allow_own_netns=True
-            )
+            allowed = NetnsRef(own, allow_own=True)
+            apply_proxy_init(allowed, ProxyInitOptions(), mode=Mode.LEGACY, families=v4)
             """
         )
         out = pod.exec([sys.executable, "-c", script])
@@ -217,10 +203,10 @@ class TestSafety:
         pod = rig.netns("p")
         script = (
             "import sys;"
-            "from multicall.core.firewall import Mode, ProxyInitOptions;"
-            "from multicall.effects.firewall import apply_proxy_init;"
+            "from multicall.core.firewall.model import Mode, ProxyInitOptions, families;"
+            "from multicall.effects.firewall.engine import apply_proxy_init;"
             f"apply = lambda: apply_proxy_init({pod.path!r}, ProxyInitOptions(),"
-            " mode=Mode.LEGACY, ipv6=True);"
+            " mode=Mode.LEGACY, families=families(ipv6=True));"
             "apply();"
             "sys.stdout.write('before ');"
             "apply();"  # its dump decodes rules, and python-iptables flushes stdout then
@@ -235,7 +221,7 @@ class TestSafety:
     def test_missing_netns(self) -> None:
         """A netns path that does not exist is a NetnsError, before anything else."""
         with pytest.raises(NetnsError, match="no such network namespace"):
-            apply_proxy_init("/run/netns/cbx-absent", DEFAULT, mode=Mode.LEGACY, ipv6=False)
+            apply_proxy_init("/run/netns/cbx-absent", DEFAULT, mode=Mode.LEGACY, families=V4_ONLY)
 
     @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
     def test_no_host_binary(self, rig: Rig, mode: Mode, tmp_path: Path) -> None:
@@ -246,9 +232,10 @@ class TestSafety:
         empty.mkdir()
         trace = tmp_path / "trace"
         script = (
-            "from multicall.core.firewall import Mode, ProxyInitOptions;"
-            "from multicall.effects.firewall import apply_proxy_init;"
-            f"apply_proxy_init({pod.path!r}, ProxyInitOptions(), mode=Mode.{mode.name}, ipv6=True)"
+            "from multicall.core.firewall.model import Mode, ProxyInitOptions, families;"
+            "from multicall.effects.firewall.engine import apply_proxy_init;"
+            f"apply_proxy_init({pod.path!r}, ProxyInitOptions(), mode=Mode.{mode.name},"
+            " families=families(ipv6=True))"
         )
         argv = [strace, "-f", "-qq", "-e", "trace=execve,execveat", "-o", str(trace)]
         argv += [sys.executable, "-c", script]
@@ -266,7 +253,7 @@ class TestPlainDetection:
         pod = rig.netns("p")
         pod.exec([require_tool("iptables-legacy"), "-t", "filter", "-A", "INPUT", "-j", "ACCEPT"])
         log: list[str] = []
-        apply_proxy_init(pod.path, DEFAULT, mode=Mode.PLAIN, ipv6=False, log=log.append)
+        apply_proxy_init(pod.path, DEFAULT, mode=Mode.PLAIN, families=V4_ONLY, log=log.append)
         assert any("using legacy" in line for line in log)
         assert oracle(pod, Mode.LEGACY, Family.IPV4) == model_body(DEFAULT, Family.IPV4)
 
@@ -274,6 +261,6 @@ class TestPlainDetection:
         """Without legacy rules, `plain` uses nf_tables."""
         pod = rig.netns("p")
         log: list[str] = []
-        apply_proxy_init(pod.path, DEFAULT, mode=Mode.PLAIN, ipv6=False, log=log.append)
+        apply_proxy_init(pod.path, DEFAULT, mode=Mode.PLAIN, families=V4_ONLY, log=log.append)
         assert any("using nft" in line for line in log)
         assert oracle(pod, Mode.NFT, Family.IPV4) == model_body(DEFAULT, Family.IPV4)

@@ -13,15 +13,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from multicall.core.firewall import Family, Mode, ProxyInitOptions
-from multicall.core.proxy_init import empty_table, expected_table, plan_change, render_restore
-from multicall.core.proxy_init import strip_counters as bare
-from multicall.core.ruleset import render_table
-from multicall.effects.firewall import backend_for, dump_nat
+from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
+from multicall.core.firewall.proxy_init import (
+    empty_table,
+    expected_table,
+    plan_change,
+    render_restore,
+)
+from multicall.core.firewall.proxy_init import strip_counters as bare
+from multicall.core.firewall.ruleset import render_table
+from multicall.effects.firewall.engine import backend_for, dump_nat
 from multicall.effects.ns import entered_netns
-from tests.conftest import require_tool
-from tests.netns.test_firewall import MODES, oracle
-from tests.rig import Rig
+from tests.support import require_tool
+from tests.support.oracles import MODES, oracle
+from tests.support.rig import Rig
 
 pytestmark = pytest.mark.netns
 

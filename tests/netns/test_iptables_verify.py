@@ -11,18 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from multicall.core.firewall import Family, Mode
-from multicall.effects.firewall import apply_proxy_init
-from tests.conftest import FIXTURES, REPO, cnibox_argv, require_tool
-from tests.rig import Netns, Rig
-from tests.unit.test_iptables_verify import (
-    SCENARIOS,
-    netconf,
-    run_inproc,
-    scenario,
-    scenario_family,
-    scenario_options,
-)
+from multicall.core.firewall.model import Family, Mode, families
+from multicall.effects.firewall.engine import apply_proxy_init
+from tests.support import FIXTURES, REPO, cnibox_argv, require_tool
+from tests.support.cnibox import run_applet_inproc
+from tests.support.rig import Netns, Rig
+from tests.support.scenarios import OK_NAMES, netconf, scenario, scenario_family, scenario_options
 
 pytestmark = pytest.mark.netns
 
@@ -129,7 +123,7 @@ def test_kube_proxy_rules_are_ignored_unless_strict(rig: Rig, tmp_path: Path) ->
     assert "+ -A OUTPUT -j KUBE-SERVICES    # unexpected" in proc.stdout
 
 
-@pytest.mark.parametrize("name", SCENARIOS)
+@pytest.mark.parametrize("name", OK_NAMES)
 def test_engine_applied_rules_verify(rig: Rig, tmp_path: Path, name: str) -> None:
     """What linkerd-cni ADD programs (the firewall engine, applied as often as the scenario
     says) is exactly what iptables-verify expects, in strict mode and per family."""
@@ -137,10 +131,16 @@ def test_engine_applied_rules_verify(rig: Rig, tmp_path: Path, name: str) -> Non
     family = scenario_family(name)
     mode = Mode.LEGACY if "legacy" in str(scenario(name)["iptables_binary"]) else Mode.NFT
     for _ in range(int(str(scenario(name)["times_applied_to_same_netns"]))):
-        apply_proxy_init(ns.path, scenario_options(name), mode=mode, ipv6=family is Family.IPV6)
+        apply_proxy_init(
+            ns.path,
+            scenario_options(name),
+            mode=mode,
+            families=families(ipv6=family is Family.IPV6),
+        )
     path = config(tmp_path, name, mode.value)
     for fam in {Family.IPV4, family}:
-        rc, out, err = run_inproc(
-            ["--config", path, "--netns", ns.path, "--family", fam.value, "--strict"]
+        rc, out, err = run_applet_inproc(
+            "iptables-verify",
+            ["--config", path, "--netns", ns.path, "--family", fam.value, "--strict"],
         )
         assert rc == 0, out + err

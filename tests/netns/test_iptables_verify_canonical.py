@@ -15,11 +15,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from multicall.core.iptables_save import last_table, parse_save
-from multicall.core.ruleset_diff import canonical, diff_tables, format_diff
-from tests.conftest import FIXTURES, require_tool
-from tests.rig import Netns, Rig
-from tests.unit.test_iptables_save import payload
+from multicall.core.firewall.canonical import canonical
+from multicall.core.firewall.diff import diff_tables
+from multicall.core.firewall.iptables_save import last_table, parse_save
+from multicall.core.firewall.report import format_diff
+from tests.support import FIXTURES, require_tool
+from tests.support.rig import Netns, Rig
+from tests.support.scenarios import payload
 
 pytestmark = pytest.mark.netns
 

@@ -16,58 +16,23 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FIXTURES, cnibox_argv, require_tool
-from tests.kubeapi import KubeApi, Pki, pods_from_golden, refused_port, service_doc
-from tests.libcni import Runtime, build_driver, conflist, plugin_dir, primary_plugin
-from tests.rig import Netns, Rig
+from tests.support import cnibox_argv, require_tool
+from tests.support.kubeapi import KubeApi, refused_port, service_doc
+from tests.support.libcni import (
+    TCP_PROBE,
+    Runtime,
+    build_driver,
+    conflist,
+    plugin_dir,
+    primary_plugin,
+)
+from tests.support.oracles import SAVE, proxy_init_lines, save_text
+from tests.support.pki import Pki
+from tests.support.pods import MESHED, NOT_INJECTED, NS, WITH_INIT, renamed
+from tests.support.rig import Netns, Rig
+from tests.support.scenarios import fixture_text
 
 pytestmark = pytest.mark.netns
-
-GOLDENS = FIXTURES / "upstream" / "linkerd2" / "inject-goldens"
-IPTABLES = FIXTURES / "derived" / "linkerd-iptables"
-PROBE = Path(__file__).resolve().parents[1] / "libcni" / "tcp_probe.py"
-SAVE = {"legacy": "iptables-legacy-save", "nft": "iptables-nft-save", "plain": "iptables-save"}
-NS = "emojivoto"
-
-
-def golden_pod(golden: str, index: int = 0) -> dict[str, Any]:
-    return pods_from_golden(GOLDENS / f"inject_emojivoto_deployment{golden}.golden.yml")[index]
-
-
-def renamed(pod: dict[str, Any], name: str, **annotations: str) -> dict[str, Any]:
-    meta = {**pod["metadata"], "name": name}
-    if annotations:
-        meta["annotations"] = {**meta.get("annotations", {}), **annotations}
-    return {**pod, "metadata": meta}
-
-
-# linkerd-network-validator + linkerd-proxy: what the injector makes with CNI enabled
-MESHED = renamed(golden_pod("_no_init_container"), "web-cni-7d4f8c9b5-x2x4q")
-# linkerd-init + linkerd-proxy: the rules are linkerd-init's business
-WITH_INIT = renamed(golden_pod(""), "web-init-7d4f8c9b5-x2x4q")
-NOT_INJECTED = renamed(golden_pod("_overridden_noinject"), "web-plain-7d4f8c9b5-x2x4q")
-
-
-def without_comments(text: str) -> str:
-    """Save text without its timestamped comment lines (and blank lines)."""
-    return "".join(line + "\n" for line in text.splitlines() if line and not line.startswith("#"))
-
-
-def save_text(netns: Netns, tool: str) -> str:
-    return without_comments(netns.exec([tool, "-t", "nat"]))
-
-
-def fixture_text(name: str) -> str:
-    return without_comments((IPTABLES / f"{name}.iptables-save.txt").read_text())
-
-
-def proxy_init_lines(netns: Netns) -> list[str]:
-    out = []
-    for tool in ("iptables-nft-save", "iptables-legacy-save"):
-        out += [
-            line for line in netns.exec([tool, "-t", "nat"]).splitlines() if "PROXY_INIT" in line
-        ]
-    return out
 
 
 @pytest.fixture(scope="session")
@@ -341,7 +306,7 @@ class Listener:
 
 
 def listen(netns: Netns, *ports: int) -> Listener:
-    proc = netns.popen([sys.executable, str(PROBE), "listen", *map(str, ports)])
+    proc = netns.popen([sys.executable, str(TCP_PROBE), "listen", *map(str, ports)])
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.strip() == "ready", proc.stderr.read() if proc.stderr else line
@@ -349,7 +314,7 @@ def listen(netns: Netns, *ports: int) -> Listener:
 
 
 def connect(netns: Netns, host: str, port: int, uid: int | None = None) -> str:
-    argv = [sys.executable, str(PROBE), "connect", host, str(port)]
+    argv = [sys.executable, str(TCP_PROBE), "connect", host, str(port)]
     if uid is not None:
         argv.append(str(uid))
     return netns.exec(argv, check=False).strip()

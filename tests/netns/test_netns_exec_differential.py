@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cnibox_argv, require_root, require_tool, skip_or_fail
-from tests.rig import Netns, Rig
+from tests.support import cnibox_argv, require_root, require_tool, skip_or_fail
+from tests.support.rig import Netns, Rig
 
 pytestmark = pytest.mark.netns
 

@@ -17,17 +17,25 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from multicall.core import nft_codec as c
-from multicall.core.firewall import Family, FirewallBackend, ProxyInitOptions, TableChange
-from multicall.core.proxy_init import empty_table, expected_table, plan_change, strip_counters
-from multicall.core.ruleset import Rule, Table, render_table
-from multicall.effects.nft_backend import NftBackend, read_chains, read_rules
+from multicall.core.firewall.model import Family, FirewallBackend, ProxyInitOptions, TableChange
+from multicall.core.firewall.nft import dump as nft_dump
+from multicall.core.firewall.nft import expr as nft_expr
+from multicall.core.firewall.nft import rule as nft_rule
+from multicall.core.firewall.nft import rulespec as nft_spec
+from multicall.core.firewall.proxy_init import (
+    empty_table,
+    expected_table,
+    plan_change,
+    strip_counters,
+)
+from multicall.core.firewall.ruleset import Rule, Table, render_table
+from multicall.effects.firewall.nft import NftBackend, read_chains, read_rules
 from multicall.effects.ns import entered_netns
 from multicall.errors import FirewallError
-from tests.conftest import FIXTURES, REPO, require_root, require_tool
-from tests.rig import Netns, Rig
-from tests.unit.test_nft_codec import family_of, rule_specs, save_rules, typed
-from tests.unit.test_proxy_init import (
+from tests.support import FIXTURES, REPO, require_root, require_tool
+from tests.support.nft import family_of, rule_specs, save_rules, typed
+from tests.support.rig import Netns, Rig
+from tests.support.scenarios import (
     OK_NAMES,
     fixture_body,
     scenario_family,
@@ -179,7 +187,7 @@ class TestReadingIptablesNft:
         with entered_netns(ns.path, allow_own=False):
             raw = read_rules(family, "nat")
         for info, rule in zip(raw, table.rules, strict=True):
-            assert typed(info.exprs) == typed(c.encode_rule_tokens(rule.spec, family).exprs)
+            assert typed(info.exprs) == typed(nft_rule.encode_rule_tokens(rule.spec, family).exprs)
 
     @pytest.mark.parametrize("times", [1, 2])
     def test_noflush_restore_of_the_canonicalization_input(self, rig: Rig, times: int) -> None:
@@ -226,10 +234,10 @@ def replay_upstream(ns: Netns, name: str, family: Family) -> None:
         ns.exec([require_tool(tool), *argv[1:]])
 
 
-KernelRule = tuple[str, list[tuple[str, c.Expr]]]
+KernelRule = tuple[str, list[tuple[str, nft_expr.Expr]]]
 
 
-def kernel_state(ns: Netns, family: Family) -> tuple[list[c.ChainInfo], list[KernelRule]]:
+def kernel_state(ns: Netns, family: Family) -> tuple[list[nft_dump.ChainInfo], list[KernelRule]]:
     """Chains by name; rules by chain, in kernel order within each (handles differ)."""
     with entered_netns(ns.path, allow_own=False):
         chains = sorted(read_chains(family), key=lambda ch: ch.name)
@@ -272,10 +280,10 @@ class TestNoHostBinaries:
         ns = rig.netns()
         script = (
             "import sys\n"
-            "from multicall.core.firewall import Family, TableChange\n"
-            "from multicall.core.ruleset import Rule\n"
+            "from multicall.core.firewall.model import Family, TableChange\n"
+            "from multicall.core.firewall.ruleset import Rule\n"
             "from multicall.effects.ns import entered_netns\n"
-            "from multicall.effects.nft_backend import NftBackend\n"
+            "from multicall.effects.firewall.nft import NftBackend\n"
             "rule = Rule('PREROUTING', ('-p', 'tcp', '-j', 'REDIRECT', '--to-ports', '4143'))\n"
             "with entered_netns(sys.argv[1]):\n"
             "    NftBackend().apply(Family.IPV4, TableChange('nat', (), (), (rule,)))\n"
@@ -294,11 +302,11 @@ class TestRoundTrip:
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     )
     @given(case=rule_specs())
-    def test_apply_dump_and_oracle_agree(self, case: tuple[Family, c.RuleSpec]) -> None:
+    def test_apply_dump_and_oracle_agree(self, case: tuple[Family, nft_spec.RuleSpec]) -> None:
         """Random rules: dump(apply(x)) == x, and iptables-nft-save prints x."""
         require_root()
         family, spec = case
-        rule = Rule("T", c.render_spec_tokens(spec))
+        rule = Rule("T", nft_spec.render_spec_tokens(spec))
         rig = Rig()
         try:
             ns = rig.netns()

@@ -1,0 +1,276 @@
+"""The expected-vs-actual comparison of one table, rule by rule in canonical form.
+
+Rules of this module:
+1. Rules are compared by their canonical form (`canonical.canonical`); order within a chain
+   counts, counters never do.
+2. By default only the chains named with the owned prefix (`PROXY_INIT_`) and the rules
+   jumping to them are compared; `strict` compares the whole table.
+3. A rule missing in one place and present in another is reported as moved, not as one
+   missing and one unexpected rule.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from multicall.core.firewall.canonical import CanonicalRule, canonical
+from multicall.core.firewall.ruleset import BUILTIN_CHAINS, Rule, Table, render_rule
+
+OWNED_PREFIX = "PROXY_INIT_"
+
+
+class RuleProblem(Enum):
+    MISSING = "missing"
+    UNEXPECTED = "unexpected"
+    OUT_OF_ORDER = "out-of-order"
+
+
+class ChainProblem(Enum):
+    MISSING = "missing-chain"
+    UNEXPECTED = "unexpected-chain"
+    POLICY = "wrong-policy"
+
+
+@dataclass(frozen=True, slots=True)
+class RuleDelta:
+    problem: RuleProblem
+    chain: str
+    rule: Rule  # the expected rule (missing, out-of-order) or the actual one (unexpected)
+    expected_position: int | None  # 1-based within the compared rules of the chain
+    actual_position: int | None
+    duplicate: bool = False  # unexpected, but an identical rule is also present
+
+    @property
+    def text(self) -> str:
+        return render_rule(self.rule)
+
+
+@dataclass(frozen=True, slots=True)
+class ChainDelta:
+    problem: ChainProblem
+    chain: str
+    expected_policy: str | None = None
+    actual_policy: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DiffLine:
+    """One line of the unified-diff view: ' ' same, '-' expected only, '+' actual only."""
+
+    op: str
+    rule: Rule
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ChainHunk:
+    chain: str
+    lines: tuple[DiffLine, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RulesetDiff:
+    table: str
+    strict: bool
+    prefix: str
+    chains: tuple[ChainDelta, ...] = ()
+    rules: tuple[RuleDelta, ...] = ()
+    hunks: tuple[ChainHunk, ...] = ()
+    compared_rules: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.chains and not self.rules
+
+    def _of(self, problem: RuleProblem) -> tuple[RuleDelta, ...]:
+        return tuple(d for d in self.rules if d.problem is problem)
+
+    @property
+    def missing(self) -> tuple[RuleDelta, ...]:
+        return self._of(RuleProblem.MISSING)
+
+    @property
+    def unexpected(self) -> tuple[RuleDelta, ...]:
+        return self._of(RuleProblem.UNEXPECTED)
+
+    @property
+    def out_of_order(self) -> tuple[RuleDelta, ...]:
+        return self._of(RuleProblem.OUT_OF_ORDER)
+
+
+def diff_tables(
+    expected: Table, actual: Table, *, strict: bool = False, prefix: str = OWNED_PREFIX
+) -> RulesetDiff:
+    """Compare two dumps of one table (see the module rules for what counts)."""
+    chains: list[ChainDelta] = []
+    rules: list[RuleDelta] = []
+    hunks: list[ChainHunk] = []
+    compared = 0
+    exp_rules, act_rules = _by_chain(expected), _by_chain(actual)
+    exp_chains, act_chains = _declared(expected), _declared(actual)
+    builtins = BUILTIN_CHAINS.get(expected.name, ())
+    for name in _chain_names(exp_chains, act_chains, builtins):
+        chains += _chain_deltas(
+            exp_chains, act_chains, name, builtins, strict=strict, prefix=prefix
+        )
+        owned = strict or name.startswith(prefix)
+        exp = _scoped(exp_rules.get(name, []), owned, prefix)
+        act = _scoped(act_rules.get(name, []), owned, prefix)
+        compared += len(exp)
+        deltas, hunk = _diff_chain(name, exp, act)
+        rules += deltas
+        if hunk is not None:
+            hunks.append(hunk)
+    return RulesetDiff(
+        expected.name, strict, prefix, tuple(chains), tuple(rules), tuple(hunks), compared
+    )
+
+
+def _declared(table: Table) -> dict[str, str | None]:
+    names: dict[str, str | None] = {c.name: c.policy for c in table.chains}
+    for rule in table.rules:
+        names.setdefault(rule.chain, None)
+    return names
+
+
+def _by_chain(table: Table) -> dict[str, list[Rule]]:
+    out: dict[str, list[Rule]] = {}
+    for rule in table.rules:
+        out.setdefault(rule.chain, []).append(rule)
+    return out
+
+
+def _chain_names(
+    exp: dict[str, str | None], act: dict[str, str | None], builtins: Sequence[str]
+) -> list[str]:
+    """Every chain either side has; outside owned chains only jumps into them are compared."""
+    names = set(exp) | set(act)
+    return [n for n in builtins if n in names] + sorted(names - set(builtins))
+
+
+def _chain_deltas(
+    exp: dict[str, str | None],
+    act: dict[str, str | None],
+    name: str,
+    builtins: Sequence[str],
+    *,
+    strict: bool,
+    prefix: str,
+) -> list[ChainDelta]:
+    if name in builtins:
+        # Built-in chains always exist; a restore file may leave them undeclared (None).
+        e, a = exp.get(name), act.get(name)
+        if strict and e is not None and a is not None and e != a:
+            return [ChainDelta(ChainProblem.POLICY, name, e, a)]
+        return []
+    if not strict and not name.startswith(prefix):
+        return []
+    if name in exp and name not in act:
+        return [ChainDelta(ChainProblem.MISSING, name)]
+    if name in act and name not in exp:
+        return [ChainDelta(ChainProblem.UNEXPECTED, name)]
+    return []
+
+
+def _scoped(rules: Iterable[Rule], owned: bool, prefix: str) -> list[tuple[CanonicalRule, Rule]]:
+    if owned:
+        return [(canonical(r.spec), r) for r in rules]
+    # Only a rule naming an owned chain can jump to one: skip canonicalising the rest.
+    named = [r for r in rules if any(t.startswith(prefix) for t in r.spec)]
+    keyed = [(canonical(r.spec), r) for r in named]
+    return [(k, r) for k, r in keyed if k.verdict and k.target.startswith(prefix)]
+
+
+def _diff_chain(
+    chain: str,
+    expected: list[tuple[CanonicalRule, Rule]],
+    actual: list[tuple[CanonicalRule, Rule]],
+) -> tuple[list[RuleDelta], ChainHunk | None]:
+    exp_keys = [k for k, _ in expected]
+    act_keys = [k for k, _ in actual]
+    if exp_keys == act_keys:
+        return [], None
+    matcher = difflib.SequenceMatcher(None, exp_keys, act_keys, autojunk=False)
+    removed: list[int] = []
+    added: list[int] = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag in ("delete", "replace"):
+            removed += range(i1, i2)
+        if tag in ("insert", "replace"):
+            added += range(j1, j2)
+    moved = _moves(removed, added, exp_keys, act_keys)
+    deltas = _deltas(chain, expected, actual, removed=removed, added=added, moved=moved)
+    return deltas, _hunk(chain, matcher, expected, actual, moved)
+
+
+def _moves(
+    removed: list[int],
+    added: list[int],
+    exp_keys: list[CanonicalRule],
+    act_keys: list[CanonicalRule],
+) -> dict[int, int]:
+    """Pair removed expected rules with added identical actual rules: those only moved."""
+    pool: dict[CanonicalRule, list[int]] = {}
+    for j in added:
+        pool.setdefault(act_keys[j], []).append(j)
+    moved: dict[int, int] = {}
+    for i in removed:
+        candidates = pool.get(exp_keys[i])
+        if candidates:
+            moved[i] = candidates.pop(0)
+    return moved
+
+
+def _deltas(
+    chain: str,
+    expected: list[tuple[CanonicalRule, Rule]],
+    actual: list[tuple[CanonicalRule, Rule]],
+    *,
+    removed: list[int],
+    added: list[int],
+    moved: dict[int, int],
+) -> list[RuleDelta]:
+    out: list[RuleDelta] = []
+    moved_to = set(moved.values())
+    exp_count = Counter(k for k, _ in expected)
+    for i in removed:
+        rule = expected[i][1]
+        if i in moved:
+            out.append(RuleDelta(RuleProblem.OUT_OF_ORDER, chain, rule, i + 1, moved[i] + 1))
+        else:
+            out.append(RuleDelta(RuleProblem.MISSING, chain, rule, i + 1, None))
+    for j in added:
+        if j not in moved_to:
+            key, rule = actual[j]
+            dup = exp_count[key] > 0
+            out.append(RuleDelta(RuleProblem.UNEXPECTED, chain, rule, None, j + 1, dup))
+    return out
+
+
+def _hunk(
+    chain: str,
+    matcher: difflib.SequenceMatcher[CanonicalRule],
+    expected: list[tuple[CanonicalRule, Rule]],
+    actual: list[tuple[CanonicalRule, Rule]],
+    moved: dict[int, int],
+) -> ChainHunk:
+    moved_to = {j: i for i, j in moved.items()}
+    wanted = {key for key, _ in expected}
+    lines: list[DiffLine] = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            lines += [DiffLine(" ", expected[i][1]) for i in range(i1, i2)]
+            continue
+        for i in range(i1, i2):
+            note = f"moved: actual #{moved[i] + 1}" if i in moved else "missing"
+            lines.append(DiffLine("-", expected[i][1], note))
+        for j in range(j1, j2):
+            note = "unexpected duplicate" if actual[j][0] in wanted else "unexpected"
+            if j in moved_to:
+                note = f"moved: expected #{moved_to[j] + 1}"
+            lines.append(DiffLine("+", actual[j][1], note))
+    return ChainHunk(chain, tuple(lines))

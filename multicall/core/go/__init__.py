@@ -1,0 +1,1 @@
+"""Go standard-library behaviour that upstream's Go programs show their users."""

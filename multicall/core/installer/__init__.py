@@ -1,0 +1,1 @@
+"""What `install-cni` derives from its environment, and the CNI config patcher."""

@@ -1,0 +1,126 @@
+"""The CNI network-config patcher of `install-cni`: bytes in, bytes out.
+
+Rules of this module (the Go installer `linkerd2-cni-install` is the reference,
+`internal/cni/conf.go` `inject` and `remove.go` `revert`):
+1. A document with a top-level `type` is a single-plugin config: it becomes
+   `{"cniVersion": "0.3.1", "name": "k8s-pod-network", "plugins": [it minus cniVersion, linkerd]}`.
+   Anything else must hold `plugins`, a list of objects; the linkerd entry (`type` equal to
+   `linkerd-cni`) is taken out and appended last, so a list where linkerd came first is
+   reordered.
+2. Output is what Go's `json.MarshalIndent(v, "", "  ")` prints for a decoded document: keys
+   sorted, two-space indent, no trailing newline, `<`, `>`, `&`, U+2028 and U+2029 escaped,
+   other non-ASCII text as UTF-8, non-integer numbers in Go's float64 notation.
+3. Differences from Go, all in the direction of the "at most one linkerd entry" invariant:
+   every linkerd entry is removed (Go removes the first), and a single-plugin config that is
+   itself `linkerd-cni` is refused (Go wraps it into a list holding linkerd twice). Integer
+   literals are kept exact (Go rounds those beyond 2^53 through float64).
+4. Every rejection is a `ConfigError`; callers log it and leave the file alone.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Union
+
+from multicall.core.go.encoding_json.encode import marshal
+from multicall.errors import ConfigError
+
+LINKERD_TYPE = "linkerd-cni"
+WRAPPED_NAME = "k8s-pod-network"
+WRAPPED_CNI_VERSION = "0.3.1"
+
+# A decoded JSON document. Recursive aliases need Union spelled out for mypy.
+Json = Union[None, bool, int, float, str, list["Json"], dict[str, "Json"]]  # noqa: UP007
+
+
+class _Rejected(ValueError):
+    """Internal: a constant Go's decoder would not accept (NaN, Infinity)."""
+
+
+def _reject_constant(token: str) -> float:
+    raise _Rejected(f"invalid JSON literal {token}")
+
+
+def _parse_float(token: str) -> float:
+    value = float(token)
+    if value in (float("inf"), float("-inf")):
+        raise _Rejected(f"number {token} out of range")
+    return value
+
+
+def parse_document(data: bytes, what: str = "document") -> dict[str, Json]:
+    """A JSON object from bytes; ConfigError for anything else."""
+    try:
+        value: Json = json.loads(
+            data.decode("utf-8", "replace"),
+            parse_constant=_reject_constant,
+            parse_float=_parse_float,
+        )
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"{what} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what} is not a JSON object")
+    return value
+
+
+def is_linkerd(plugin: Json) -> bool:
+    return isinstance(plugin, dict) and plugin.get("type") == LINKERD_TYPE
+
+
+def _plugins_of(document: dict[str, Json]) -> list[Json]:
+    plugins = document.get("plugins")
+    if not isinstance(plugins, list):
+        raise ConfigError("cannot determine plugins from existing cni configuration")
+    if not all(isinstance(p, dict) for p in plugins):
+        raise ConfigError("cannot extract plugin from configuration")
+    return plugins
+
+
+def insert_linkerd(existing: bytes, linkerd: bytes) -> bytes:
+    """The config `existing` with the linkerd plugin `linkerd` chained last, Go-formatted."""
+    document = parse_document(existing, "existing CNI configuration")
+    plugin = parse_document(linkerd, "linkerd network configuration")
+    if "type" in document:
+        if is_linkerd(document):
+            raise ConfigError("a single-plugin config of type linkerd-cni is not a primary config")
+        single = {k: v for k, v in document.items() if k != "cniVersion"}
+        wrapped: dict[str, Json] = {
+            "name": WRAPPED_NAME,
+            "cniVersion": WRAPPED_CNI_VERSION,
+            "plugins": [single, plugin],
+        }
+        return render_go_json(wrapped)
+    others = [p for p in _plugins_of(document) if not is_linkerd(p)]
+    return render_go_json({**document, "plugins": [*others, plugin]})
+
+
+def remove_linkerd(existing: bytes) -> bytes | None:
+    """The config without its linkerd entries, Go-formatted; None when it has none."""
+    document = parse_document(existing, "CNI configuration")
+    plugins = _plugins_of(document)
+    kept = [p for p in plugins if not is_linkerd(p)]
+    if len(kept) == len(plugins):
+        return None
+    return render_go_json({**document, "plugins": kept})
+
+
+def count_linkerd(data: bytes) -> int:
+    """How many linkerd entries a conflist holds (ConfigError when it is not one)."""
+    return sum(1 for p in _plugins_of(parse_document(data)) if is_linkerd(p))
+
+
+def upgraded_name(filename: str) -> str:
+    """Where the patched form of `filename` is written: `x.conf` becomes `x.conflist`."""
+    return filename + "list" if filename.endswith(".conf") else filename
+
+
+def is_cni_config_name(filename: str) -> bool:
+    """The names the Go installer reconfigures (`path.Ext` exactly .conf or .conflist)."""
+    base = filename.rsplit("/", 1)[-1]
+    dot = base.rfind(".")
+    return dot >= 0 and base[dot:] in (".conf", ".conflist")
+
+
+def render_go_json(value: Json) -> bytes:
+    """`json.MarshalIndent(v, "", "  ")` of a decoded document (map keys sorted, as Go's)."""
+    return marshal(value, indent=2, sort_keys=True).encode("utf-8")

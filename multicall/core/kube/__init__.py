@@ -1,0 +1,1 @@
+"""The Kubernetes objects and kubeconfig the plugin reads, and Linkerd's per-pod policy."""

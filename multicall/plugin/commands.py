@@ -1,0 +1,256 @@
+"""The plugin's commands, given their ports: what upstream's cmdAdd/cmdCheck/cmdDel do, with
+the Kubernetes API and the firewall passed in (Istio's doAddRun(args, conf, kubeClient,
+ruleMgr)). `run.run_plugin` has already done skel's checks when a handler runs.
+
+Rules of this module:
+1. Log lines and their levels are upstream's (docs/upstream-behaviour.md §3); errors are
+   raised (CniboxError) and turned into CNI error JSON by `run.run_plugin` alone.
+2. Nothing here touches the kernel or the network directly: the API goes through
+   `deps.kube`, rules through `deps.firewall`; the only effect is skel's own-netns check.
+3. Simulate mode and the dropped-port log lines happen here, for every firewall alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO
+
+from multicall.errors import CNI_INTERNAL, CNI_INVALID_NETNS, CNI_NOT_READY, CniError
+
+if TYPE_CHECKING:
+    from multicall.core.cni.netconf import NetConf
+    from multicall.core.cni.result import Result
+    from multicall.core.cni.skel import CniEnv, PodIdentity
+    from multicall.core.firewall.model import ProxyInitOptions
+    from multicall.effects.ns import NetnsRef
+    from multicall.errors import KubeError
+    from multicall.plugin.logrus import Logger
+    from multicall.plugin.ports import PluginDeps
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One invocation, after skel's checks: its CNI_* values, config bytes, ports and sinks."""
+
+    env: CniEnv
+    stdin: bytes
+    stdout: BinaryIO  # what the plugin prints (a buffer: run_plugin returns its bytes)
+    log: Logger
+    process_env: Mapping[str, str]  # the plugin's whole environment (CNIBOX_KUBE_TIMEOUT)
+    netns: NetnsRef  # CNI_NETNS, possibly as an fd the caller opened
+    deps: PluginDeps
+
+
+# ----------------------------------------------------------------------------- ADD
+
+
+def add(call: Call) -> None:
+    from multicall.core.cni import result as cni_result
+
+    conf = read_config(call)
+    prev = prev_result(conf)
+    identity = pod_identity(call)
+    if identity.complete:
+        configure_pod(call, conf, identity)
+    else:
+        call.log.debug("linkerd-cni: no Kubernetes namespace or pod name found, skipping.")
+    call.log.debug("linkerd-cni: plugin is finished")
+    try:
+        out = cni_result.print_result(prev or cni_result.empty_result(), conf.cni_version)
+    except cni_result.ResultError as exc:
+        raise CniError(CNI_INTERNAL, str(exc)) from None
+    call.stdout.write(out)
+    refuse_own_netns(call)
+
+
+def read_config(call: Call) -> NetConf:
+    from multicall.core.cni.netconf import log_level, parse_netconf
+
+    try:
+        conf = parse_netconf(call.stdin)
+    except CniError as exc:
+        call.log.error(f"error parsing config: {exc.message}")
+        raise
+    call.log.set_level(log_level(conf))
+    return conf
+
+
+def prev_result(conf: NetConf) -> Result | None:
+    """parseConfig's prevResult handling: parse with the config's version, lift to 1.1.0."""
+    from multicall.core.cni import result as cni_result
+    from multicall.core.cni.skel import IMPLEMENTED_VERSION
+
+    if conf.prev_result is None:
+        return None
+    try:
+        parsed = cni_result.create_result(conf.cni_version, conf.prev_result)
+    except cni_result.ResultError as exc:
+        raise CniError(CNI_INTERNAL, f"linkerd-cni: could not parse prevResult: {exc}") from None
+    try:
+        return cni_result.convert(parsed, IMPLEMENTED_VERSION)
+    except cni_result.ResultError as exc:
+        raise CniError(
+            CNI_INTERNAL, f"linkerd-cni: could not convert result to version 1.0: {exc}"
+        ) from None
+
+
+def pod_identity(call: Call) -> PodIdentity:
+    from multicall.core.cni.skel import parse_cni_args
+
+    try:
+        identity = parse_cni_args(call.env.args)
+    except CniError as exc:
+        call.log.error(f"error loading args {exc.message}")
+        raise
+    call.log.fields = {
+        "ContainerID": call.env.container_id,
+        "Pod": identity.name,
+        "Namespace": identity.namespace,
+    }
+    return identity
+
+
+def configure_pod(call: Call, conf: NetConf, identity: PodIdentity) -> None:
+    options = pod_options(call, conf, identity)
+    if options is None:
+        return
+    from multicall.core.cni.netconf import mode_of
+    from multicall.core.firewall.model import families
+    from multicall.core.firewall.proxy_init import build_run_argv, invalid_ports
+
+    mode = mode_of(conf)
+    refuse_own_netns(call)
+    for dropped in invalid_ports(options):
+        call.log.info(dropped.message())
+    wanted = families(ipv6=conf.ipv6)
+    if conf.simulate:
+        # upstream's simulate output: each command line, the existing rules taken as empty
+        for family in wanted:
+            for argv in build_run_argv(options, family, mode=mode, netns=call.env.netns):
+                call.log.info(" ".join(argv))
+        return
+    call.deps.firewall.apply(call.netns, options, mode=mode, families=wanted, log=call.log.info)
+
+
+def pod_options(call: Call, conf: NetConf, identity: PodIdentity) -> ProxyInitOptions | None:
+    """The effective options for a meshed pod, None for a pod that gets no rules."""
+    from multicall.core.cni.netconf import base_options
+    from multicall.core.kube.pod_policy import decide, effective_options
+    from multicall.plugin.pod_inputs import read_pod_inputs
+
+    def service_error(exc: KubeError) -> None:
+        call.log.error(f"linkerd-cni: could not retrieve ports from 'kubernetes' service: {exc}")
+
+    api = call.deps.kube.connect(conf.kubeconfig, call.process_env)
+    try:
+        inputs = read_pod_inputs(
+            api, identity.namespace, identity.name, on_service_error=service_error
+        )
+    finally:
+        api.close()
+    decision = decide(inputs.pod)
+    call.log.debug(decision.message)
+    if not decision.meshed:
+        return None
+    options = effective_options(
+        base_options(conf), inputs.pod, inputs.namespace_annotations, inputs.service
+    )
+    call.log.debug(f"linkerd-cni: effective options {options}")
+    return options
+
+
+def refuse_own_netns(call: Call) -> None:
+    """skel's check after ADD/DEL; here also before programming, so the host is never touched."""
+    from multicall.effects.ns import is_own_netns
+
+    if call.env.override_netns_check or not call.env.netns:
+        return
+    try:
+        own = is_own_netns(call.netns)
+    except OSError:
+        return  # unopenable paths are accepted, as skel's CheckNetNS does
+    if own:
+        raise CniError(
+            CNI_INVALID_NETNS, "plugin's netns and netns from CNI_NETNS should not be the same"
+        )
+
+
+# ----------------------------------------------------------------------------- CHECK
+
+
+def check(call: Call) -> None:
+    conf = read_config(call)
+    prev_result(conf)
+    identity = pod_identity(call)
+    if not identity.complete:
+        call.log.debug("linkerd-cni: no Kubernetes namespace or pod name found, nothing to check")
+        return
+    options = pod_options(call, conf, identity)
+    if options is None:
+        return
+    problems = diff_pod_rules(call, conf, options)
+    if problems:
+        raise CniError(
+            CNI_INTERNAL,
+            f"linkerd-cni: the iptables rules in {call.env.netns} differ from the expected ones",
+            "\n".join(problems),
+        )
+    call.log.info(f"linkerd-cni: check: the rules in {call.env.netns} are as expected")
+
+
+def diff_pod_rules(call: Call, conf: NetConf, options: ProxyInitOptions) -> list[str]:
+    """One readable diff per family whose live nat table lacks what ADD would program."""
+    from multicall.core.cni.netconf import mode_of
+    from multicall.core.firewall.diff import diff_tables
+    from multicall.core.firewall.model import families
+    from multicall.core.firewall.proxy_init import expected_table
+    from multicall.core.firewall.report import format_diff
+
+    mode = mode_of(conf)
+    refuse_own_netns(call)
+    problems = []
+    for family in families(ipv6=conf.ipv6):
+        expected = expected_table(options, family)
+        actual = call.deps.firewall.dump_nat(
+            call.netns, mode=mode, family=family, log=call.log.info
+        )
+        diff = diff_tables(expected, actual)
+        if not diff.ok:
+            problems.append(f"{family.value}:\n{format_diff(diff)}")
+    return problems
+
+
+# ----------------------------------------------------------------------------- DEL, STATUS, GC
+
+
+def delete(call: Call) -> None:
+    call.log.info("linkerd-cni: delete: nothing to undo, the rules go with the network namespace")
+    refuse_own_netns(call)
+
+
+def status(call: Call) -> None:
+    from multicall.errors import KubeError
+
+    conf = read_config(call)
+    try:
+        call.deps.kube.check_kubeconfig(conf.kubeconfig)
+    except KubeError as exc:
+        raise CniError(
+            CNI_NOT_READY,
+            "linkerd-cni: the kubeconfig is missing or unreadable",
+            f"{conf.kubeconfig or '(kubernetes.kubeconfig not set)'}: {exc.message}",
+        ) from None
+
+
+def gc(call: Call) -> None:
+    call.log.debug("linkerd-cni: gc: nothing to collect")
+
+
+HANDLERS: dict[str, Callable[[Call], None]] = {
+    "ADD": add,
+    "CHECK": check,
+    "DEL": delete,
+    "STATUS": status,
+    "GC": gc,
+}

@@ -1,0 +1,111 @@
+"""The plugin's ports: what its commands need from the Kubernetes API and the firewall, as
+Protocols, and the real adapters over `multicall.effects`.
+
+Tests and the node agent pass their own `PluginDeps` (tests/support/fakes.py has fakes that
+need no root); `real_deps()` is what the `linkerd-cni` binary uses. The real adapters import
+their effects modules on first use, so a VERSION or DEL never loads ssl or libiptc.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
+    from multicall.core.firewall.ruleset import Table
+    from multicall.core.kube.objects import Namespace, Pod, Service
+    from multicall.effects.ns import NetnsRef
+
+Log = Callable[[str], None]
+
+
+class PodApi(Protocol):
+    """The three GETs the plugin makes (KubeError on any failure, with client-go's text)."""
+
+    def get_pod(self, namespace: str, name: str) -> Pod: ...
+
+    def get_namespace(self, name: str) -> Namespace: ...
+
+    def get_service(self, namespace: str, name: str) -> Service: ...
+
+    def close(self) -> None: ...
+
+
+class Kube(Protocol):
+    """Access to the API through the kubeconfig the network config names."""
+
+    def check_kubeconfig(self, path: str) -> None:
+        """STATUS: KubeError when the kubeconfig at `path` cannot be used."""
+        ...
+
+    def connect(self, kubeconfig: str, env: Mapping[str, str]) -> PodApi:
+        """A client for one invocation (`env` is the plugin's: CNIBOX_KUBE_TIMEOUT)."""
+        ...
+
+
+class Firewall(Protocol):
+    """Programs and reads a pod's nat table (FirewallError, NetnsError on failure)."""
+
+    def apply(
+        self,
+        netns: NetnsRef,
+        options: ProxyInitOptions,
+        *,
+        mode: Mode,
+        families: tuple[Family, ...],
+        log: Log,
+    ) -> None:
+        """Program the PROXY_INIT chains for each family, all or nothing per table."""
+        ...
+
+    def dump_nat(self, netns: NetnsRef, *, mode: Mode, family: Family, log: Log) -> Table:
+        """The nat table of one family as iptables-save would print it."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PluginDeps:
+    kube: Kube
+    firewall: Firewall
+
+
+class RealKube:
+    """The kubeconfig from disk and `effects.kube.KubeClient` (one connection per client)."""
+
+    def check_kubeconfig(self, path: str) -> None:
+        from multicall.effects.kube import read_kubeconfig
+
+        read_kubeconfig(path)
+
+    def connect(self, kubeconfig: str, env: Mapping[str, str]) -> PodApi:
+        from multicall.effects.kube import KubeClient, read_kubeconfig, timeout_from_env
+
+        return KubeClient(read_kubeconfig(kubeconfig), timeout=timeout_from_env(env))
+
+
+class RealFirewall:
+    """The in-process engine (`effects.firewall.engine`): libiptc or nf_tables netlink."""
+
+    def apply(
+        self,
+        netns: NetnsRef,
+        options: ProxyInitOptions,
+        *,
+        mode: Mode,
+        families: tuple[Family, ...],
+        log: Log,
+    ) -> None:
+        from multicall.effects.firewall.engine import apply_proxy_init
+
+        apply_proxy_init(netns, options, mode=mode, families=families, log=log)
+
+    def dump_nat(self, netns: NetnsRef, *, mode: Mode, family: Family, log: Log) -> Table:
+        from multicall.effects.firewall.engine import dump_nat
+
+        return dump_nat(netns, mode=mode, family=family, log=log)
+
+
+def real_deps() -> PluginDeps:
+    return PluginDeps(RealKube(), RealFirewall())

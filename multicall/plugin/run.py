@@ -1,0 +1,99 @@
+"""The seam: one linkerd-cni invocation as a function of its inputs.
+
+`run_plugin(PluginRequest(env, stdin, stderr, netns_fd, caller_netns_fd), deps)` returns the
+exact bytes the `linkerd-cni` binary prints and its exit status. The applet is a thin wrapper
+around it; the node agent runs ADDs through it in its own process (the pod's and the
+caller's network namespaces given as fds); tests drive it with fake ports, without root.
+
+Rules of this module:
+1. skel's order: CNI_* environment, VERSION (answered without reading the config), the
+   config's name, the command, the command's version gate, then the handler.
+2. This is the CNI applet's one error boundary: a `CniboxError` becomes CNI error JSON with
+   its code (`errors.cni_code_of`), anything else CNI code 999 with its type name; never a
+   traceback on stdout (with CNIBOX_DEBUG set, the traceback goes to the log sink).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO
+
+from multicall.errors import CNI_INTERNAL, CNI_INVALID_ENV, CniboxError, CniError, cni_code_of
+from multicall.plugin.logrus import Logger
+
+if TYPE_CHECKING:
+    from multicall.plugin.ports import PluginDeps
+
+
+@dataclass(frozen=True, slots=True)
+class PluginRequest:
+    """Everything one invocation reads. Fds are borrowed: never closed by the plugin."""
+
+    env: Mapping[str, str]  # the caller's environment: CNI_* (+ CNIBOX_KUBE_TIMEOUT, ...DEBUG)
+    stdin: bytes  # the network config bytes the runtime wrote
+    stderr: BinaryIO  # log sink: logrus text lines (level from the config's log_level)
+    netns_fd: int | None = None  # the pod netns (CNI_NETNS) already open; None: open CNI_NETNS
+    caller_netns_fd: int | None = None  # the caller's own netns; None: this thread's
+
+
+@dataclass(frozen=True, slots=True)
+class PluginResult:
+    stdout: bytes  # exactly what `linkerd-cni` prints: result, VERSION reply or error JSON
+    exit_code: int  # 0, or 1 with a CNI error in `stdout`
+
+
+def run_plugin(request: PluginRequest, deps: PluginDeps | None = None) -> PluginResult:
+    """Run one CNI command; `deps` None means the real API client and firewall."""
+    stdout = io.BytesIO()
+    try:
+        _dispatch(request, deps, stdout, Logger(request.stderr))
+    except CniboxError as exc:
+        return _failed(stdout, cni_code_of(exc), exc.message, exc.details)
+    except Exception as exc:  # noqa: BLE001 - the CNI boundary: no traceback on stdout, ever
+        if request.env.get("CNIBOX_DEBUG"):
+            import traceback
+
+            from multicall.effects.streams import write_text
+
+            write_text(request.stderr, traceback.format_exc())
+        return _failed(stdout, CNI_INTERNAL, f"{type(exc).__name__}: {exc}")
+    return PluginResult(stdout.getvalue(), 0)
+
+
+def _failed(stdout: io.BytesIO, code: int, message: str, details: str = "") -> PluginResult:
+    from multicall.core.cni.skel import render_error
+
+    stdout.write(render_error(code, message, details))
+    return PluginResult(stdout.getvalue(), 1)
+
+
+def _dispatch(
+    request: PluginRequest, deps: PluginDeps | None, stdout: BinaryIO, log: Logger
+) -> None:
+    """skel's PluginMainFuncs: validate in skel's order, then run the command's handler."""
+    from multicall.core.cni import skel
+
+    cni_env = skel.read_env(request.env)
+    if cni_env.command == "VERSION":
+        stdout.write(skel.VERSION_REPLY)
+        return
+    skel.validate_config(request.stdin)
+    from multicall.plugin.commands import HANDLERS, Call
+
+    handler = HANDLERS.get(cni_env.command)
+    if handler is None:
+        raise CniError(CNI_INVALID_ENV, f"unknown CNI_COMMAND: {cni_env.command}")
+    skel.check_version(cni_env.command, skel.decode_version(request.stdin))
+    from multicall.effects.ns import NetnsRef
+    from multicall.plugin.ports import real_deps
+
+    netns = NetnsRef(
+        cni_env.netns,
+        fd=request.netns_fd,
+        own_fd=request.caller_netns_fd,
+        allow_own=cni_env.override_netns_check,
+    )
+    call = Call(cni_env, request.stdin, stdout, log, request.env, netns, deps or real_deps())
+    handler(call)

@@ -1,0 +1,203 @@
+"""install-cni as a command: one-shot install, uninstall, Talos node binary, SIGTERM undo."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from tests.support import FIXTURES
+from tests.support.installer_host import (
+    TESTDATA,
+    linkerd_count,
+    make_host,
+    put_config,
+    snapshot,
+    wait_for,
+)
+
+HASHES = json.loads((FIXTURES / "derived" / "linkerd-go-installer" / "hashes.json").read_text())
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class TestOnce:
+    def test_installs_binary_kubeconfig_and_patches_every_config(self, tmp_path: Path) -> None:
+        """--once: binary copied, linkerd-cni linked, kubeconfig 0600, configs patched like Go."""
+        host = make_host(tmp_path)
+        put_config(host, "10-calico.conf", "10-calico.conf")
+        put_config(host, "20-calico.conflist", "10-calico.conflist")
+        put_config(host, "30-linkerd-first.conflist", "10-calico-linkerd.conflist")
+        proc = host.run("--once")
+        assert proc.returncode == 0, proc.stderr
+        assert not (host.net_dir / "10-calico.conf").exists()
+        assert sha(host.net_dir / "10-calico.conflist") == HASHES["10-calico.conf"]["sha256"]
+        assert sha(host.net_dir / "20-calico.conflist") == HASHES["10-calico.conflist"]["sha256"]
+        first = HASHES["10-calico-linkerd.conflist"]["sha256"]
+        assert sha(host.net_dir / "30-linkerd-first.conflist") == first
+        copy = host.bin_dir / "cnibox"
+        assert copy.read_bytes() == host.binary.read_bytes()
+        assert copy.stat().st_mode & 0o777 == 0o755
+        assert os.readlink(host.bin_dir / "linkerd-cni") == "cnibox"
+        assert not (host.bin_dir / "nsenter").exists()
+        assert (
+            host.kubeconfig.read_bytes() == (TESTDATA / "kubeconfig-exp-sibling.yaml").read_bytes()
+        )
+        assert host.kubeconfig.stat().st_mode & 0o777 == 0o600
+
+    def test_second_run_changes_nothing(self, tmp_path: Path) -> None:
+        """Running again over its own result rewrites nothing (same bytes, same inodes)."""
+        host = make_host(tmp_path)
+        put_config(host, "10-calico.conflist")
+        assert host.run("--once").returncode == 0
+        inode = (host.net_dir / "10-calico.conflist").stat().st_ino
+        before = snapshot(host.prefix)
+        assert host.run("--once").returncode == 0
+        assert snapshot(host.prefix) == before
+        assert (host.net_dir / "10-calico.conflist").stat().st_ino == inode
+
+    def test_invalid_primary_config_is_logged_and_left_alone(self, tmp_path: Path) -> None:
+        """Broken JSON is neither fatal nor rewritten; the other configs are still patched."""
+        host = make_host(tmp_path)
+        bad = host.net_dir / "05-broken.conflist"
+        bad.write_bytes(b'{"plugins": [')
+        put_config(host, "10-calico.conflist")
+        proc = host.run("--once")
+        assert proc.returncode == 0, proc.stderr
+        assert bad.read_bytes() == b'{"plugins": ['
+        assert "05-broken.conflist: left alone: existing CNI configuration is not valid JSON" in (
+            proc.stderr
+        )
+        assert linkerd_count(host.net_dir / "10-calico.conflist") == 1
+
+    def test_link_nsenter_only_when_asked_and_never_over_a_host_file(self, tmp_path: Path) -> None:
+        """--link-nsenter links nsenter; a foreign nsenter in the bin dir is left alone."""
+        host = make_host(tmp_path)
+        assert host.run("--once", "--link-nsenter").returncode == 0
+        assert os.readlink(host.bin_dir / "nsenter") == "cnibox"
+        other = make_host(tmp_path / "other")
+        (other.bin_dir / "nsenter").write_bytes(b"util-linux")
+        proc = other.run("--once", "--link-nsenter")
+        assert proc.returncode == 0
+        assert (other.bin_dir / "nsenter").read_bytes() == b"util-linux"
+        assert "is not cnibox: left alone" in proc.stderr
+
+    def test_node_binary_from_the_talos_extension_is_linked_not_copied(
+        self, tmp_path: Path
+    ) -> None:
+        """With cnibox under /usr/local on the node, linkerd-cni points there; nothing is copied."""
+        host = make_host(tmp_path)
+        on_node = host.prefix / "usr" / "local" / "lib" / "cnibox" / "cnibox"
+        on_node.parent.mkdir(parents=True)
+        on_node.write_bytes(b"extension cnibox")
+        on_node.chmod(0o755)
+        proc = host.run("--once")
+        assert proc.returncode == 0, proc.stderr
+        assert os.readlink(host.bin_dir / "linkerd-cni") == "/usr/local/lib/cnibox/cnibox"
+        assert not (host.bin_dir / "cnibox").exists()
+
+    def test_cni_conf_name_restricts_patching(self, tmp_path: Path) -> None:
+        """CNI_CONF_NAME=x patches only x."""
+        host = make_host(tmp_path)
+        put_config(host, "10-a.conflist")
+        put_config(host, "20-b.conflist")
+        assert host.run("--once", CNI_CONF_NAME="20-b.conflist").returncode == 0
+        assert linkerd_count(host.net_dir / "10-a.conflist") == 0
+        assert linkerd_count(host.net_dir / "20-b.conflist") == 1
+
+
+class TestFailures:
+    def test_no_network_config_is_fatal(self, tmp_path: Path) -> None:
+        """Without CNI_NETWORK_CONFIG or its file the installer exits 1 with upstream's words."""
+        host = make_host(tmp_path)
+        proc = host.run("--once", CNI_NETWORK_CONFIG="")
+        assert proc.returncode == 1
+        assert "cannot build configuration from any known source" in proc.stderr
+
+    def test_network_config_from_file(self, tmp_path: Path) -> None:
+        """CNI_NETWORK_CONFIG_FILE is read when the variable is empty."""
+        host = make_host(tmp_path)
+        put_config(host, "10-calico.conflist")
+        conf = tmp_path / "net.json"
+        conf.write_bytes((TESTDATA / "cni-src.json").read_bytes())
+        proc = host.run("--once", CNI_NETWORK_CONFIG="", CNI_NETWORK_CONFIG_FILE=str(conf))
+        assert proc.returncode == 0, proc.stderr
+        assert sha(host.net_dir / "10-calico.conflist") == HASHES["10-calico.conflist"]["sha256"]
+
+    def test_missing_token_is_fatal(self, tmp_path: Path) -> None:
+        """No service-account token: exit 1, naming the file."""
+        host = make_host(tmp_path)
+        proc = host.run("--once", SERVICE_ACCOUNT_DIR=str(tmp_path / "nowhere"))
+        assert proc.returncode == 1
+        assert "nowhere/token: no such file or directory" in proc.stderr
+
+    def test_bad_argument_is_usage_error(self, tmp_path: Path) -> None:
+        """Unknown arguments exit 2."""
+        host = make_host(tmp_path)
+        assert host.run("--bogus").returncode == 2
+        assert host.run("--once", "--uninstall").returncode == 2
+
+
+class TestUndo:
+    def test_uninstall_removes_everything_it_installs(self, tmp_path: Path) -> None:
+        """--uninstall (preStop hook): no linkerd entry, no kubeconfig, no binary, no link."""
+        host = make_host(tmp_path)
+        put_config(host, "10-calico.conflist")
+        assert host.run("--once", "--link-nsenter").returncode == 0
+        proc = host.run("--uninstall")
+        assert proc.returncode == 0, proc.stderr
+        assert sorted(p.name for p in host.bin_dir.iterdir()) == []
+        assert not host.kubeconfig.exists()
+        after = HASHES["10-calico.conflist"]["after_remove_sha256"]
+        assert sha(host.net_dir / "10-calico.conflist") == after
+
+    def test_sigterm_leaves_the_host_exactly_as_before(self, tmp_path: Path) -> None:
+        """A watching installer undoes on SIGTERM: same names, bytes and modes as before."""
+        host = make_host(tmp_path)
+        put_config(host, "10-calico.conf", "10-calico.conf")
+        put_config(host, "20-calico.conflist")
+        (host.net_dir / "20-calico.conflist").chmod(0o640)
+        before = snapshot(host.prefix)
+        proc = host.start()
+        wait_for(lambda: linkerd_count(host.net_dir / "20-calico.conflist") == 1, "patching")
+        wait_for((host.net_dir / "10-calico.conflist").exists, "the .conf upgrade")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert snapshot(host.prefix) == before
+
+    def test_repeated_signals_do_not_cut_the_undo_short(self, tmp_path: Path) -> None:
+        """SIGTERM, SIGTERM, SIGINT in a burst: one complete undo, exit 0, host as before."""
+        host = make_host(tmp_path)
+        for n in range(5):
+            put_config(host, f"{n}0-calico.conflist")
+        before = snapshot(host.prefix)
+        proc = host.start()
+        wait_for(lambda: linkerd_count(host.net_dir / "40-calico.conflist") == 1, "patching")
+        for signum in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT):
+            proc.send_signal(signum)
+            time.sleep(0.005)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert snapshot(host.prefix) == before
+
+    def test_uninstall_stops_the_running_installer_first(self, tmp_path: Path) -> None:
+        """--uninstall signals the watcher via its pid file, so nothing re-patches afterwards."""
+        host = make_host(tmp_path)
+        put_config(host, "10-calico.conflist")
+        before = snapshot(host.prefix)
+        proc = host.start()
+        wait_for(lambda: linkerd_count(host.net_dir / "10-calico.conflist") == 1, "patching")
+        wait_for((tmp_path / "install-cni.pid").exists, "the pid file")
+        done = host.run("--uninstall")
+        assert done.returncode == 0, done.stderr
+        assert "stopping the installer" in done.stderr
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert snapshot(host.prefix) == before
+        assert not (tmp_path / "install-cni.pid").exists()

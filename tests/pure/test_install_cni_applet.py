@@ -1,0 +1,151 @@
+"""install-cni's pieces in-process: arguments, own-write detection, pid file, inotify parsing."""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from multicall.applets import find_applet, install_cni
+from multicall.core.installer.config import parse_environment
+from multicall.dispatch import run_applet
+from multicall.effects import inotify
+from multicall.errors import UsageError
+from tests.support.installer_host import TESTDATA, Host, make_host, put_config, wait_for
+
+
+def installer_for(root: Path) -> tuple[install_cni.Installer, io.BytesIO, Host]:
+    host = make_host(root)
+    log = io.BytesIO()
+    config = parse_environment(host.env())
+    inst = install_cni.Installer(
+        config, install_cni.Options(), install_cni.Log(log, verbose=True), str(host.binary)
+    )
+    inst.load_network_config()
+    return inst, log, host
+
+
+class TestArguments:
+    def test_modes_and_flags(self) -> None:
+        """--once / --uninstall / --link-nsenter / -v parse into Options."""
+        assert install_cni.parse_args([]) == install_cni.Options()
+        opts = install_cni.parse_args(["--uninstall", "--link-nsenter", "-v"])
+        assert (opts.mode, opts.link_nsenter, opts.verbose) == ("uninstall", True, True)
+
+    @pytest.mark.parametrize("args", [["--once", "--uninstall"], ["-x"], ["extra"]])
+    def test_bad_arguments(self, args: list[str]) -> None:
+        """Conflicting modes and unknown words are usage errors."""
+        with pytest.raises(UsageError):
+            install_cni.parse_args(args)
+
+    def test_help_goes_to_stdout(self) -> None:
+        """--help prints the usage text and exits 0."""
+        out = io.BytesIO()
+        applet = find_applet("install-cni")
+        assert applet is not None
+        assert run_applet(applet, ["install-cni", "--help"], {}, (io.BytesIO(), out, out)) == 0
+        assert out.getvalue().startswith(b"usage: install-cni ")
+
+
+class TestPatch:
+    def test_file_hash_exists_skips(self, tmp_path: Path) -> None:
+        """Upstream FileHashExists: a file whose hash was recorded is not touched."""
+        inst, log, host = installer_for(tmp_path)
+        path = put_config(host, "10-calico.conflist")
+        inst.state.written[str(path)] = install_cni.sha256(path.read_bytes())
+        inst.patch(path.name)
+        assert path.read_bytes() == (TESTDATA / "10-calico.conflist").read_bytes()
+        assert b"our own write, ignored" in log.getvalue()
+
+    def test_missing_file_is_ignored(self, tmp_path: Path) -> None:
+        """Upstream NoSuchConfigFilename: no error, nothing written."""
+        inst, _, host = installer_for(tmp_path)
+        inst.patch("10-calico-no-such-file.conflist")
+        assert not (host.net_dir / "10-calico-no-such-file.conflist").exists()
+
+    def test_symlinked_config_is_left_alone(self, tmp_path: Path) -> None:
+        """A config that is a symlink is not replaced by a regular file."""
+        inst, log, host = installer_for(tmp_path)
+        real = tmp_path / "real.conflist"
+        real.write_bytes((TESTDATA / "10-calico.conflist").read_bytes())
+        link = host.net_dir / "10-link.conflist"
+        link.symlink_to(real)
+        inst.patch(link.name)
+        assert link.is_symlink()
+        assert real.read_bytes() == (TESTDATA / "10-calico.conflist").read_bytes()
+        assert b"a symlink, left alone" in log.getvalue()
+
+    def test_own_temp_names_are_not_configs(self, tmp_path: Path) -> None:
+        """The installer's temp files never count as CNI configs."""
+        inst, _, _ = installer_for(tmp_path)
+        assert not inst.wanted(".10-calico.conflist.0a1b2c3d.cnibox-tmp")
+        assert inst.wanted("10-calico.conflist")
+
+
+class TestPidFile:
+    def test_stale_pid_file_names_no_process(self, tmp_path: Path) -> None:
+        """A pid file of a dead process, or a reused pid with another start time, is ignored."""
+        pid_file = tmp_path / "pid"
+        child = subprocess.Popen([sys.executable, "-c", "pass"])
+        child.wait()
+        pid_file.write_text(f"{child.pid} 1\n")
+        assert install_cni.running_installer(str(pid_file)) is None
+        pid_file.write_text(f"{os.getppid()} 1\n")  # alive, but not that start time
+        assert install_cni.running_installer(str(pid_file)) is None
+        pid_file.write_text("garbage")
+        assert install_cni.running_installer(str(pid_file)) is None
+
+    def test_live_process_is_found(self, tmp_path: Path) -> None:
+        """The pid file written by a running process names it."""
+        pid_file = tmp_path / "pid"
+        code = (
+            "import time\nfrom multicall.applets import install_cni\n"
+            f"install_cni.write_pid_file({str(pid_file)!r})\ntime.sleep(30)\n"
+        )
+        child = subprocess.Popen([sys.executable, "-c", code])
+        try:
+            wait_for(pid_file.exists, "the pid file")
+            assert install_cni.running_installer(str(pid_file)) == child.pid
+        finally:
+            child.kill()
+            child.wait()
+
+
+class TestInotify:
+    def test_parse_events(self) -> None:
+        """read(2) buffers split into events; names lose their NUL padding."""
+
+        def raw(wd: int, mask: int, name: bytes) -> bytes:
+            padded = name + b"\0" * (16 - len(name))
+            return struct.pack("iIII", wd, mask, 0, len(padded)) + padded
+
+        events = inotify.parse_events(
+            raw(1, inotify.IN_MOVED_TO, b"..data") + raw(2, inotify.IN_MODIFY, b"a.conflist")
+        )
+        assert [(e.wd, e.mask, e.name) for e in events] == [
+            (1, inotify.IN_MOVED_TO, "..data"),
+            (2, inotify.IN_MODIFY, "a.conflist"),
+        ]
+
+    def test_real_events_from_a_directory(self, tmp_path: Path) -> None:
+        """The ctypes binding reports a create and a rename in a watched directory."""
+        with inotify.Inotify() as ino:
+            ino.add_watch(str(tmp_path), inotify.IN_CREATE | inotify.IN_MOVED_TO)
+            assert ino.read_events() == []
+            (tmp_path / "a").write_text("x")
+            os.rename(tmp_path / "a", tmp_path / "b")
+            names = [
+                (e.name, e.mask & (inotify.IN_CREATE | inotify.IN_MOVED_TO))
+                for e in ino.read_events()
+            ]
+        assert names == [("a", inotify.IN_CREATE), ("b", inotify.IN_MOVED_TO)]
+
+    def test_watch_on_a_missing_directory_fails(self, tmp_path: Path) -> None:
+        """add_watch raises OSError with the path."""
+        with inotify.Inotify() as ino, pytest.raises(OSError, match="nowhere"):
+            ino.add_watch(str(tmp_path / "nowhere"), inotify.IN_CREATE)

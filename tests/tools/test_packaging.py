@@ -1,0 +1,382 @@
+"""packaging/: Talos rule check on Talos' own cases, the images, the Kubernetes manifests."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from multicall import __version__
+from multicall.applets import all_names
+from tests.support import FIXTURES, REPO, require_tool
+
+PACKAGING = REPO / "packaging"
+sys.path.insert(0, str(PACKAGING))
+import oci  # noqa: E402  # packaging/ is a directory of scripts, not a package
+
+CHECK = PACKAGING / "talos" / "check_extension.py"
+TALOS_CASES = FIXTURES / "upstream" / "talos" / "extensions-testdata"
+GOLDENS = FIXTURES / "upstream" / "linkerd2" / "cli-install-cni-goldens"
+
+# Talos' TestLoadValidate / TestValidateFailures: case -> expected error ("" = valid).
+TALOS_EXPECTED = {
+    "good/extension1": "",
+    "bad/wrongfiles": 'unexpected file "a"',
+    "bad/emptymanifest": 'unsupported manifest version: ""',
+    "bad/norootfs": "extension rootfs is missing",
+    "bad/badpaths": 'path "/boot/vmlinuz" is not allowed in extensions',
+    "bad/usrmerge": 'path "/usr/lib64/a.so" is not allowed in extensions',
+}
+
+
+def run_check(target: Path, *version: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(CHECK), str(target), *version],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+class TestTalosRules:
+    @pytest.mark.parametrize("case", sorted(TALOS_EXPECTED))
+    def test_talos_own_cases(self, case: str) -> None:
+        """The port gives Talos' verdict and error text on each of Talos' test extensions."""
+        proc = run_check(TALOS_CASES / case, "1.0.0")
+        expected = TALOS_EXPECTED[case]
+        assert proc.returncode == (1 if expected else 0), proc.stderr
+        assert proc.stderr.strip() == expected
+
+    def test_version_constraint(self, tmp_path: Path) -> None:
+        """compatibility.talos.version is enforced against the Talos version given."""
+        ext = tmp_path / "ext"
+        shutil.copytree(TALOS_CASES / "good" / "extension1", ext)
+        manifest = ext / "manifest.yaml"
+        manifest.chmod(0o644)
+        manifest.write_text(manifest.read_text().replace(">= v1.0.0", ">= v1.6.0"))
+        assert run_check(ext, "1.5.9").returncode == 1
+        assert "can't be satisfied with Talos version 1.5.9" in run_check(ext, "1.5.9").stderr
+        assert run_check(ext, "1.6.0").returncode == 0
+
+    def test_world_writable_and_special_files(self, tmp_path: Path) -> None:
+        """A world-writable file or a FIFO under rootfs is refused."""
+        ext = tmp_path / "ext"
+        shutil.copytree(TALOS_CASES / "good" / "extension1", ext)
+        for path in ext.rglob("*"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        loose = ext / "rootfs" / "usr" / "local" / "lib" / "a.so"
+        loose.chmod(0o666)
+        assert 'world-writeable files are not allowed: "/usr/local/lib/a.so"' in (
+            run_check(ext).stderr
+        )
+        loose.chmod(0o644)
+        os.mkfifo(ext / "rootfs" / "usr" / "local" / "fifo")
+        assert 'special files are not allowed: "/usr/local/fifo"' in run_check(ext).stderr
+
+
+ARCHES = ("amd64", "arm64")
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both images, multi-arch, from stand-in binaries (or $CNIBOX / $CNIBOX_ARM64 when set);
+    `binary-<arch>` links to each platform's binary."""
+    out = tmp_path_factory.mktemp("images")
+    args = []
+    for arch, variable in (("amd64", "CNIBOX"), ("arm64", "CNIBOX_ARM64")):
+        binary = Path(os.environ.get(variable, out / f"cnibox-{arch}"))
+        if not binary.exists():
+            binary.write_bytes(b"\x7fELF stand-in for cnibox " + arch.encode() + b"\n")
+        args += ["--binary", f"{arch}={binary}"]
+        (out / f"binary-{arch}").symlink_to(binary)
+    subprocess.run(
+        [sys.executable, str(PACKAGING / "build.py"), *args, "--out", str(out)],
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+def layer_members(archive: Path, arch: str = "amd64") -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(archive) as outer:
+
+        def read(name: str) -> bytes:
+            member = outer.extractfile(name)
+            assert member is not None
+            return member.read()
+
+        manifest = oci.platform_manifests(read)[arch]
+        data = read("blobs/sha256/" + manifest["layers"][0]["digest"][7:])
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        return {m.name.rstrip("/"): m for m in tar.getmembers()}
+
+
+class TestImages:
+    def test_talos_extension_passes_talos_rules(self, images: Path) -> None:
+        """The extension tarball is valid for Talos 1.6 and later."""
+        proc = run_check(images / "cnibox-talos-extension.tar", "1.6.0")
+        assert proc.returncode == 0, proc.stderr
+
+    def test_talos_extension_layout(self, images: Path) -> None:
+        """manifest.yaml + rootfs/usr/local only; nothing world-writable; no /opt/cni/bin."""
+        members = layer_members(images / "cnibox-talos-extension.tar")
+        binary = members["rootfs/usr/local/lib/cnibox/cnibox"]
+        assert binary.isfile()
+        assert binary.mode == 0o755
+        assert members["rootfs/usr/local/bin/netns-exec"].linkname == "/usr/local/lib/cnibox/cnibox"
+        assert {n.split("/", 1)[0] for n in members} == {"manifest.yaml", "rootfs"}
+        for name, member in members.items():
+            if name.startswith("rootfs/") and not member.isdir():
+                assert name.startswith("rootfs/usr/local/"), name
+            assert member.issym() or not member.mode & 0o002, name
+            assert (member.uid, member.gid, member.mtime) == (0, 0, 0), name
+        assert not any("opt/cni" in n for n in members)
+        assert "rootfs/usr/local/bin/nsenter" not in members  # never shadow util-linux-tools
+
+    def test_talos_manifest_fields(self) -> None:
+        """manifest.yaml carries the fields Talos reads, at this version of cnibox."""
+        manifest = yaml.safe_load((PACKAGING / "talos" / "manifest.yaml").read_text())
+        assert manifest["version"] == "v1alpha1"
+        meta = manifest["metadata"]
+        assert meta["name"] == "cnibox"
+        assert meta["version"] == __version__
+        assert meta["author"]
+        assert meta["description"]
+        assert meta["compatibility"]["talos"]["version"].startswith(">=")
+
+    def test_installer_image_holds_only_cnibox_and_links(self, images: Path) -> None:
+        """FROM scratch: the binary, one link per applet, /tmp; entrypoint install-cni."""
+        members = layer_members(images / "cnibox-installer.tar")
+        files = {n for n, m in members.items() if m.isfile()}
+        assert files == {"usr/local/bin/cnibox"}
+        links = {n.rsplit("/", 1)[1]: m.linkname for n, m in members.items() if m.issym()}
+        assert links == dict.fromkeys(all_names(), "cnibox")
+        assert "install-cni" in links
+
+    def test_images_are_reproducible(self, images: Path, tmp_path: Path) -> None:
+        """A second build from the same binaries gives byte-identical archives."""
+        args = [f"--binary={arch}={images / f'binary-{arch}'}" for arch in ARCHES]
+        subprocess.run(
+            [sys.executable, str(PACKAGING / "build.py"), *args, "--out", str(tmp_path)],
+            check=True,
+            capture_output=True,
+        )
+        for name in ("cnibox-talos-extension.tar", "cnibox-installer.tar"):
+            assert (tmp_path / name).read_bytes() == (images / name).read_bytes()
+
+    @pytest.mark.parametrize("name", ["cnibox-talos-extension", "cnibox-installer"])
+    def test_skopeo_inspects_both_forms(self, images: Path, name: str) -> None:
+        """skopeo reads the layout directory and the oci-archive, same digest."""
+        skopeo = require_tool("skopeo")
+        digests = set()
+        for ref in (
+            f"oci:{images / name}:{__version__}",
+            f"oci-archive:{images / name}.tar:{__version__}",
+        ):
+            out = subprocess.run(
+                [skopeo, "inspect", ref], capture_output=True, text=True, check=True
+            )
+            digests.add(json.loads(out.stdout)["Digest"])
+        assert len(digests) == 1
+
+    def test_skopeo_config_of_the_installer(self, images: Path) -> None:
+        """The installer's entrypoint runs install-cni."""
+        skopeo = require_tool("skopeo")
+        ref = f"oci:{images / 'cnibox-installer'}:{__version__}"
+        out = subprocess.run(
+            [skopeo, "inspect", "--config", ref], capture_output=True, text=True, check=True
+        )
+        config = json.loads(out.stdout)["config"]
+        assert config["Entrypoint"] == ["/usr/local/bin/cnibox", "install-cni"]
+
+    @pytest.mark.parametrize("name", ["cnibox-talos-extension", "cnibox-installer"])
+    def test_both_forms_are_multi_arch_indexes(self, images: Path, name: str) -> None:
+        """skopeo --raw: an OCI image index with one linux manifest per architecture, and
+        each platform's config says its architecture."""
+        skopeo = require_tool("skopeo")
+        for ref in (f"oci:{images / name}:{__version__}",
+                    f"oci-archive:{images / name}.tar:{__version__}"):  # fmt: skip
+            raw = json.loads(
+                subprocess.run(
+                    [skopeo, "inspect", "--raw", ref], capture_output=True, text=True, check=True
+                ).stdout
+            )
+            assert raw["mediaType"] == oci.INDEX_TYPE
+            platforms = [
+                (m["platform"]["os"], m["platform"]["architecture"]) for m in raw["manifests"]
+            ]
+            assert platforms == [("linux", arch) for arch in ARCHES]
+        for arch in ARCHES:
+            config = json.loads(
+                subprocess.run(
+                    [skopeo, "inspect", "--config", f"oci:{images / name}:{__version__}-{arch}"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+            )
+            assert (config["os"], config["architecture"]) == ("linux", arch)
+
+    @pytest.mark.parametrize("arch", ARCHES)
+    def test_umoci_unpacks_the_extension(self, images: Path, tmp_path: Path, arch: str) -> None:
+        """umoci unpack --rootless of each platform gives the extension tree with that
+        platform's binary, which passes Talos' rules."""
+        root = umoci_unpack(images / "cnibox-talos-extension", arch, tmp_path / "bundle")
+        binary = root / "rootfs" / "usr" / "local" / "lib" / "cnibox" / "cnibox"
+        assert binary.read_bytes() == (images / f"binary-{arch}").read_bytes()
+        assert stat.S_IMODE(binary.stat().st_mode) == 0o755
+        proc = run_check(root)
+        assert proc.returncode == 0, proc.stderr
+
+    @pytest.mark.parametrize("arch", ARCHES)
+    def test_umoci_unpacks_the_installer(self, images: Path, tmp_path: Path, arch: str) -> None:
+        """Each platform's installer image unpacks to its binary, the applet links and a
+        sticky /tmp."""
+        root = umoci_unpack(images / "cnibox-installer", arch, tmp_path / "bundle")
+        binary = root / "usr" / "local" / "bin" / "cnibox"
+        assert binary.read_bytes() == (images / f"binary-{arch}").read_bytes()
+        assert os.readlink(root / "usr" / "local" / "bin" / "install-cni") == "cnibox"
+        assert stat.S_IMODE((root / "tmp").stat().st_mode) == 0o1777
+
+    def test_talos_rules_are_checked_on_every_platform(self, images: Path, tmp_path: Path) -> None:
+        """A multi-arch extension whose arm64 image breaks Talos' rules is refused."""
+        sys.path.insert(0, str(PACKAGING))
+        import build as packaging_build
+
+        good = packaging_build.talos_entries(b"\x7fELF")
+        bad = [*good, oci.file("rootfs/boot/vmlinuz", b"x")]
+        index = oci.build_index(
+            {"amd64": oci.build_image(good, oci.ImageConfig()),
+             "arm64": oci.build_image(bad, oci.ImageConfig(architecture="arm64"))}
+        )  # fmt: skip
+        archive = tmp_path / "ext.tar"
+        oci.write_index_archive(archive, index, "t")
+        proc = run_check(archive)
+        assert proc.returncode == 1
+        assert proc.stderr.strip() == 'path "/boot/vmlinuz" is not allowed in extensions'
+
+
+def umoci_unpack(layout: Path, arch: str, bundle: Path) -> Path:
+    """One platform's image, by its `<version>-<arch>` tag (umoci has no platform selection
+    and calls the index's own tag ambiguous)."""
+    umoci = require_tool("umoci")
+    subprocess.run(
+        [umoci, "unpack", "--rootless", "--image", f"{layout}:{__version__}-{arch}", str(bundle)],
+        check=True,
+        capture_output=True,
+    )
+    return bundle / "rootfs"
+
+
+# --- Kubernetes manifests ---------------------------------------------------------------------
+
+# Paths (dotted; list items by index) where cnibox deliberately differs from the chart.
+DIFFERENCES = {
+    "metadata.annotations.linkerd.io/created-by": "names cnibox and its version",
+    "spec.template.metadata.annotations.linkerd.io/created-by": "names cnibox and its version",
+    "spec.template.spec.containers.0.image": "the scratch cnibox installer image",
+    "spec.template.spec.containers.0.lifecycle.preStop.exec.command": "install-cni --uninstall",
+}
+
+
+def documents(text: str) -> dict[str, dict[str, Any]]:
+    return {d["kind"]: d for d in yaml.safe_load_all(text) if d}
+
+
+def missing_or_different(chart: Any, ours: Any, path: str = "") -> list[str]:
+    """Every place where `ours` lacks or changes something `chart` sets (None = unset)."""
+    if path in DIFFERENCES or chart is None:
+        return []
+    if isinstance(chart, dict):
+        if not isinstance(ours, dict):
+            return [path]
+        return [
+            p
+            for key, value in chart.items()
+            for p in missing_or_different(value, ours.get(key), f"{path}.{key}".lstrip("."))
+        ]
+    if isinstance(chart, list):
+        if not isinstance(ours, list) or len(ours) < len(chart):
+            return [path]
+        return [
+            p
+            for i, value in enumerate(chart)
+            for p in missing_or_different(value, ours[i], f"{path}.{i}")
+        ]
+    return [] if chart == ours else [f"{path}: chart {chart!r}, ours {ours!r}"]
+
+
+class TestManifests:
+    def test_generated_files_are_up_to_date(self, tmp_path: Path) -> None:
+        """The committed manifests are what generate.py renders from values.yaml."""
+        generate = PACKAGING / "kubernetes" / "generate.py"
+        proc = subprocess.run(
+            [sys.executable, str(generate), "--check"], capture_output=True, text=True, check=False
+        )
+        assert proc.returncode == 0, proc.stderr
+
+    def test_values_are_the_chart_defaults(self) -> None:
+        """values.yaml repeats the chart's defaults for every key both have."""
+        ours = yaml.safe_load((PACKAGING / "kubernetes" / "values.yaml").read_text())
+        chart_values = FIXTURES / "upstream" / "linkerd2" / "charts-linkerd2-cni" / "values.yaml"
+        chart = yaml.safe_load(chart_values.read_text())
+        assert ours["image"]["version"] == __version__
+        shared = set(ours) & set(chart) - {"image"}
+        assert len(shared) > 15
+        assert {k: ours[k] for k in shared} == {k: chart[k] for k in shared}
+
+    @pytest.mark.parametrize("variant", ["linkerd-cni.yaml", "linkerd-cni-talos.yaml"])
+    def test_objects_carry_everything_the_chart_sets(self, variant: str) -> None:
+        """Each chart object's fields are present with the chart's values, bar DIFFERENCES."""
+        ours = documents((PACKAGING / "kubernetes" / variant).read_text())
+        helm = (GOLDENS / "install_cni_helm_default_output.golden").read_text()
+        chart = documents(helm.replace("linkerd-test", "linkerd-cni"))
+        cli = documents((GOLDENS / "install-cni-plugin_default.golden").read_text())
+        chart["Namespace"] = cli["Namespace"]
+        assert set(ours) == set(chart)
+        for kind, document in chart.items():
+            assert missing_or_different(document, ours[kind]) == [], kind
+
+    def test_config_map_network_config_is_the_chart_default(self) -> None:
+        """cni_network_config is byte-identical to the chart's rendering."""
+        ours = documents((PACKAGING / "kubernetes" / "linkerd-cni.yaml").read_text())
+        expected = (
+            FIXTURES
+            / "derived"
+            / "linkerd-shell-installer"
+            / "CNI_NETWORK_CONFIG.chart-default.json"
+        )
+        assert ours["ConfigMap"]["data"]["cni_network_config"] == expected.read_text()
+
+    def test_prestop_and_talos_mount(self) -> None:
+        """preStop runs the uninstaller by exec; the Talos variant mounts the extension."""
+        generic = documents((PACKAGING / "kubernetes" / "linkerd-cni.yaml").read_text())
+        talos = documents((PACKAGING / "kubernetes" / "linkerd-cni-talos.yaml").read_text())
+        container = generic["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]
+        assert container["lifecycle"]["preStop"]["exec"]["command"] == [
+            "/usr/local/bin/cnibox",
+            "install-cni",
+            "--uninstall",
+        ]
+        pod = talos["DaemonSet"]["spec"]["template"]["spec"]
+        mount = pod["containers"][0]["volumeMounts"][-1]
+        assert mount == {
+            "mountPath": "/host/usr/local/lib/cnibox",
+            "name": "cnibox-extension",
+            "readOnly": True,
+        }
+        assert pod["volumes"][-1]["hostPath"] == {
+            "path": "/usr/local/lib/cnibox",
+            "type": "Directory",
+        }
+        assert "cnibox-extension" not in str(generic)
