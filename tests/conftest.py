@@ -3,7 +3,8 @@ guard that the machine's own firewall is never changed. Helpers live in tests/su
 
 Suites by what a test needs: tests/pure/ (Python and cnibox only), tests/tools/ (host tools
 or compilers: go, openssl, skopeo, umoci), tests/netns/ (root and throwaway network
-namespaces), tests/binary/ (the built single file, `make test-binary`).
+namespaces), tests/binary/ (the built single file, `make test-binary`), tests/cri/ (the built
+file under containerd, driven through its CRI; docs/cri-tests.md).
 `CNIBOX=/path/to/binary` runs the command-level suites against a built executable instead
 of `python -m multicall`.
 """
@@ -28,6 +29,21 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """One CA and server certificate (openssl CLI) for every test API server of the run."""
     require_tool("openssl")
     return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_xtables_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The run's legacy ADDs and Debian's iptables-legacy share a lock file of their own
+    (XTABLES_LOCKFILE, inherited by every child): other test runs on the same machine hold
+    /run/xtables.lock at moments, and an ADD without the wait flag fails at once against
+    them (docs/hardening.md §5)."""
+    previous = os.environ.get("XTABLES_LOCKFILE")
+    os.environ["XTABLES_LOCKFILE"] = str(tmp_path_factory.mktemp("xtables") / "xtables.lock")
+    yield
+    if previous is None:
+        del os.environ["XTABLES_LOCKFILE"]
+    else:
+        os.environ["XTABLES_LOCKFILE"] = previous
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ The everyday names are here; the rest by module:
     nft.py             nft codec test data (fixture rules, hypothesis RuleSpecs)
     artifact.py        the built single file (trailer, extraction cache)
     empty_root.py      the read-only chroot the artifact suites run the single file in
+    helm.py            the pinned helm and packaging/helm/manifests.py (chart, release)
 """
 
 from tests.support.cnibox import cnibox_argv, cnibox_executable
