@@ -12,7 +12,8 @@ extension directories) can drive it:
    path prefix (a plain string prefix, as Talos compares). Talos tests the permission bits of
    `fs.DirEntry.Type()`, which holds type bits only, so its world-writable test never fires;
    this port tests the real permissions, except on symlinks (always 0777 on Linux).
-An oci-archive is checked on its single layer's members, the way the image would unpack.
+An oci-archive is checked on its single layer's members, the way the image would unpack; a
+multi-arch archive (an image index) on each platform's layer.
 Exit status 0 when valid; otherwise the first error on stderr and exit 1.
 """
 
@@ -47,6 +48,7 @@ ALLOWED_PATHS = (
     "/etc/vulkan",
 )
 DEFAULT_TALOS_VERSION = "1.10.0"
+INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 
 
 class ExtensionError(Exception):
@@ -68,13 +70,29 @@ def items_from_directory(root: Path) -> list[Item]:
     return items
 
 
-def items_from_archive(archive: Path) -> tuple[list[Item], bytes | None]:
-    """The layer's members as items, and the manifest.yaml bytes if the layer has one."""
+def archive_layers(archive: Path) -> list[bytes]:
+    """The single layer of the archive's image, or of each platform's image when its index.json
+    names an image index (a multi-arch extension: each platform must pass on its own)."""
     with tarfile.open(archive) as outer:
         index = json.loads(_read(outer, "index.json"))
-        digest = index["manifests"][0]["digest"].removeprefix("sha256:")
-        manifest = json.loads(_read(outer, f"blobs/sha256/{digest}"))
-        layer = _read(outer, "blobs/sha256/" + manifest["layers"][0]["digest"][7:])
+        top = index["manifests"][0]
+        blob = json.loads(_read(outer, "blobs/sha256/" + top["digest"].removeprefix("sha256:")))
+        manifests = [blob]
+        if top.get("mediaType") == INDEX_TYPE:
+            manifests = [
+                json.loads(_read(outer, "blobs/sha256/" + entry["digest"].removeprefix("sha256:")))
+                for entry in blob["manifests"]
+            ]
+        return [_read(outer, "blobs/sha256/" + m["layers"][0]["digest"][7:]) for m in manifests]
+
+
+def items_from_archive(archive: Path) -> tuple[list[Item], bytes | None]:
+    """The layer's members as items, and the manifest.yaml bytes if the layer has one (the
+    first platform's, for a multi-arch archive: `check` checks each)."""
+    return items_from_layer(archive_layers(archive)[0])
+
+
+def items_from_layer(layer: bytes) -> tuple[list[Item], bytes | None]:
     items, manifest_yaml = [], None
     with tarfile.open(fileobj=io.BytesIO(layer), mode="r:gz") as tar:
         for member in tar.getmembers():
@@ -197,14 +215,16 @@ def validate_contents(items: Iterable[Item]) -> None:
 def check(target: Path, talos_version: str = DEFAULT_TALOS_VERSION) -> dict[str, object]:
     """Load and validate an extension directory or oci-archive; returns its manifest."""
     if target.is_dir():
-        items = items_from_directory(target)
         manifest_path = target / "manifest.yaml"
         manifest_yaml = manifest_path.read_bytes() if manifest_path.is_file() else None
+        trees = [(items_from_directory(target), manifest_yaml)]
     else:
-        items, manifest_yaml = items_from_archive(target)
-    manifest = load(items, manifest_yaml)
-    validate_constraints(manifest, talos_version)
-    validate_contents(items)
+        trees = [items_from_layer(layer) for layer in archive_layers(target)]
+    manifest: dict[str, object] = {}
+    for items, manifest_yaml in trees:
+        manifest = load(items, manifest_yaml)
+        validate_constraints(manifest, talos_version)
+        validate_contents(items)
     return manifest
 
 
