@@ -16,8 +16,25 @@ APT_PACKAGES := iptables nftables util-linux iproute2 containernetworking-plugin
 	golang-github-appc-cni-dev patchelf ccache hyperfine libxtables-dev musl-tools time strace \
 	skopeo umoci libc-bin python3-dev openssl containerd
 
-.PHONY: deps apt venv tools cri-proto lint type unit test test-source test-binary test-cri build \
-	zipapp demo bench clean
+.PHONY: help deps apt venv tools cri-proto lint type unit test test-source test-binary test-cri \
+	build zipapp demo bench clean
+
+# The default target only explains (the others install packages and build for minutes):
+# it prints the `##` lines below.
+##cnibox: Linkerd's CNI plugin for minimal nodes (Talos) in one executable. README.md first.
+##
+##  make demo         build the single file, then a local pod-network demo (root; the first
+##                    build takes ~6 minutes on 2 cores, later ones 1-2 minutes)
+##  make test         what CI runs: lint, types, every suite from source and against the
+##                    built file (root; installs apt packages and a venv first)
+##  make unit         the suites that need neither root nor a build
+##  make lint type    ruff and mypy --strict
+##  make build        dist/cnibox, the single file      make zipapp   dist/cnibox.pyz
+##  make images       the OCI images                    make release  every artifact
+##  make bench        pod-start cost against upstream's approach (root)
+##  make deps         apt packages, .venv, pinned helm/kubectl (the targets above do it)
+help:
+	@sed -n 's/^##//p' $(firstword $(MAKEFILE_LIST))
 
 deps: apt venv tools
 

@@ -16,6 +16,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import argparse
 import compileall
 import fcntl
 import os
@@ -76,10 +77,67 @@ def build_dist() -> None:
     shutil.rmtree(OUT / "cnibox_main.build", ignore_errors=True)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     started = time.monotonic()
+    print(expected_time(), flush=True)
     recorder = [sys.executable, "-m", "multicall.dataclass_cache", str(DATACLASS_CACHE)]
     subprocess.run(recorder, check=True, cwd=REPO, env=env)
-    subprocess.run(["nice", "-n", "5", *nuitka_command()], check=True, cwd=REPO, env=env)
-    print(f"build: dist in {time.monotonic() - started:.0f} s -> {DIST}")
+    run_with_heartbeat(["nice", "-n", "5", *nuitka_command()], env)
+    print(f"build: dist in {_minutes(time.monotonic() - started)} -> {DIST}")
+
+
+# Measured on the 2-core development VM (docs/binary.md "Building"): a cold build compiles
+# all ~69 C files; after a Python edit ccache serves most of them.
+COLD_MINUTES, WARM_MINUTES = "about 6 minutes (3 on an idle machine)", "1 to 2 minutes"
+HEARTBEAT_SECONDS = 30.0
+
+
+def expected_time() -> str:
+    """The line that says how long to wait, before the wait."""
+    cache = Path(os.environ.get("NUITKA_CACHE_DIR", Path.home() / ".cache" / "Nuitka"))
+    ccache = cache / "ccache"
+    warm = ccache.is_dir() and any(ccache.iterdir())
+    if warm:
+        return f"build: compiling with Nuitka; with its cache warm this takes {WARM_MINUTES}"
+    return (
+        f"build: compiling with Nuitka; the first build takes {COLD_MINUTES} on 2 cores, "
+        f"later ones {WARM_MINUTES} (the cache is {cache})"
+    )
+
+
+def run_with_heartbeat(argv: list[str], env: dict[str, str]) -> None:
+    """Run Nuitka with its own output passing through, and every HEARTBEAT_SECONDS a line
+    saying how long it has run and how many of its C files are compiled: Nuitka's progress
+    bar shows only on a terminal, and its C compilation prints nothing for minutes."""
+    import threading
+
+    started = time.monotonic()
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_SECONDS):
+            print(f"build: Nuitka still running, {_minutes(time.monotonic() - started)}"
+                  f"{_c_progress()}", flush=True)  # fmt: skip
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        subprocess.run(argv, check=True, cwd=REPO, env=env)
+    finally:
+        done.set()
+        thread.join()
+
+
+def _c_progress() -> str:
+    """`; C files compiled: N of M` once Nuitka has written its C files, else ""."""
+    build_dir = OUT / "cnibox_main.build"
+    sources = list(build_dir.glob("*.c"))
+    if not sources:
+        return ""
+    objects = sum(1 for c in sources if c.with_suffix(".o").exists())
+    return f"; C files compiled: {objects} of {len(sources)}"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds) // 60} min {int(seconds) % 60:02d} s"
 
 
 def loader_name() -> str:
@@ -188,15 +246,23 @@ STEPS = {
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0] not in STEPS:
-        print(f"usage: build.py {{{'|'.join(STEPS)}}}", file=sys.stderr)
-        return 2
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\nRules")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("step", choices=STEPS, help="what to build")
+    step = parser.parse_args(argv).step
     OUT.mkdir(parents=True, exist_ok=True)
     with open(OUT / ".build.lock", "w") as lock:
         # Two builds at once (make test and make bench, say) would share Nuitka's output dir.
         fcntl.flock(lock, fcntl.LOCK_EX)
-        for step in STEPS[argv[0]]:
-            step()
+        try:
+            for run in STEPS[step]:
+                run()
+        except subprocess.CalledProcessError as exc:
+            print(f"build: {exc.cmd[0] if exc.cmd else 'a step'} failed (exit "
+                  f"{exc.returncode}); its output is above", file=sys.stderr)  # fmt: skip
+            return 1
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Talos' system-extension rules, ported: `check_extension.py DIR|OCI_ARCHIVE [TALOS_VERSION]`.
+"""Talos' system-extension rules, ported: `check_extension.py TARGET [TALOS_VERSION]`, where
+TARGET is an extension directory, an OCI image layout directory or an oci-archive.
 
 A port of siderolabs/talos `pkg/machinery/extensions` (`load.go`, `validate.go`,
 `extensions.go`), with Talos' own error texts, so that Talos' test cases (good/bad
@@ -12,19 +13,22 @@ extension directories) can drive it:
    path prefix (a plain string prefix, as Talos compares). Talos tests the permission bits of
    `fs.DirEntry.Type()`, which holds type bits only, so its world-writable test never fires;
    this port tests the real permissions, except on symlinks (always 0777 on Linux).
-An oci-archive is checked on its single layer's members, the way the image would unpack.
-Exit status 0 when valid; otherwise the first error on stderr and exit 1.
+An image (an OCI layout directory, as `make images` writes beside each archive, or an
+oci-archive) is checked on its single layer's members, the way the image would unpack.
+Exit status 0 when valid; otherwise the first error on stderr and exit 1; 2 for a bad
+command line.
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import re
 import stat
 import sys
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,24 +74,53 @@ def items_from_directory(root: Path) -> list[Item]:
 
 def items_from_archive(archive: Path) -> tuple[list[Item], bytes | None]:
     """The layer's members as items, and the manifest.yaml bytes if the layer has one."""
-    with tarfile.open(archive) as outer:
-        index = json.loads(_read(outer, "index.json"))
+    try:
+        with tarfile.open(archive) as outer:
+            layer = image_layer(lambda name: _read(outer, name), archive)
+    except tarfile.TarError as exc:
+        reason = str(exc).splitlines()[0].rstrip(":")
+        raise ExtensionError(
+            f"{archive}: not an extension, OCI layout or oci-archive: {reason}"
+        ) from None
+    return items_from_layer(layer)
+
+
+def items_from_layout(layout: Path) -> tuple[list[Item], bytes | None]:
+    """The same for an OCI image layout directory (`oci-layout`, `index.json`, `blobs/`)."""
+    return items_from_layer(image_layer(lambda name: (layout / name).read_bytes(), layout))
+
+
+def image_layer(read: Callable[[str], bytes], where: Path) -> bytes:
+    """The single layer of the image an OCI layout (a directory or an archive) holds."""
+    try:
+        index = json.loads(read("index.json"))
         digest = index["manifests"][0]["digest"].removeprefix("sha256:")
-        manifest = json.loads(_read(outer, f"blobs/sha256/{digest}"))
-        layer = _read(outer, "blobs/sha256/" + manifest["layers"][0]["digest"][7:])
+        manifest = json.loads(read(f"blobs/sha256/{digest}"))
+        return read("blobs/sha256/" + manifest["layers"][0]["digest"].removeprefix("sha256:"))
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        raise ExtensionError(f"{where}: not an OCI image with one layer: {exc!r}") from None
+
+
+def items_from_layer(layer: bytes) -> tuple[list[Item], bytes | None]:
     items, manifest_yaml = [], None
-    with tarfile.open(fileobj=io.BytesIO(layer), mode="r:gz") as tar:
-        for member in tar.getmembers():
-            name = member.name.strip("/").removeprefix("./")
-            items.append(Item(name, _tar_mode(member)))
-            if name == "manifest.yaml" and member.isfile():
-                extracted = tar.extractfile(member)
-                manifest_yaml = extracted.read() if extracted else None
+    try:
+        with tarfile.open(fileobj=io.BytesIO(layer), mode="r:gz") as tar:
+            for member in tar.getmembers():
+                name = member.name.strip("/").removeprefix("./")
+                items.append(Item(name, _tar_mode(member)))
+                if name == "manifest.yaml" and member.isfile():
+                    extracted = tar.extractfile(member)
+                    manifest_yaml = extracted.read() if extracted else None
+    except tarfile.TarError as exc:
+        raise ExtensionError(f"the image's layer is not a gzipped tar: {exc}") from None
     return items, manifest_yaml
 
 
 def _read(tar: tarfile.TarFile, name: str) -> bytes:
-    extracted = tar.extractfile(name)
+    try:
+        extracted = tar.extractfile(name)
+    except KeyError:
+        raise ExtensionError(f"{name}: not in the archive") from None
     if extracted is None:
         raise ExtensionError(f"{name}: not a file in the archive")
     return extracted.read()
@@ -195,8 +228,11 @@ def validate_contents(items: Iterable[Item]) -> None:
 
 
 def check(target: Path, talos_version: str = DEFAULT_TALOS_VERSION) -> dict[str, object]:
-    """Load and validate an extension directory or oci-archive; returns its manifest."""
-    if target.is_dir():
+    """Load and validate an extension directory, OCI layout or oci-archive; returns its
+    manifest."""
+    if (target / "oci-layout").is_file():
+        items, manifest_yaml = items_from_layout(target)
+    elif target.is_dir():
         items = items_from_directory(target)
         manifest_path = target / "manifest.yaml"
         manifest_yaml = manifest_path.read_bytes() if manifest_path.is_file() else None
@@ -209,16 +245,30 @@ def check(target: Path, talos_version: str = DEFAULT_TALOS_VERSION) -> dict[str,
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) not in (2, 3):
-        sys.stderr.write("usage: check_extension.py DIR|OCI_ARCHIVE [TALOS_VERSION]\n")
-        return 2
+    parser = argparse.ArgumentParser(
+        description="Check a Talos system extension against Talos' own rules (a port of "
+        "siderolabs/talos pkg/machinery/extensions).",
+    )
+    parser.add_argument(
+        "target", type=Path, help="extension directory, OCI image layout directory or oci-archive"
+    )
+    parser.add_argument(
+        "talos_version",
+        nargs="?",
+        default=DEFAULT_TALOS_VERSION,
+        help="the Talos version to check compatibility against (default: %(default)s)",
+    )
+    args = parser.parse_args(argv)
     try:
-        check(Path(argv[1]), *argv[2:])
+        check(args.target, args.talos_version)
     except ExtensionError as exc:
         sys.stderr.write(f"{exc}\n")
+        return 1
+    except OSError as exc:
+        sys.stderr.write(f"{exc.filename or args.target}: {exc.strerror or exc}\n")
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main(sys.argv[1:]))
