@@ -94,12 +94,13 @@ def expected_time() -> str:
     """The line that says how long to wait, before the wait."""
     cache = Path(os.environ.get("NUITKA_CACHE_DIR", Path.home() / ".cache" / "Nuitka"))
     ccache = cache / "ccache"
-    warm = ccache.is_dir() and any(ccache.iterdir())
+    # ccache keys include this checkout's paths: a cache filled by another checkout misses.
+    warm = DIST.is_dir() and ccache.is_dir() and any(ccache.iterdir())
     if warm:
         return f"build: compiling with Nuitka; with its cache warm this takes {WARM_MINUTES}"
     return (
-        f"build: compiling with Nuitka; the first build takes {COLD_MINUTES} on 2 cores, "
-        f"later ones {WARM_MINUTES} (the cache is {cache})"
+        f"build: compiling with Nuitka; the first build of a checkout takes {COLD_MINUTES} "
+        f"on 2 cores, later ones {WARM_MINUTES} (Nuitka's cache: {cache})"
     )
 
 

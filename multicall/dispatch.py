@@ -140,6 +140,8 @@ def _report(exc: CniboxError, applet: Applet, prog: str, stderr: BinaryIO) -> in
 def _requested(module: object, args: Sequence[str]) -> Show | None:
     """`--help`/`--version` as getopt meets them; a bad option raises UsageError before the
     applet runs. Operands are the applet's to judge."""
+    if not args:
+        return None  # the common case (a runtime runs linkerd-cni so): nothing to parse
     doc = getattr(module, "__doc__", None)
     if not doc:
         return usage.requested(args)

@@ -39,7 +39,8 @@ def main(
     from multicall.core import usage
     from multicall.plugin.run import PluginRequest, run_plugin
 
-    usage.parse(argv[1:], usage.options(__doc__ or ""))  # a runtime passes no arguments
+    if argv[1:]:  # a runtime passes none
+        usage.parse(argv[1:], usage.options(__doc__ or ""))
 
     # VERSION never reads stdin: answered from the environment alone.
     config = b"" if env.get("CNI_COMMAND") == "VERSION" else stdin.read()
