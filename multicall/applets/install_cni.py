@@ -599,7 +599,7 @@ def uninstall(config: InstallerConfig, options: Options, log: Log) -> int:
     installer.resume()
     errors = installer.undo()
     for error in errors:
-        log.info(f"undo: {error}")
+        log.error(f"undo: {error}")
     return 1 if errors else EXIT_OK
 
 
@@ -644,5 +644,5 @@ def _message(exc: BaseException) -> str:
 def _undo_and_log(installer: Installer) -> list[str]:
     errors = installer.undo()
     for error in errors:
-        installer.log.info(f"undo: {error}")
+        installer.log.error(f"undo: {error}")
     return errors
