@@ -24,7 +24,7 @@ APT_PACKAGES := iptables nftables util-linux iproute2 containernetworking-plugin
 ##cnibox: Linkerd's CNI plugin for minimal nodes (Talos) in one executable. README.md first.
 ##
 ##  make demo         build the single file, then a local pod-network demo (root; the first
-##                    build takes ~6 minutes on 2 cores, later ones 1-2 minutes)
+##                    build takes 6-11 minutes on 2 cores, later ones 1-3 minutes)
 ##  make test         what CI runs: lint, types, every suite from source and against the
 ##                    built file (root; installs apt packages and a venv first)
 ##  make unit         the suites that need neither root nor a build

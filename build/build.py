@@ -86,7 +86,7 @@ def build_dist() -> None:
 
 # Measured on the 2-core development VM (docs/binary.md "Building"): a cold build compiles
 # all ~69 C files; after a Python edit ccache serves most of them.
-COLD_MINUTES, WARM_MINUTES = "about 6 minutes (3 on an idle machine)", "1 to 2 minutes"
+COLD_MINUTES, WARM_MINUTES = "6 to 11 minutes (3 on an idle machine)", "1 to 3 minutes"
 HEARTBEAT_SECONDS = 30.0
 
 
