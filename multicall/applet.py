@@ -3,8 +3,8 @@
 An applet module starts with its usage text as the docstring (first line `usage: NAME ...`,
 then option lines `  -x, --name ARG   what it does`, which are also what the parser accepts:
 docs/cli.md) and defines `main(argv, env, stdin, stdout, stderr)`, which returns the exit
-status, or a `Show` for the dispatcher to print help or the version (multicall/core/usage.py). Streams
-are binary so the CNI applet controls every byte it prints. Applet modules import heavy
+status, or a `Show` for the dispatcher to print help or the version (multicall/core/usage.py).
+Streams are binary so the CNI applet controls every byte it prints. Applet modules import heavy
 libraries (iptc, ssl, yaml) inside functions, not at module level: the module is imported
 on every start of its applet.
 """

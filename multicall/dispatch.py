@@ -80,7 +80,8 @@ def format_list() -> str:
 def format_help() -> str:
     assert __doc__ is not None
     lines = __doc__.split("\n\nRules of this module")[0].rstrip()
-    table = "\n".join(f"  {applet.name:<18}{applet.summary}" for applet in APPLETS)
+    width = max(18, *(len(applet.name) + 2 for applet in APPLETS))
+    table = "\n".join(f"  {applet.name:<{width}}{applet.summary}" for applet in APPLETS)
     return f"{lines}\n\nApplets:\n{table}\n"
 
 
@@ -126,10 +127,14 @@ def run_applet(
 
 def _report(exc: CniboxError, applet: Applet, prog: str, stderr: BinaryIO) -> int:
     """An expected failure: one line (and its hint); a usage error of an applet of the
-    convention gets the Try line and exit 2 instead (an applet with its own convention,
-    util-linux's or clap's, words its own)."""
+    convention gets the Try line and exit 2 instead, and one of an applet with another
+    program's convention is printed as that convention words it, whole (clap's
+    `error: ...` and `For more information, try '--help'.`)."""
+    if isinstance(exc, UsageError) and applet.parses_help:
+        write_text(stderr, f"{exc.message}\n")
+        return exc.exit_code
     write_text(stderr, f"{prog}: {exc.message}\n")
-    if isinstance(exc, UsageError) and not applet.parses_help:
+    if isinstance(exc, UsageError):
         write_text(stderr, try_help(prog))
         return EXIT_USAGE
     if exc.hint:

@@ -133,31 +133,14 @@ class KubeClient:
         return doc
 
     def _request(self, path: str, url: str, deadline: float) -> tuple[int, bytes]:
-        import ssl
-
         conn = self._conn or _Connection(self.endpoint)
         self._conn = conn
         try:
             conn.open(self.config, deadline)
             return conn.get(path, self._headers(), deadline)
-        except ssl.SSLCertVerificationError as exc:
-            self.close()
-            raise KubeError(
-                f'Get "{url}": tls: failed to verify certificate: x509: {_x509(exc)}'
-            ) from None
-        except TimeoutError:
-            detail = conn.timeout_detail()
-            self.close()
-            raise KubeError(f'Get "{url}": {detail}') from None
-        except ConnectionRefusedError:
-            self.close()
-            raise KubeError(
-                f'Get "{url}": dial tcp {self.endpoint.hostport}: connect: connection refused'
-            ) from None
         except (OSError, ValueError) as exc:
             self.close()
-            reason = (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).lower()
-            raise KubeError(f'Get "{url}": {reason}') from None
+            raise transport_error(exc, "Get", url, conn) from None
 
     def _headers(self) -> str:
         lines = [
@@ -168,6 +151,24 @@ class KubeClient:
         if self._token:
             lines.append(f"Authorization: Bearer {self._token}")
         return "".join(f"{line}\r\n" for line in lines)
+
+
+def transport_error(exc: OSError | ValueError, verb: str, url: str, conn: _Connection) -> KubeError:
+    """A failed request's error in client-go's words: `Get "URL": dial tcp ...: connection
+    refused`, `... TLS handshake timeout`, `... x509: certificate signed by unknown authority`.
+    Shared with the controller's requests and watches (effects/kube_stream.py)."""
+    import ssl
+
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return KubeError(f'{verb} "{url}": tls: failed to verify certificate: x509: {_x509(exc)}')
+    if isinstance(exc, TimeoutError):
+        return KubeError(f'{verb} "{url}": {conn.timeout_detail()}')
+    if isinstance(exc, ConnectionRefusedError):
+        return KubeError(
+            f'{verb} "{url}": dial tcp {conn.endpoint.hostport}: connect: connection refused'
+        )
+    reason = (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).lower()
+    return KubeError(f'{verb} "{url}": {reason}')
 
 
 class _Connection:
@@ -204,15 +205,22 @@ class _Connection:
         self.stage = "request"
 
     def get(self, path: str, headers: str, deadline: float) -> tuple[int, bytes]:
-        assert self.sock is not None
+        status, fields = self.request("GET", path, headers, b"", deadline)
         assert self.reader is not None
-        self.sock.settimeout(_remaining(deadline))
-        self.sock.sendall(f"GET {path} HTTP/1.1\r\n{headers}\r\n".encode("latin-1"))
-        status, fields = _read_head(self.reader)
         body = _read_body(self.reader, fields)
         if fields.get("connection", "").lower() == "close":
             self.close()
         return status, body
+
+    def request(
+        self, method: str, path: str, headers: str, body: bytes, deadline: float
+    ) -> tuple[int, dict[str, str]]:
+        """Send one request and read the response head; the body is the caller's to read."""
+        assert self.sock is not None
+        assert self.reader is not None
+        self.sock.settimeout(_remaining(deadline))
+        self.sock.sendall(f"{method} {path} HTTP/1.1\r\n{headers}\r\n".encode("latin-1") + body)
+        return _read_head(self.reader)
 
     def timeout_detail(self) -> str:
         if self.stage == "request":
@@ -328,7 +336,7 @@ def _x509(exc: ssl.SSLCertVerificationError) -> str:
     return str(exc.verify_message or exc.reason or exc)
 
 
-def _status_message(status: int, body: bytes, what: tuple[str, str]) -> str:
+def _status_message(status: int, body: bytes, what: tuple[str, str], verb: str = "get") -> str:
     """client-go's error text: the Status object's message, else its generic wording."""
     try:
         doc = json.loads(body)
@@ -342,12 +350,12 @@ def _status_message(status: int, body: bytes, what: tuple[str, str]) -> str:
     generic = {
         401: "Unauthorized",
         403: "Forbidden",
-        404: f"the server could not find the requested resource (get {resource} {name})",
+        404: f"the server could not find the requested resource ({verb} {resource} {name})",
     }
     if status in generic:
         return generic[status]
     text = body.decode("utf-8", "replace").strip()
     return (
         f'an error on the server ("{text}") has prevented the request from succeeding '
-        f"(get {resource} {name})"
+        f"({verb} {resource} {name})"
     )

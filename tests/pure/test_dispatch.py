@@ -16,7 +16,7 @@ import pytest
 from multicall import __version__, applets, dispatch
 from multicall.applet import Applet, AppletModule
 from multicall.core.usage import Show
-from multicall.errors import CniboxError
+from multicall.errors import CniboxError, UsageError
 from tests.support import REPO, cnibox_argv
 
 APPLET_DIR = REPO / "multicall" / "applets"
@@ -149,6 +149,22 @@ class TestBoundary:
         i, o, e = streams()
         assert dispatch.run_applet(_failing(exc), ["boom"], {}, (i, o, e)) == code
         assert e.getvalue().decode().strip() == message
+
+
+class TestUsageErrors:
+    def test_convention_adds_the_try_line(self) -> None:
+        """A UsageError of an applet of the convention: `NAME: message`, the Try line, 2."""
+        i, o, e = streams()
+        assert dispatch.run_applet(_failing(UsageError("bad")), ["boom"], {}, (i, o, e)) == 2
+        assert e.getvalue() == b"boom: bad\nTry 'boom --help' for more information.\n"
+
+    def test_foreign_convention_is_printed_whole(self) -> None:
+        """An applet with another program's convention (clap) words its errors whole."""
+        i, o, e = streams()
+        clap = "error: unexpected argument '-x' found\n\nFor more information, try '--help'."
+        applet = _applet(UsageError(clap), parses_help=True)
+        assert dispatch.run_applet(applet, ["boom", "-x"], {}, (i, o, e)) == 2
+        assert e.getvalue().decode() == clap + "\n"
 
 
 class TestCommandLine:
