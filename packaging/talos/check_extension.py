@@ -14,7 +14,8 @@ extension directories) can drive it:
    `fs.DirEntry.Type()`, which holds type bits only, so its world-writable test never fires;
    this port tests the real permissions, except on symlinks (always 0777 on Linux).
 An image (an OCI layout directory, as `make images` writes beside each archive, or an
-oci-archive) is checked on its single layer's members, the way the image would unpack.
+oci-archive) is checked on its single layer's members, the way the image would unpack; a
+multi-arch image (an image index) on each platform's layer.
 Exit status 0 when valid; otherwise the first error on stderr and exit 1; 2 for a bad
 command line.
 """
@@ -51,6 +52,7 @@ ALLOWED_PATHS = (
     "/etc/vulkan",
 )
 DEFAULT_TALOS_VERSION = "1.10.0"
+INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 
 
 class ExtensionError(Exception):
@@ -72,33 +74,45 @@ def items_from_directory(root: Path) -> list[Item]:
     return items
 
 
-def items_from_archive(archive: Path) -> tuple[list[Item], bytes | None]:
-    """The layer's members as items, and the manifest.yaml bytes if the layer has one."""
+def image_layers(read: Callable[[str], bytes], where: Path) -> list[bytes]:
+    """The single layer of the image an OCI layout (a directory or an archive) holds, or of
+    each platform's image when its index.json names an image index (a multi-arch extension:
+    each platform must pass on its own)."""
+
+    def blob(digest: str) -> bytes:
+        return read("blobs/sha256/" + digest.removeprefix("sha256:"))
+
+    try:
+        top = json.loads(read("index.json"))["manifests"][0]
+        manifests = [json.loads(blob(top["digest"]))]
+        if top.get("mediaType") == INDEX_TYPE:
+            manifests = [json.loads(blob(entry["digest"])) for entry in manifests[0]["manifests"]]
+        return [blob(manifest["layers"][0]["digest"]) for manifest in manifests]
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        raise ExtensionError(f"{where}: not an OCI image of one layer: {exc!r}") from None
+
+
+def archive_layers(archive: Path) -> list[bytes]:
+    """image_layers of an oci-archive."""
     try:
         with tarfile.open(archive) as outer:
-            layer = image_layer(lambda name: _read(outer, name), archive)
+            return image_layers(lambda name: _read(outer, name), archive)
     except tarfile.TarError as exc:
         reason = str(exc).splitlines()[0].rstrip(":")
         raise ExtensionError(
             f"{archive}: not an extension, OCI layout or oci-archive: {reason}"
         ) from None
-    return items_from_layer(layer)
 
 
-def items_from_layout(layout: Path) -> tuple[list[Item], bytes | None]:
-    """The same for an OCI image layout directory (`oci-layout`, `index.json`, `blobs/`)."""
-    return items_from_layer(image_layer(lambda name: (layout / name).read_bytes(), layout))
+def layout_layers(layout: Path) -> list[bytes]:
+    """image_layers of an OCI image layout directory (`oci-layout`, `index.json`, `blobs/`)."""
+    return image_layers(lambda name: (layout / name).read_bytes(), layout)
 
 
-def image_layer(read: Callable[[str], bytes], where: Path) -> bytes:
-    """The single layer of the image an OCI layout (a directory or an archive) holds."""
-    try:
-        index = json.loads(read("index.json"))
-        digest = index["manifests"][0]["digest"].removeprefix("sha256:")
-        manifest = json.loads(read(f"blobs/sha256/{digest}"))
-        return read("blobs/sha256/" + manifest["layers"][0]["digest"].removeprefix("sha256:"))
-    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
-        raise ExtensionError(f"{where}: not an OCI image with one layer: {exc!r}") from None
+def items_from_archive(archive: Path) -> tuple[list[Item], bytes | None]:
+    """The layer's members as items, and the manifest.yaml bytes if the layer has one (the
+    first platform's, for a multi-arch archive: `check` checks each)."""
+    return items_from_layer(archive_layers(archive)[0])
 
 
 def items_from_layer(layer: bytes) -> tuple[list[Item], bytes | None]:
@@ -231,16 +245,18 @@ def check(target: Path, talos_version: str = DEFAULT_TALOS_VERSION) -> dict[str,
     """Load and validate an extension directory, OCI layout or oci-archive; returns its
     manifest."""
     if (target / "oci-layout").is_file():
-        items, manifest_yaml = items_from_layout(target)
+        trees = [items_from_layer(layer) for layer in layout_layers(target)]
     elif target.is_dir():
-        items = items_from_directory(target)
         manifest_path = target / "manifest.yaml"
         manifest_yaml = manifest_path.read_bytes() if manifest_path.is_file() else None
+        trees = [(items_from_directory(target), manifest_yaml)]
     else:
-        items, manifest_yaml = items_from_archive(target)
-    manifest = load(items, manifest_yaml)
-    validate_constraints(manifest, talos_version)
-    validate_contents(items)
+        trees = [items_from_layer(layer) for layer in archive_layers(target)]
+    manifest: dict[str, object] = {}
+    for items, manifest_yaml in trees:
+        manifest = load(items, manifest_yaml)
+        validate_constraints(manifest, talos_version)
+        validate_contents(items)
     return manifest
 
 

@@ -1,2 +1,1 @@
-"""The repair controller's pure parts: its command line (as clap parses it), which pods
-to repair, and the pod sandbox it repairs in place."""
+"""The repair controller's pure parts: which pods to delete, its CLI, and the sandbox lookup."""
