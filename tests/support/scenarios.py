@@ -58,8 +58,8 @@ def fixture_argv(name: str) -> list[tuple[str, ...]]:
 
 
 def save_body(text: str) -> list[str]:
-    """The last `*nat ... COMMIT` block of a save text, without `#` lines."""
-    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    """The last `*nat ... COMMIT` block of a save text as tests compare it (comparable_save)."""
+    lines = comparable_save(text).splitlines()
     start = max(i for i, line in enumerate(lines) if line == "*nat")
     return lines[start:]
 
