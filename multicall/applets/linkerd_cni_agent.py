@@ -15,6 +15,8 @@ serve a request, the plugin runs as a one-shot process (docs/agent.md).
   --shutdown-grace SECS    how long SIGTERM waits for requests in flight (default 25)
   --log-level LEVEL        debug, info (default), warn, error
   --log-format FORMAT      plain (logrus text, the default) or json
+  -h, --help               this text
+  --version                print the version
 """
 
 from __future__ import annotations
@@ -23,17 +25,14 @@ import io
 import json
 import os
 import socket
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
-from multicall.effects.streams import write_text
 from multicall.errors import UsageError
 
 DEFAULT_SOCKET = "/var/run/linkerd-cni/agent.sock"
 DEFAULT_ADMIN = "0.0.0.0:9991"
 READ_TIMEOUT = 5.0
-LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
 
 if TYPE_CHECKING:
     from multicall.core.agent_protocol import Request
@@ -49,10 +48,9 @@ def main(
     stderr: BinaryIO,
 ) -> int:
     opts = parse_args(list(argv[1:]))
-    if opts is None:
-        write_text(stdout, __doc__ or "")
-        return 0
-    log = make_log(stderr, opts["log-level"], opts["log-format"])
+    from multicall.effects.log import Logger
+
+    log = Logger(stderr, opts["log-level"], opts["log-format"]).log
     preload()
     from multicall.core.agent_protocol import SOURCE_BUILD
     from multicall.effects.agent_server import Server, ServerOptions
@@ -95,26 +93,22 @@ FLAGS = {
 }
 
 
-def parse_args(args: list[str]) -> dict[str, str] | None:
-    """Go-flag style `--name value` / `--name=value`; None for --help."""
-    opts = dict(FLAGS)
-    while args:
-        arg = args.pop(0)
-        if arg in ("-h", "--help"):
-            return None
-        name, sep, value = arg.lstrip("-").partition("=")
-        if not arg.startswith("-") or name not in FLAGS:
-            raise UsageError(f"unknown argument {arg}", hint="see cnibox agent --help")
-        if not sep:
-            if not args:
-                raise UsageError(f"{arg} needs a value")
-            value = args.pop(0)
-        opts[name] = value
-    opts["log-level"] = "warning" if opts["log-level"] == "warn" else opts["log-level"]
-    if opts["log-level"] not in LEVELS:
-        raise UsageError(f"--log-level {opts['log-level']}: expected debug, info, warn or error")
-    if opts["log-format"] not in ("plain", "json"):
-        raise UsageError(f"--log-format {opts['log-format']}: expected plain or json")
+def parse_args(args: list[str]) -> dict[str, str]:
+    """The options of the usage text (core/usage.py), by name without dashes, defaults
+    filled in; UsageError for a bad command line or value. (--help and --version never get
+    here: the dispatcher answers them.)"""
+    from multicall.core import logs, usage
+
+    line = usage.parse(args, usage.options(__doc__ or ""))
+    opts = {name: line.value(f"--{name}", default) or "" for name, default in FLAGS.items()}
+    try:
+        opts["log-level"] = logs.parse_level(opts["log-level"])
+    except ValueError:
+        raise UsageError(
+            f"invalid --log-level '{opts['log-level']}': debug, info, warn or error"
+        ) from None
+    if opts["log-format"] not in logs.FORMATS:
+        raise UsageError(f"invalid --log-format '{opts['log-format']}': plain or json")
     return opts
 
 
@@ -136,25 +130,6 @@ def _float(opts: Mapping[str, str], name: str) -> float:
     if not value > 0:
         raise UsageError(f"--{name} {opts[name]}: expected a positive number of seconds")
     return value
-
-
-def make_log(stream: BinaryIO, level: str, fmt: str) -> Callable[[str, str], None]:
-    """The plugin's logrus text format (or logrus' JSON) on `stream`."""
-    from multicall.plugin.logrus import Logger
-
-    plain = Logger(stream, level)
-
-    def log(lvl: str, message: str) -> None:
-        if fmt == "plain":
-            plain.log(lvl, message)
-            return
-        if LEVELS[lvl] < LEVELS[level]:
-            return
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        record = {"level": lvl, "msg": message, "time": stamp}
-        write_text(stream, json.dumps(record, separators=(",", ":")) + "\n")
-
-    return log
 
 
 def warm_up(hint: object) -> None:
