@@ -4,9 +4,10 @@ workers): its files, its pod netns, a netlink socket it made there.
 In a one-shot process there is no context and every function here is the plain operation.
 In a node agent's worker (`multicall.applets.linkerd_cni_agent`) the launcher's descriptors
 stand in for paths:
-- files named by the caller (the kubeconfig, its token and CA files, the xtables lock file)
-  are opened through the caller's root with openat2(RESOLVE_IN_ROOT), so they resolve as in
-  the caller's mount namespace even though the agent's pod has another filesystem;
+- files named by the caller (the kubeconfig, its token and CA files, the xtables lock file,
+  the config's log_file and its rotation) are opened through the caller's root with
+  openat2(RESOLVE_IN_ROOT), so they resolve as in the caller's mount namespace even though
+  the agent's pod has another filesystem;
 - `CNI_NETNS` resolves to the descriptor the caller opened (`/proc/self/fd/N` reopens an
   nsfs file), so nothing looks the path up in the agent's mount namespace;
 - the nf_tables backend uses the netlink socket the caller created inside the pod's netns
@@ -103,6 +104,20 @@ def open_fd(path: str, flags: int, mode: int = 0o666) -> int:
     if ctx is None:
         return os.open(path, flags | os.O_CLOEXEC, mode)
     return _openat2_in_root(ctx.root_fd, os.path.join(ctx.cwd, path), flags, mode)
+
+
+def directory_of(path: str) -> tuple[int | None, str]:
+    """(a descriptor of `path`'s directory as the caller sees it, the last component): for
+    the *at calls (`dir_fd=`) of code that opens, stats and renames in one directory.
+    (None, path) outside a worker; the descriptor is the caller's to close. OSError as
+    open() raises it."""
+    ctx = _context
+    if ctx is None:
+        return None, path
+    full = os.path.join(ctx.cwd, path)
+    directory, name = os.path.split(full)
+    fd = _openat2_in_root(ctx.root_fd, directory or "/", os.O_PATH | os.O_DIRECTORY, 0)
+    return fd, name
 
 
 def lexists(path: str) -> bool:

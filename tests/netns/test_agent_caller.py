@@ -1,8 +1,9 @@
-"""The firewall as a node agent's worker runs it (effects/caller.py), from source, in forked
-children (the caller context is process-wide and never cleared): nf_tables through the netlink
-socket the caller made inside the pod's netns, never entering it, with the hardened backend's
-batch sizing, generation-id guard and read-back verdicts (issue 12) working on that socket;
-legacy under the caller's xtables lock, opened through the caller's root descriptor.
+"""The firewall and the files as a node agent's worker reaches them (effects/caller.py), from
+source, in forked children (the caller context is process-wide and never cleared): nf_tables
+through the netlink socket the caller made inside the pod's netns, never entering it, with the
+hardened backend's batch sizing, generation-id guard and read-back verdicts (issue 12) working
+on that socket; legacy under the caller's xtables lock, and the config's log_file, both opened
+through the caller's root descriptor.
 
 Every lock is a file under the test's own directory. Cost: about 3 s.
 """
@@ -228,3 +229,39 @@ def _is_lock_file(path: Path) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def test_the_log_file_is_the_callers(rig: Rig, tmp_path: Path) -> None:
+    """The config's log_file, written and rotated by a worker, is the file in the caller's
+    root (here a directory standing for the node's /), never one in the worker's own
+    filesystem; a symlink planted there is not followed."""
+    from multicall.effects.log import Logger
+
+    host = tmp_path / "host"
+    (host / "var" / "log").mkdir(parents=True)
+    pod = rig.netns()
+    name = f"/var/log/cbx-agent-{os.getpid()}.log"  # absent from the worker's own /var/log
+
+    def work() -> bool:
+        log = Logger(None, "info")
+        log.open_file(name, max_bytes=200)
+        for i in range(6):
+            log.info(f"line {i} of a log that rotates at 200 bytes")
+        log.close()
+        return os.path.lexists(name)
+
+    assert as_worker(pod, str(host), work) is False
+    current, rotated = host / name.lstrip("/"), host / (name.lstrip("/") + ".1")
+    assert "line 5 of" in current.read_text()
+    assert "line 3 of" in rotated.read_text()  # two ~90-byte lines per file
+    (host / "etc").mkdir()
+    current.unlink()
+    current.symlink_to(host / "etc" / "target")
+
+    def planted() -> str:
+        log = Logger(None, "info")
+        log.open_file(name)
+        return "" if log.file is not None else "refused"
+
+    assert as_worker(pod, str(host), planted) == "refused"
+    assert not (host / "etc" / "target").exists()
