@@ -20,6 +20,8 @@ Rows:
                    runs in the node netns, as a DaemonSet pod with hostNetwork would
   after install    the first ADD of a new version when the installer unpacked it first
                    (CNIBOX_UNPACK_ONLY=1, untimed), no agent
+  one-shot binary  the warm binary ADD again, each right after one upstream replay (the
+                   issue-11 ratio of the one-shot path, both sides under the same load)
   bare start       `cnibox --version`, `python -m multicall --version`, `python3 -c pass`
   concurrency      N ADDs launched at once against N fresh netns (also through the agent)
   CRI sandbox      RunPodSandbox through Debian's containerd (the node of tests/cri, binary
@@ -29,7 +31,9 @@ Rows:
 
 Each ADD is checked outside the timed region: exit status 0, stdout is the prevResult, and
 the pod's nat table (Debian's iptables-save) equals upstream's golden for the mode.
-`--profile` instead runs one source-mode ADD under `-X importtime` and cProfile.
+`--profile` instead runs one source-mode ADD under `-X importtime` and cProfile; `--only
+agent|oneshot` runs one group of interleaved rows with their ratios (a quick measurement of
+one path).
 """
 
 from __future__ import annotations
@@ -783,6 +787,8 @@ def agent_ratios(rows: dict[str, Row]) -> dict[str, dict[str, Any]]:
          "cnibox ADD, binary, nft", 1.5),
         ("one-shot binary ADD / upstream replay (nft)", "cnibox ADD, binary, nft",
          "upstream replay, nft", 1.5),
+        ("one-shot binary ADD / replay, interleaved (nft)", f"cnibox ADD, {ONESHOT}, nft",
+         f"upstream replay, nft (interleaved with {ONESHOT} ADD)", 1.5),
     )  # fmt: skip
     for label, num, den, goal in pairs:
         out[label] = {
@@ -969,13 +975,19 @@ def agent_rows(  # noqa: PLR0917 - the bench's state, passed down as run_bench h
     n: int,
     burst: int,
     add: Any,
+    *,
+    oneshot: bool = True,
 ) -> dict[str, Any]:
-    """The node agent's rows (issue 11), and the one-shot rows they are compared with."""
-    add(bench.add_row("cnibox ADD unmeshed, binary, nft", impls["binary"], "nft", n, meshed=False))
-    after = Plugin("binary after install", impls["binary first start"].argv,
-                   impls["binary first start"].env, impls["binary first start"].fresh_cache,
-                   unpack_first=True)  # fmt: skip
-    add(bench.add_row("cnibox ADD, binary after install, nft", after, "nft", n))
+    """The node agent's rows (issue 11), and (`oneshot`) the one-shot rows they are compared
+    with."""
+    if oneshot:
+        add(bench.add_row("cnibox ADD unmeshed, binary, nft", impls["binary"], "nft", n,
+                          meshed=False))  # fmt: skip
+        after = Plugin("binary after install", impls["binary first start"].argv,
+                       impls["binary first start"].env, impls["binary first start"].fresh_cache,
+                       unpack_first=True)  # fmt: skip
+        add(bench.add_row("cnibox ADD, binary after install, nft", after, "nft", n))
+        oneshot_rows(bench, impls, n, add)
     with agent_running(binary, bench.cluster, workdir) as (sock, log, proc):
         plugin = agent_plugin(workdir, sock)
         calls = 0
@@ -1043,11 +1055,12 @@ def agent_metrics(node: str, log: Path) -> dict[str, float]:
 def interleaved(
     bench: Bench, plugin: Plugin, mode: str, n: int, *, meshed: bool, pair: list[Row]
 ) -> Row:
-    """n ADDs through the agent, each right after one upstream replay; returns the agent's
-    row and puts the replay's (same samples' time slots) in `pair`."""
+    """n ADDs through `plugin` (the agent, or the one-shot binary), each right after one
+    upstream replay; returns the plugin's row and puts the replay's (same samples' time
+    slots) in `pair`."""
     kind = "ADD" if meshed else "ADD unmeshed"
-    replay = Row(f"upstream replay, {mode} (interleaved with agent {kind})")
-    agent = Row(f"cnibox {kind}, agent, {mode}")
+    replay = Row(f"upstream replay, {mode} (interleaved with {plugin.name} {kind})")
+    agent = Row(f"cnibox {kind}, {plugin.name}, {mode}")
     for i in range(n + 1):
         total, cpu, ok, _ = replay_once(bench.spawner, bench.namespaces, mode, [])
         with bench.namespaces.fresh() as netns:
@@ -1075,6 +1088,56 @@ def _settle(pid: int) -> None:
         if len(children) <= 4 + 1:  # the idle pool (plus one being forked)
             return
         time.sleep(0.05)
+
+
+ONLY = ("agent", "oneshot")
+
+
+def run_only(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces) -> int:
+    """`--only agent|oneshot`: one group of interleaved rows and their ratios, for measuring a
+    change to one path quickly (the full run is `make bench`)."""
+    binary = Path(args.binary).resolve() if Path(args.binary).exists() else None
+    if binary is None:
+        print("bench: --only needs the built binary (make build)", file=sys.stderr)
+        return 2
+    rows: list[Row] = []
+    extra: dict[str, Any] = {"iterations": args.iterations, "loadavg_at_start": loadavg()}
+
+    def add(row: Row) -> None:
+        rows.append(row)
+        print(format_table([row]).splitlines()[-1], flush=True)
+
+    print(format_table([]).splitlines()[0], flush=True)
+    impls = plugins(spawner.workdir, binary)
+    with cluster(namespaces, spawner.workdir) as cl:
+        bench = Bench(spawner, namespaces, cl)
+        if args.only == "oneshot":
+            oneshot_rows(bench, impls, args.iterations, add)
+        else:
+            extra["agent"] = agent_rows(bench, binary, impls, spawner.workdir, args.iterations,
+                                        args.concurrency, add, oneshot=False)  # fmt: skip
+        extra["problems"] = bench.problems
+    ratio_values = agent_ratios({r.name: r for r in rows})
+    print()
+    print(format_table(rows))
+    print()
+    print(format_ratios({k: v for k, v in ratio_values.items() if v["value"] is not None}))
+    for problem in extra["problems"]:
+        print(f"problem: {problem}")
+    print(f"load average: {extra['loadavg_at_start']} at start, {loadavg()} at the end")
+    print(f"results: {save(rows, ratio_values, extra)}")
+    return 1 if any(r.failures for r in rows) else 0
+
+
+def oneshot_rows(bench: Bench, impls: dict[str, Plugin], n: int, add: Any) -> None:
+    """The warm one-shot binary ADD, each right after one upstream replay (same load)."""
+    plugin = Plugin(ONESHOT, impls["binary"].argv, impls["binary"].env)
+    pair: list[Row] = []
+    add(interleaved(bench, plugin, "nft", n, meshed=True, pair=pair))
+    add(pair[0])
+
+
+ONESHOT = "one-shot binary"
 
 
 def run_cri_only(args: argparse.Namespace, workdir: Path) -> int:
@@ -1211,6 +1274,12 @@ def main() -> int:
         "--no-cri", dest="cri", action="store_false", help="skip the containerd RunPodSandbox rows"
     )
     parser.add_argument("--cri-only", action="store_true", help="only the RunPodSandbox rows")
+    parser.add_argument(
+        "--only",
+        choices=ONLY,
+        help="only one issue-11 group of interleaved rows (with their replay): the meshed "
+        "and unmeshed ADDs through the agent, or the one-shot binary ADD (no burst unless -c)",
+    )
     args = parser.parse_args()
     args.binary = args.binary or str(REPO / "dist" / "cnibox")
     if os.geteuid() != 0:
@@ -1229,6 +1298,8 @@ def main() -> int:
                 return run_profile(spawner, namespaces, args.profile, binary, args.iterations)
             if args.cri_only:
                 return run_cri_only(args, spawner.workdir)
+            if args.only:
+                return run_only(args, spawner, namespaces)
             return run_bench(args, spawner, namespaces)
         finally:
             spawner.kill_all()

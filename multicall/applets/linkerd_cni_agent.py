@@ -226,6 +226,7 @@ def run_request(request: Request, own_netns: tuple[int, int]) -> tuple[int, byte
     """The plugin, in this process, in the caller's context (effects.caller)."""
     from multicall.core import agent_protocol as proto
     from multicall.effects import caller, ns
+    from multicall.effects.firewall import legacy
     from multicall.effects.firewall.locks import XtablesLock
     from multicall.plugin.ports import PluginDeps, RealFirewall, RealKube
     from multicall.plugin.run import PluginRequest, run_plugin
@@ -264,6 +265,9 @@ def run_request(request: Request, own_netns: tuple[int, int]) -> tuple[int, byte
         netns_fd=target,
         caller_netns_fd=home,
     )
+    # A worker serves one request and exits: a legacy apply of one family runs libiptc here
+    # instead of forking a child per table operation (effects/firewall/legacy.py rule 3).
+    legacy.single_use()
     # Legacy ADDs take the caller's xtables lock: its XTABLES_LOCKFILE (or /run/xtables.lock)
     # opened through its root (locks.py rule 4), the lock the one-shot plugin would take.
     deps = PluginDeps(RealKube(), RealFirewall(XtablesLock(env=request.env)))

@@ -298,6 +298,23 @@ def test_fallback_when_the_agent_does_not_answer(node: Node, agent: AgentProcess
         os.kill(agent.pid, signal.SIGCONT)
 
 
+def test_legacy_dual_stack_and_check_served_as_one_shot(node: Node, agent: AgentProcess) -> None:
+    """A worker runs a one-family legacy apply in-process (effects/firewall/legacy.py rule 3);
+    a dual-stack one still takes a child per table operation, and CHECK reads both families:
+    both served by the agent, with the one-shot path's tables and replies."""
+    stdin = node.stdin("legacy", ipv6=True)
+    served, alone = node.rig.pod().netns, node.rig.pod().netns
+    for command in ("ADD", "CHECK"):
+        result = node.run(node.env(served, MESHED, command, **via(agent)), stdin)
+        assert result.returncode == 0, result.stdout + result.stderr
+        one_shot = node.run(node.env(alone, MESHED, command, CNIBOX_AGENT_SOCKET=""), stdin)
+        assert (one_shot.returncode, one_shot.stdout) == (0, result.stdout)
+    _wait(lambda: agent.served("ADD") == 1 and agent.served("CHECK") == 1, "both served")
+    for tool in ("iptables-legacy-save", "ip6tables-legacy-save"):
+        assert save_text(served, tool) == save_text(alone, tool)
+        assert "PROXY_INIT_REDIRECT" in save_text(served, tool)
+
+
 def test_least_privilege_nft_served_legacy_handed_back(node: Node, tmp_path: Path) -> None:
     """Without CAP_SYS_ADMIN (and in the caller's netns, as with hostNetwork) the agent serves
     nft through the caller's netlink socket and hands legacy back: libiptc opens its own

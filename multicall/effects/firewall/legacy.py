@@ -6,7 +6,13 @@ Rules of this module:
    are looked up in the bundle and the usual directories only), no deprecation noise.
 2. Its per-process caches are bypassed: a libiptc handle owns a socket of the netns it was
    opened in, so every call opens fresh handles in the current netns and closes them.
-3. Each operation runs in a forked child (`run_isolated`): see there why.
+3. Each operation runs in a forked child (`run_isolated`): see there why. Except in a
+   process that declared itself single-use (`single_use`: a node agent's worker serves one
+   request on one thread, then exits) with a backend made for one family (`sole`: an apply
+   that touches that family only): there they run in the process itself (`run_here`),
+   saving two forks of a large process per ADD. libxtables then holds that family's
+   extensions, so the process refuses any other family from then on (a child forked from
+   it could not load them either).
 4. `apply` edits one handle (create, flush, append) and commits once: the kernel swaps the
    whole table or nothing. Errors before the commit leave the table untouched.
    The engine holds the xtables lock (effects/firewall/locks.py) from the snapshot the change
@@ -522,6 +528,38 @@ def run_isolated(work: Callable[[], T]) -> T:
     return value
 
 
+class _SingleUse:
+    """Whether this process declared itself single-use, and the family whose x_tables
+    operations ran in it (its extensions are loaded here, for that family only)."""
+
+    declared = False
+    family: Family | None = None
+
+
+def single_use() -> None:
+    """Declare this process single-use: it serves one request on one thread, then exits (a
+    node agent's worker, forked from the warm agent). Backends made for one family then run
+    their operations here (rule 3). An exit() in libxtables ends this process and its one
+    request only: the agent's caller sees the worker die and runs the one-shot path, where
+    children keep that from reaching the plugin. Never for a long-lived or threaded process
+    (the repair controller, the agent's parent)."""
+    _SingleUse.declared = True
+    _own_std_streams()  # python-iptables flushes sys.stdout: see there
+
+
+def run_here(family: Family, work: Callable[[], T]) -> T:
+    """`work` (an x_tables operation on `family`) in this process; failures read as a
+    child's would in `run_isolated`."""
+    iptc()  # a FirewallError when libiptc cannot load, as run_isolated raises it
+    _SingleUse.family = family
+    try:
+        return work()
+    except FirewallError:
+        raise
+    except Exception as exc:  # worded as run_isolated words a crashed child
+        raise FirewallError(f"libiptc worker failed: {str(exc) or 'no reason given'}") from exc
+
+
 def _flush_std_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, OSError, ValueError):
@@ -594,24 +632,40 @@ def table_has_rules(family: Family, table: str) -> bool:
 
 
 class IptcBackend:
-    """FirewallBackend for x_tables (what `iptables-legacy` programs)."""
+    """FirewallBackend for x_tables (what `iptables-legacy` programs). `sole`: the one family
+    its user will touch in this process (an apply of one family), whose operations may then
+    run in-process (rule 3)."""
+
+    def __init__(self, sole: Family | None = None) -> None:
+        self.sole = sole
 
     @property
     def name(self) -> str:
         return NAME
 
+    def _run(self, family: Family, work: Callable[[], T]) -> T:
+        loaded = _SingleUse.family
+        if loaded is not None and loaded is not family:
+            raise FirewallError(
+                f"{_tool(family)}: this process already loaded {loaded.value} extensions; "
+                f"{family.value} cannot be served in it"
+            )
+        if _SingleUse.declared and family is self.sole:
+            return run_here(family, work)
+        return run_isolated(work)
+
     def dump(self, family: Family, table: str = "nat") -> Table:
-        return run_isolated(lambda: dump_table(family, table))
+        return self._run(family, lambda: dump_table(family, table))
 
     def snapshot(self, family: Family, table: str = "nat") -> Snapshot:
         dumped = self.dump(family, table)
         return Snapshot(dumped, None, frozenset(c.name for c in dumped.chains))
 
     def apply(self, family: Family, change: TableChange, base: Snapshot | None = None) -> None:
-        run_isolated(lambda: apply_change(family, change, base))
+        self._run(family, lambda: apply_change(family, change, base))
 
     def has_rules(self, family: Family) -> bool:
         present = tables_present(family)
-        return bool(present) and run_isolated(
-            lambda: any(table_has_rules(family, t) for t in present)
+        return bool(present) and self._run(
+            family, lambda: any(table_has_rules(family, t) for t in present)
         )
