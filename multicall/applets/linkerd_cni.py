@@ -14,8 +14,9 @@ runtime runs it with the CNI_* environment and the plugin's network config on st
   VERSION  the supported CNI spec versions
 
 Errors are CNI error JSON on stdout with exit status 1; logs go to stderr only
-(level from the config's `log_level`). CNIBOX_KUBE_TIMEOUT bounds each API request
-(seconds, default 5).
+(level from the config's `log_level`). CNIBOX_KUBE_TIMEOUT bounds all API requests of
+one invocation together (seconds, default 5, at most 600). The config on stdin may be
+at most 1 MiB.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ def main(
     stdout: BinaryIO,
     stderr: BinaryIO,
 ) -> int:
-    from multicall.plugin.run import PluginRequest, run_plugin
+    from multicall.plugin.run import PluginRequest, read_config_stream, run_plugin
 
     # VERSION never reads stdin: answered from the environment alone.
-    config = b"" if env.get("CNI_COMMAND") == "VERSION" else stdin.read()
+    config = b"" if env.get("CNI_COMMAND") == "VERSION" else read_config_stream(stdin)
     result = run_plugin(PluginRequest(env=env, stdin=config, stderr=stderr))
     stdout.write(result.stdout)
     stdout.flush()

@@ -27,23 +27,37 @@ from multicall.core.kube.objects import (
     parse_pod,
     parse_service,
 )
-from multicall.errors import ConfigError, KubeError
+from multicall.core.limits import KUBE_TIMEOUT_DEFAULT, KUBE_TIMEOUT_MAX, KUBECONFIG, TOKEN_FILE
+from multicall.errors import CNI_INVALID_ENV, CniError, ConfigError, KubeError, UnreadableInput
 
 if TYPE_CHECKING:
     import socket
     import ssl
 
-DEFAULT_TIMEOUT = 5.0
+DEFAULT_TIMEOUT = KUBE_TIMEOUT_DEFAULT
 TIMEOUT_ENV = "CNIBOX_KUBE_TIMEOUT"
 
 
 def timeout_from_env(env: Mapping[str, str]) -> float:
-    """`CNIBOX_KUBE_TIMEOUT` seconds (positive number), else the default."""
-    try:
-        value = float(env.get(TIMEOUT_ENV, ""))
-    except ValueError:
+    """`CNIBOX_KUBE_TIMEOUT`: the seconds all API requests of one invocation may take
+    together; the default when unset or empty, clamped to KUBE_TIMEOUT_MAX (`inf` too);
+    CniError (invalid environment) for anything that is not a positive number."""
+    import math
+
+    raw = env.get(TIMEOUT_ENV, "").strip()
+    if not raw:
         return DEFAULT_TIMEOUT
-    return value if value > 0 else DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if math.isnan(value) or value <= 0:
+        raise CniError(
+            CNI_INVALID_ENV,
+            f"{TIMEOUT_ENV}={raw[:40]!r} is not a number of seconds above 0 "
+            f"(the default is {DEFAULT_TIMEOUT:g}, at most {KUBE_TIMEOUT_MAX:g} is used)",
+        )
+    return min(value, KUBE_TIMEOUT_MAX)
 
 
 def read_kubeconfig(path: str) -> KubeConfig:
@@ -53,17 +67,40 @@ def read_kubeconfig(path: str) -> KubeConfig:
             "invalid configuration: no configuration has been provided, try setting "
             "KUBERNETES_MASTER environment variable"
         )
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise KubeError(f"stat {path}: no such file or directory", path=path) from None
-    except OSError as exc:
-        raise KubeError(f"open {path}: {(exc.strerror or '').lower()}", path=path) from None
+    # client-go stats an explicit kubeconfig path before opening it.
+    text = read_text_file(path, limit=KUBECONFIG, what="kubeconfig", missing_verb="stat")
     try:
         return parse_kubeconfig(text)
     except ConfigError as exc:
         raise KubeError(exc.message, path=path) from None
+
+
+def read_text_file(path: str, *, limit: int, what: str, missing_verb: str = "open") -> str:
+    """A UTF-8 file the client reads (kubeconfig, token), bounded and checked to be a regular
+    file (effects/inputs.py); KubeError with client-go's wording of open failures."""
+    import errno
+    import os
+
+    from multicall.effects.inputs import read_file
+
+    try:
+        data = read_file(path, limit=limit, what=what)
+    except UnreadableInput as exc:
+        if exc.errno == errno.ENOENT:
+            raise KubeError(
+                f"{missing_verb} {path}: no such file or directory", path=path
+            ) from None
+        if exc.errno is not None:
+            reason = os.strerror(exc.errno).lower()
+            raise KubeError(f"open {path}: {reason}", path=path) from None
+        raise KubeError(exc.message, path=path) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise KubeError(
+            f"{what} {path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+            path=path,
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,11 +328,7 @@ def _exactly(reader: BinaryIO, size: int) -> bytes:
 def _token(config: KubeConfig) -> str:
     if config.token or not config.token_file:
         return config.token.strip()
-    try:
-        with open(config.token_file, encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError as exc:
-        raise KubeError(f"open {config.token_file}: {(exc.strerror or '').lower()}") from None
+    return read_text_file(config.token_file, limit=TOKEN_FILE, what="token file").strip()
 
 
 def _wire_host(host: str) -> str | bytes:

@@ -10,7 +10,7 @@ import pytest
 from multicall.core.installer.config import render_kubeconfig
 from multicall.core.kube.kubeconfig import parse_kubeconfig
 from multicall.effects.kube import read_kubeconfig, timeout_from_env
-from multicall.errors import ConfigError, KubeError
+from multicall.errors import CNI_INVALID_ENV, CniError, ConfigError, KubeError
 from tests.support import FIXTURES
 from tests.support.kubeapi import pods_from_golden
 
@@ -85,6 +85,17 @@ class TestParse:
             read_kubeconfig(str(tmp_path / "nope"))
 
     def test_timeout_env(self) -> None:
+        """Unset: 5 s; a positive number is taken, clamped to 600 s (inf too)."""
         assert timeout_from_env({}) == 5.0
+        assert timeout_from_env({"CNIBOX_KUBE_TIMEOUT": ""}) == 5.0
         assert timeout_from_env({"CNIBOX_KUBE_TIMEOUT": "0.5"}) == 0.5
-        assert timeout_from_env({"CNIBOX_KUBE_TIMEOUT": "-1"}) == 5.0
+        assert timeout_from_env({"CNIBOX_KUBE_TIMEOUT": "1e300"}) == 600.0
+        assert timeout_from_env({"CNIBOX_KUBE_TIMEOUT": "inf"}) == 600.0
+
+    @pytest.mark.parametrize("value", ["-1", "0", "nan", "-inf", "five", "1e-400"])
+    def test_timeout_env_refused(self, value: str) -> None:
+        """Anything that is not a positive number of seconds is an invalid environment (CNI
+        code 4) naming the variable, never an OverflowError or a silent default."""
+        with pytest.raises(CniError, match="^CNIBOX_KUBE_TIMEOUT=.* is not a number") as info:
+            timeout_from_env({"CNIBOX_KUBE_TIMEOUT": value})
+        assert info.value.code == CNI_INVALID_ENV
