@@ -35,8 +35,7 @@ SAVE_TOTAL = 1 * GIB
 # kube-apiserver sends under 1 KiB.
 API_OBJECT = 4 * MIB
 API_HEAD = 1 * MIB
-# Go's encoding/json maxNestingDepth: deeper documents are a syntax error, as in Go.
-JSON_DEPTH = 10000
+# (JSON nesting is bounded as Go bounds it, 10000 levels: core/go/encoding_json/scanner.py.)
 # The Kubernetes API deadline of one invocation (CNIBOX_KUBE_TIMEOUT, seconds): the default,
 # and the largest value taken; larger values are clamped (a value that cannot be a number
 # of seconds is refused).
