@@ -10,12 +10,14 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 # Oracles and rigs used by tests (iptables-save, nsenter, libcni + reference plugins, skopeo,
-# umoci) and what the build needs (patchelf, musl-gcc, ccache, libxtables, glibc locale).
+# umoci, containerd + runc for tests/cri) and what the build needs (patchelf, musl-gcc, ccache,
+# libxtables, glibc locale).
 APT_PACKAGES := iptables nftables util-linux iproute2 containernetworking-plugins golang-go \
 	golang-github-appc-cni-dev patchelf ccache hyperfine libxtables-dev musl-tools time strace \
-	skopeo umoci libc-bin python3-dev openssl
+	skopeo umoci libc-bin python3-dev openssl containerd
 
-.PHONY: deps apt venv lint type unit test test-source test-binary build zipapp demo bench clean
+.PHONY: deps apt venv cri-proto lint type unit test test-source test-binary test-cri build zipapp \
+	demo bench clean
 
 deps: apt venv
 
@@ -39,7 +41,12 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-type: venv
+# The CRI client's stubs from tests/cri/proto/api.proto (git-ignored; importing the package
+# also brings them up to date): mypy needs their .pyi before it runs.
+cri-proto: venv
+	$(PY) -c 'import tests.cri.proto'
+
+type: venv cri-proto
 	$(VENV)/bin/mypy
 
 # pytest's exit code 5 means "no tests collected": a run that tested nothing is a failure.
@@ -56,11 +63,16 @@ unit: venv
 test-source: deps
 	$(call run_pytest,tests)
 
-# Every suite again, against the built single file (tests/binary only runs in this mode,
-# the zipapp suite with it).
+# Every suite again, against the built single file (tests/binary and the containerd suite
+# tests/cri only run in this mode, the zipapp suite with them).
 test-binary: deps build zipapp
 	export CNIBOX=$(CURDIR)/dist/cnibox CNIBOX_PYZ=$(CURDIR)/dist/cnibox.pyz
 	$(call run_pytest,tests)
+
+# The containerd CRI suite alone (it also runs inside test-binary): docs/cri-tests.md.
+test-cri: deps build
+	export CNIBOX=$(CURDIR)/dist/cnibox
+	$(call run_pytest,tests/cri)
 
 test: deps lint type test-source test-binary
 

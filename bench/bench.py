@@ -17,6 +17,10 @@ Rows:
                    CNIBOX_CACHE each time); legacy and nft
   bare start       `cnibox --version`, `python -m multicall --version`, `python3 -c pass`
   concurrency      N ADDs launched at once against N fresh netns
+  CRI sandbox      RunPodSandbox through Debian's containerd (the node of tests/cri, binary
+                   plugin): bridge only vs bridge + linkerd-cni chained as the chart does,
+                   in alternating blocks of the same run; the call's wall time (containerd
+                   makes the netns, starts the pause container, runs the chain)
 
 Each ADD is checked outside the timed region: exit status 0, stdout is the prevResult, and
 the pod's nat table (Debian's iptables-save) equals upstream's golden for the mode.
@@ -36,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,10 +51,15 @@ sys.path.insert(0, str(REPO))
 
 from multicall.core.installer.config import render_kubeconfig  # noqa: E402
 from multicall.effects.ns import entered_netns  # noqa: E402
+from tests.cri.cluster import CriCluster  # noqa: E402
+from tests.cri.modes import DIRECT  # noqa: E402
+from tests.cri.node import CriNode  # noqa: E402
 from tests.support import FIXTURES  # noqa: E402
 from tests.support.kubeapi import TOKEN, KubeApi, pods_from_golden  # noqa: E402
 from tests.support.libcni import CHART_LINKERD  # noqa: E402
 from tests.support.pki import make_pki  # noqa: E402
+from tests.support.pods import MESHED  # noqa: E402
+from tests.support.rig import Rig  # noqa: E402
 
 SCENARIOS = FIXTURES / "derived" / "linkerd-iptables"
 PREV_RESULT = (
@@ -87,6 +96,10 @@ class Row:
     @property
     def median(self) -> float:
         return statistics.median(self.samples_ms) if self.samples_ms else float("nan")
+
+    @property
+    def p90(self) -> float:
+        return percentile(self.samples_ms, 0.90)
 
     @property
     def p99(self) -> float:
@@ -520,6 +533,120 @@ def command_row(
     return row
 
 
+# ----------------------------------------------------------------------------- CRI
+
+
+CRI_BRIDGE = "CRI RunPodSandbox: bridge only"
+CRI_CHAINED = "CRI RunPodSandbox: bridge + linkerd-cni"
+CRI_BLOCK = 5  # pods per block; blocks alternate so drift hits both rows alike
+
+
+def cri_rows(binary: Path, workdir: Path, n: int) -> tuple[list[Row], list[str]]:
+    """n RunPodSandbox calls per conflist on one containerd node (tests/cri/node.py), in
+    alternating blocks; each pod is checked and ended (Stop, Remove) outside the timed call."""
+    note = "the CRI call's wall time"
+    rows = {name: Row(name, note=note) for name in (CRI_BRIDGE, CRI_CHAINED)}
+    problems: list[str] = []
+    rig = Rig()
+    api = KubeApi(make_pki(workdir / "cri-pki"))
+    api.add_pod(MESHED)
+    try:
+        with CriNode(rig, str(binary), setup=DIRECT.setup) as node:
+            api.start(node.netns.path)
+            cl = CriCluster(node, api, DIRECT)
+            cl.write_kubeconfig()
+            confs = {CRI_BRIDGE: cl.bridge_only(), CRI_CHAINED: cl.chained()}
+            for name, conf in confs.items():  # warm-up, not counted: the binary unpacks
+                cl.use(conf)
+                _cri_sample(cl, name, Row(name), problems)
+            while any(len(r.samples_ms) < n for r in rows.values()):
+                for name, row in rows.items():
+                    cl.use(confs[name])
+                    for _ in range(min(CRI_BLOCK, n - len(row.samples_ms))):
+                        _cri_sample(cl, name, row, problems)
+    finally:
+        api.stop()
+        rig.cleanup()
+    return list(rows.values()), problems[:20]
+
+
+def _cri_sample(cl: CriCluster, name: str, row: Row, problems: list[str]) -> None:
+    ref = cl.ref(MESHED)
+    started = time.perf_counter()
+    try:
+        sandbox = cl.start(ref)
+    except Exception as e:  # noqa: BLE001 - a failed call is a counted failure, not an abort
+        row.samples_ms.append((time.perf_counter() - started) * 1000)
+        row.failures += 1
+        problems.append(f"{name}: {e}")
+        return
+    row.samples_ms.append((time.perf_counter() - started) * 1000)
+    problem = ""
+    if not sandbox.ready or not sandbox.ip:
+        problem = f"sandbox not ready or without an address: {sandbox}"
+    elif name == CRI_CHAINED and cl.nat(sandbox, "iptables-nft-save") != golden_table("nft"):
+        problem = "the pod's nat table differs from default-nft"
+    elif name == CRI_BRIDGE and cl.proxy_init_lines(sandbox):
+        problem = "bridge only, yet PROXY_INIT rules"
+    if problem:
+        row.failures += 1
+        problems.append(f"{name}: {problem}")
+    cl.end(sandbox.id)
+
+
+def add_cri_rows(
+    enabled: bool, binary: Path | None, workdir: Path, n: int, add: Callable[[Row], None]
+) -> list[str]:
+    if not enabled:
+        return []
+    if binary is None or shutil.which("containerd") is None:
+        print("CRI rows skipped: they need the built binary and containerd (make deps)")
+        return []
+    found, problems = cri_rows(binary, workdir, n)
+    for row in found:
+        add(row)
+    return problems
+
+
+def cri_summary(rows: dict[str, Row]) -> dict[str, float] | None:
+    """Added latency per pod (median and p90 differences) and its share of bridge-only."""
+    if CRI_BRIDGE not in rows or CRI_CHAINED not in rows:
+        return None
+    bridge, chained = rows[CRI_BRIDGE], rows[CRI_CHAINED]
+    added = chained.median - bridge.median
+    return {
+        "bridge_median_ms": bridge.median,
+        "bridge_p90_ms": bridge.p90,
+        "chained_median_ms": chained.median,
+        "chained_p90_ms": chained.p90,
+        "added_median_ms": added,
+        "added_p90_ms": chained.p90 - bridge.p90,
+        "added_over_bridge": added / bridge.median,
+    }
+
+
+def report_cri(rows: dict[str, Row], extra: dict[str, Any]) -> None:
+    if (summary := cri_summary(rows)) is not None:
+        extra["cri"] = summary
+        print()
+        print(format_cri(summary))
+
+
+def format_cri(summary: dict[str, float]) -> str:
+    return "\n".join(
+        [
+            f"{'RunPodSandbox (containerd CRI)':<44}{'median ms':>10}{'p90 ms':>9}",
+            f"{'bridge only':<44}{summary['bridge_median_ms']:>10.1f}"
+            f"{summary['bridge_p90_ms']:>9.1f}",
+            f"{'bridge + linkerd-cni':<44}{summary['chained_median_ms']:>10.1f}"
+            f"{summary['chained_p90_ms']:>9.1f}",
+            f"{'added per pod':<44}{summary['added_median_ms']:>10.1f}"
+            f"{summary['added_p90_ms']:>9.1f}",
+            f"added latency / bridge-only sandbox time: {summary['added_over_bridge']:.2f}",
+        ]
+    )
+
+
 # ----------------------------------------------------------------------------- report
 
 
@@ -620,7 +747,7 @@ def save(rows: list[Row], ratio_values: dict[str, Any], extra: dict[str, Any]) -
     out = RESULTS / "latest.json"
     data = {
         "machine": machine(),
-        "rows": [asdict(r) | {"median": r.median, "p99": r.p99} for r in rows],
+        "rows": [asdict(r) | {"median": r.median, "p90": r.p90, "p99": r.p99} for r in rows],
         "ratios": ratio_values,
         **extra,
     }
@@ -650,7 +777,8 @@ def plugins(workdir: Path, binary: Path | None) -> dict[str, Plugin]:
 
 def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces) -> int:
     n = args.iterations
-    binary = Path(args.binary) if args.binary and Path(args.binary).exists() else None
+    # resolved: the plugin is a symlink to it, and a relative target would dangle
+    binary = Path(args.binary).resolve() if args.binary and Path(args.binary).exists() else None
     workdir = spawner.workdir
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     rows: list[Row] = []
@@ -701,6 +829,7 @@ def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces
                     )
                 )
         extra["problems"] = bench.problems
+    extra["problems"] += add_cri_rows(args.cri, binary, workdir, n, add)
     if binary is not None:
         extra["binary"]["extracted_bytes"] = _tree_size(Path(impls["binary"].env["CNIBOX_CACHE"]))
     by_name = {r.name: r for r in rows}
@@ -712,6 +841,7 @@ def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces
     print(format_table(rows))
     print()
     print(format_ratios(ratio_values))
+    report_cri(by_name, extra)
     if "binary" in extra:
         b = extra["binary"]
         print(
@@ -724,6 +854,21 @@ def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces
     print(f"results: {save(rows, ratio_values, extra)}")
     failures = sum(r.failures for r in rows)
     return 1 if failures else 0
+
+
+def run_cri_only(args: argparse.Namespace, workdir: Path) -> int:
+    """`--cri-only`: the two RunPodSandbox rows and their summary, nothing else."""
+    rows: list[Row] = []
+    extra: dict[str, Any] = {"iterations": args.iterations, "loadavg_at_start": loadavg()}
+    binary = Path(args.binary).resolve() if Path(args.binary).exists() else None
+    extra["problems"] = add_cri_rows(True, binary, workdir, args.iterations, rows.append)
+    print(format_table(rows))
+    report_cri({r.name: r for r in rows}, extra)
+    for problem in extra["problems"]:
+        print(f"problem: {problem}")
+    print(f"load average: {extra['loadavg_at_start']} at start, {loadavg()} at the end")
+    print(f"results: {save(rows, {}, extra)}")
+    return 1 if not rows or any(r.failures for r in rows) else 0
 
 
 def _tree_size(root: Path) -> int:
@@ -826,6 +971,10 @@ def main() -> int:
     parser.add_argument("-c", "--concurrency", type=int, default=100)
     parser.add_argument("--binary", default=str(REPO / "dist" / "cnibox"))
     parser.add_argument("--profile", choices=("nft", "legacy"), help="profile one source ADD")
+    parser.add_argument(
+        "--no-cri", dest="cri", action="store_false", help="skip the containerd RunPodSandbox rows"
+    )
+    parser.add_argument("--cri-only", action="store_true", help="only the RunPodSandbox rows")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench: needs root (network namespaces)", file=sys.stderr)
@@ -841,6 +990,8 @@ def main() -> int:
             if args.profile:
                 binary = Path(args.binary) if Path(args.binary).exists() else None
                 return run_profile(spawner, namespaces, args.profile, binary, args.iterations)
+            if args.cri_only:
+                return run_cri_only(args, spawner.workdir)
             return run_bench(args, spawner, namespaces)
         finally:
             spawner.kill_all()

@@ -3,7 +3,8 @@ guard that the machine's own firewall is never changed. Helpers live in tests/su
 
 Suites by what a test needs: tests/pure/ (Python and cnibox only), tests/tools/ (host tools
 or compilers: go, openssl, skopeo, umoci), tests/netns/ (root and throwaway network
-namespaces), tests/binary/ (the built single file, `make test-binary`).
+namespaces), tests/binary/ (the built single file, `make test-binary`), tests/cri/ (the built
+file under containerd, driven through its CRI; docs/cri-tests.md).
 `CNIBOX=/path/to/binary` runs the command-level suites against a built executable instead
 of `python -m multicall`.
 """
