@@ -222,7 +222,9 @@ def _load_yaml(data: bytes, path: str) -> object:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         return yaml.load(data, Loader=loader)  # noqa: S506 - a safe loader, chosen above
-    except (yaml.YAMLError, RecursionError) as exc:
+    except RecursionError:
+        raise ConfigError(f"{path}: neither JSON nor YAML: nested too deeply") from None
+    except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: neither JSON nor YAML: {exc}") from None
 
 
@@ -294,7 +296,8 @@ def _fetch(
     path = opts.kubeconfig or kubeconfig
     if not path:
         raise UsageError("--namespace needs --kubeconfig (the config names no kubeconfig)")
-    client = KubeClient(read_kubeconfig(path), timeout=timeout_from_env(env))
+    timeout = timeout_from_env(env)
+    client = KubeClient(read_kubeconfig(path), timeout=timeout)
     try:
         return read_pod_inputs(
             client, opts.namespace, opts.pod, namespace_annotations=namespace, service=service

@@ -16,9 +16,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
-from multicall.core.kube.kubeconfig import KubeConfig, parse_kubeconfig
+from multicall.core.kube.kubeconfig import (
+    TOKEN_FIELD,
+    KubeConfig,
+    check_token,
+    parse_kubeconfig,
+    parse_server,
+)
 from multicall.core.kube.objects import (
     Namespace,
     Pod,
@@ -117,11 +123,11 @@ class _Endpoint:
 
 
 def _endpoint(server: str) -> _Endpoint:
-    parts = urlsplit(server)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise KubeError(f"invalid configuration: host must be a URL, got {server!r}")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return _Endpoint(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+    try:
+        url = parse_server(server)
+    except ConfigError as exc:
+        raise KubeError(exc.message) from None
+    return _Endpoint(url.scheme, url.host, url.port, url.prefix)
 
 
 class KubeClient:
@@ -161,13 +167,7 @@ class KubeClient:
         status, body = self._request(self.endpoint.prefix + path, url, deadline)
         if status >= 400:
             raise KubeError(_status_message(status, body, what))
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            raise KubeError(f"{url}: the server answered with invalid JSON") from None
-        if not isinstance(doc, dict):
-            raise KubeError(f"{url}: the server answered with a non-object")
-        return doc
+        return decode_object(body, url)
 
     def _request(self, path: str, url: str, deadline: float) -> tuple[int, bytes]:
         import ssl
@@ -205,6 +205,19 @@ class KubeClient:
         if self._token:
             lines.append(f"Authorization: Bearer {self._token}")
         return "".join(f"{line}\r\n" for line in lines)
+
+
+def decode_object(body: bytes, url: str) -> Mapping[str, object]:
+    """An API response body as a JSON object; KubeError naming the URL otherwise."""
+    try:
+        doc = json.loads(body)
+    except RecursionError:
+        raise KubeError(f"{url}: the server answered with JSON nested too deeply") from None
+    except ValueError:  # UnicodeDecodeError included
+        raise KubeError(f"{url}: the server answered with invalid JSON") from None
+    if not isinstance(doc, dict):
+        raise KubeError(f"{url}: the server answered with a non-object")
+    return doc
 
 
 class _Connection:
@@ -326,9 +339,17 @@ def _exactly(reader: BinaryIO, size: int) -> bytes:
 
 
 def _token(config: KubeConfig) -> str:
+    """The bearer token: inline, or read from tokenFile (trimmed, as client-go does); refused
+    when it could not be sent as one header value (core/kube/kubeconfig.check_token)."""
     if config.token or not config.token_file:
-        return config.token.strip()
-    return read_text_file(config.token_file, limit=TOKEN_FILE, what="token file").strip()
+        token, field = config.token.strip(), TOKEN_FIELD
+    else:
+        token = read_text_file(config.token_file, limit=TOKEN_FILE, what="token file").strip()
+        field = f"the token file {config.token_file} (users[].user.tokenFile)"
+    try:
+        return check_token(token, field)
+    except ConfigError as exc:
+        raise KubeError(exc.message) from None
 
 
 def _wire_host(host: str) -> str | bytes:
@@ -365,7 +386,7 @@ def _status_message(status: int, body: bytes, what: tuple[str, str]) -> str:
     """client-go's error text: the Status object's message, else its generic wording."""
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         doc = None
     if isinstance(doc, dict) and doc.get("kind") == "Status":
         message = doc.get("message")

@@ -89,6 +89,7 @@ class _Parser:
         self.tables: list[Table] = []
         self.warnings: list[str] = []
         self.open: _OpenTable | None = None
+        self.words: dict[str, str] = {}
 
     def fail(self, line: int, column: int, message: str) -> ConfigError:
         where = f"line {line}, column {column}"
@@ -173,7 +174,11 @@ class _Parser:
     def keep(self, rule: Rule) -> None:
         assert self.open is not None
         if self.open.kept and (self.keep_rule is None or self.keep_rule(rule)):
-            self.open.rules.append(rule)
+            # A kube-proxy table repeats the same few words across 100 000s of rules: kept
+            # rules share one string per distinct word.
+            words = self.words
+            spec = tuple([words.setdefault(word, word) for word in rule.spec])
+            self.open.rules.append(Rule(rule.chain, spec, rule.counters, line=rule.line))
 
     def quick_command(self, number: int, text: str) -> bool:
         """A well-formed rule or `-N` line, taken without building tokens and columns (the

@@ -78,9 +78,9 @@ def _parse_deep(text: str) -> object:
         if quote:
             string, pos = scanstring(text, pos)
             if expect_key:
-                keys[-1], expect_key = _scrub_text(string), False
+                keys[-1], expect_key = scrub_text(string), False
                 continue
-            value = _scrub_text(string)
+            value = scrub_text(string)
         elif number:
             value = Number(number)
         elif literal:
@@ -114,7 +114,7 @@ def _store(container: Obj | list[object], key: str | None, value: object) -> Non
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _scrub_text(text: str) -> str:
+def scrub_text(text: str) -> str:
     """Go decodes each lone surrogate escape (`\\ud800`) as one U+FFFD."""
     return _SURROGATE.sub("\ufffd", text)
 
@@ -127,7 +127,7 @@ def _no_constant(name: str) -> object:  # pragma: no cover - the scanner rejects
 
 def _scrub_surrogates(value: object) -> object:
     if isinstance(value, str):
-        return _scrub_text(value)
+        return scrub_text(value)
     if isinstance(value, Obj):
         return Obj((str(_scrub_surrogates(k)), _scrub_surrogates(v)) for k, v in value)
     if isinstance(value, list):

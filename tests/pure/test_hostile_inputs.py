@@ -1,0 +1,349 @@
+"""Hostile inputs to the plugin, iptables-verify and netns-exec, at the command level (the
+source tree, or the built binary under CNIBOX=...): each is refused with a clear message
+naming the input, fast, in bounded memory, with no Python internals in the output.
+tests/hostile_inputs.md lists every case and its expected outcome (classes 2, 3a, 8).
+
+No root and no network are needed: the kubeconfig, token and namespace cases fail before
+any connection or setns. Cost: about 25 s (a 100 MB config, a 50 MB save, ~30 commands).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from multicall.core.limits import KUBECONFIG, MIB, NETWORK_CONFIG, OBJECT_FILE, TOKEN_FILE
+from tests.support import cnibox_argv
+from tests.support.hostile import (
+    RSS_BOUND,
+    Measured,
+    run_measured,
+    write_big_config,
+    write_big_save,
+)
+from tests.support.scenarios import netconf
+
+POD_ARGS = "IgnoreUnknown=1;K8S_POD_NAMESPACE=emojivoto;K8S_POD_NAME=web-7d4f8c9b5-x2x4q"
+# Any Python exception name, or the dispatcher's word for a bug, is an internal leaking out.
+INTERNALS = re.compile(r"Traceback|internal error|\b[A-Z][A-Za-z]*(?:Error|Exception)\b")
+FAST = 10.0  # seconds: "fails fast" (these take well under a second; the bound is CI-proof)
+
+
+def plain(text: str) -> str:
+    assert not INTERNALS.search(text), text
+    return text
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    return path
+
+
+@pytest.fixture
+def big_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = write_big_config(tmp_path_factory.mktemp("big") / "conf.json", 100 * MIB)
+    yield path
+    path.unlink()
+
+
+# ----------------------------------------------------------------------------- linkerd-cni
+
+
+def cni_env(command: str = "ADD", **extra: str) -> dict[str, str]:
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": "c0ffee",
+        "CNI_NETNS": "/var/run/netns/cbx-hostile-absent",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/opt/cni/bin",
+        "CNI_ARGS": POD_ARGS,
+        **extra,
+    }
+
+
+def write_config(tmp_path: Path, **kubernetes: str) -> Path:
+    doc = {
+        "cniVersion": "1.0.0",
+        "name": "k8s-pod-network",
+        "type": "linkerd-cni",
+        "kubernetes": kubernetes,
+    }
+    path = tmp_path / "conf.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def cni_error(result: Measured) -> dict[str, object]:
+    assert result.returncode == 1, result.out + result.err
+    error: dict[str, object] = json.loads(result.stdout)
+    plain(str(error["msg"]))
+    return error
+
+
+def run_cni(stdin: str | Path, **env: str) -> Measured:
+    return run_measured(cnibox_argv("linkerd-cni"), stdin=stdin, env=cni_env(**env))
+
+
+class TestPluginInputs:
+    def test_100mb_config_is_refused_in_bounded_memory(self, big_config: Path) -> None:
+        """A valid 100 MB config on stdin: CNI error 5 naming the 1 MiB limit, having read
+        1 MiB of it (the issue saw 520 MB RSS for 27 s)."""
+        result = run_cni(big_config)
+        error = cni_error(result)
+        assert error["code"] == 5
+        assert error["msg"] == (
+            "error reading from stdin: the network config is larger than 1 MiB, the limit for it"
+        )
+        assert result.peak_rss < RSS_BOUND
+        assert result.seconds < FAST
+
+    def test_endless_stdin(self) -> None:
+        """/dev/zero as stdin: the same refusal, not an endless read."""
+        result = run_cni("/dev/zero")
+        assert cni_error(result)["code"] == 5
+        assert result.peak_rss < RSS_BOUND
+
+    @pytest.mark.parametrize(
+        ("depth", "code", "message"),
+        [
+            (5000, 0, ""),  # Go accepts nesting up to 10000; so does cnibox, without recursion
+            (
+                10001,
+                6,
+                "error unmarshall network config: invalid character '[' exceeded max depth",
+            ),
+        ],
+    )
+    def test_deeply_nested_config(
+        self, tmp_path: Path, depth: int, code: int, message: str
+    ) -> None:
+        """Deep JSON: Go's verdict, never a RecursionError (the issue's class 8)."""
+        path = tmp_path / "deep.json"
+        pad = "[" * (depth - 1) + "]" * (depth - 1)
+        path.write_text(f'{{"cniVersion":"1.0.0","name":"n","type":"linkerd-cni","x":{pad}}}')
+        result = run_cni(path, CNI_ARGS="")
+        if code == 0:
+            assert result.returncode == 0, result.out
+            assert json.loads(result.stdout) == {"cniVersion": "1.0.0"}
+        else:
+            assert cni_error(result) == {"code": code, "msg": message}
+
+    @pytest.mark.parametrize(
+        ("content", "message"),
+        [
+            ("/dev/zero", "kubeconfig /dev/zero is a character device, not a regular file"),
+            ("fifo", "kubeconfig {path} is a FIFO, not a regular file"),
+            ("dir", "kubeconfig {path} is a directory, not a regular file"),
+            ("big", "kubeconfig {path} is larger than 4 MiB, the limit for it"),
+            ("utf8", "kubeconfig {path}: not UTF-8 text (byte 0xff at offset 6)"),
+            ("deep", "error loading config: while increasing flow level"),
+            ("crlf-token", "users[].user.token contains a carriage return (CR)"),
+            ("crlf-server", "clusters[].cluster.server"),
+        ],
+    )
+    def test_kubeconfig(self, tmp_path: Path, fifo: Path, content: str, message: str) -> None:
+        """The kubeconfig the config names: refused fast, naming it (no API is contacted)."""
+        path = tmp_path / "kubeconfig"
+        if content == "/dev/zero":
+            path = Path("/dev/zero")
+        elif content == "fifo":
+            path = fifo
+        elif content == "dir":
+            path = tmp_path
+        elif content == "big":
+            path.write_bytes(b"#" * (KUBECONFIG + 1))
+        elif content == "utf8":
+            path.write_bytes(b"kind: \xff")
+        elif content == "deep":
+            path.write_text("a: " + "[" * 5000 + "]" * 5000)
+        else:
+            server = "https://h/api\r\nX-Injected: 1" if content == "crlf-server" else "https://h"
+            token = "abc\r\nX-Injected: 1" if content == "crlf-token" else "abc"
+            path.write_text(
+                json.dumps(
+                    {
+                        "clusters": [{"name": "c", "cluster": {"server": server}}],
+                        "users": [{"name": "u", "user": {"token": token}}],
+                        "contexts": [
+                            {
+                                "name": "linkerd-cni-context",
+                                "context": {"cluster": "c", "user": "u"},
+                            }
+                        ],
+                    }
+                )
+            )
+        result = run_cni(write_config(tmp_path, kubeconfig=str(path)))
+        error = cni_error(result)
+        assert message.format(path=path) in str(error["msg"])
+        assert result.seconds < FAST
+        assert result.peak_rss < RSS_BOUND
+
+    @pytest.mark.parametrize("kind", ["/dev/zero", "fifo", "big"])
+    def test_token_file(self, tmp_path: Path, fifo: Path, kind: str) -> None:
+        """users[].user.tokenFile: a regular file of at most 64 KiB."""
+        token = {"fifo": fifo, "/dev/zero": Path("/dev/zero")}.get(kind, tmp_path / "token")
+        if kind == "big":
+            token.write_bytes(b"a" * (TOKEN_FILE + 1))
+        kubeconfig = tmp_path / "kc"
+        kubeconfig.write_text(
+            "clusters: [{name: c, cluster: {server: 'https://h'}}]\n"
+            f"users: [{{name: u, user: {{tokenFile: '{token}'}}}}]\n"
+            "contexts: [{name: linkerd-cni-context, context: {cluster: c, user: u}}]\n"
+        )
+        result = run_cni(write_config(tmp_path, kubeconfig=str(kubeconfig)))
+        message = str(cni_error(result)["msg"])
+        assert message.startswith(f"token file {token} ")
+        assert ("64 KiB" in message) == (kind == "big")
+        assert result.seconds < FAST
+
+    @pytest.mark.parametrize(
+        ("value", "code"), [("inf", None), ("1e308", None), ("nan", 4), ("-1", 4), ("x", 4)]
+    )
+    def test_kube_timeout_values(self, tmp_path: Path, value: str, code: int | None) -> None:
+        """CNIBOX_KUBE_TIMEOUT: clamped (inf, huge) or refused (CNI code 4); never an
+        OverflowError. A missing kubeconfig shows the clamped ones got past it."""
+        config = write_config(tmp_path, kubeconfig=str(tmp_path / "absent"))
+        error = cni_error(run_cni(config, CNIBOX_KUBE_TIMEOUT=value))
+        if code is None:
+            assert error["msg"] == f"stat {tmp_path}/absent: no such file or directory"
+        else:
+            assert error["code"] == code
+            assert str(error["msg"]).startswith(f"CNIBOX_KUBE_TIMEOUT='{value}' is not a number")
+
+
+# ----------------------------------------------------------------------------- iptables-verify
+
+
+def run_verify(*args: str, stdin: str | Path | None = None) -> Measured:
+    return run_measured([*cnibox_argv("iptables-verify"), *args], stdin=stdin)
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "netconf.json"
+    path.write_text(json.dumps(netconf("default-legacy")))
+    return path
+
+
+class TestVerifyInputs:
+    def test_50mb_save_in_bounded_memory(self, tmp_path: Path, config: Path) -> None:
+        """A kube-proxy-sized 50 MB save is verified streaming: exit 0, peak RSS bounded
+        (the issue saw 894 MB)."""
+        save = write_big_save(tmp_path / "big.save", 50 * MIB)
+        result = run_verify("--config", str(config), "--input", str(save), "--quiet")
+        assert result.returncode == 0, result.err
+        assert result.peak_rss < RSS_BOUND
+        assert save.stat().st_size > 50_000_000 > result.peak_rss
+
+    @pytest.mark.parametrize(
+        "case",
+        [
+            ("--input", "/dev/zero", "--input /dev/zero is a character device, not a regular file"),
+            ("--input", "fifo", "--input {fifo} is a FIFO, not a regular file"),
+            ("--input", "dir", "--input {dir} is a directory, not a regular file"),
+            ("--config", "fifo", "--config {fifo} is a FIFO, not a regular file"),
+            ("--config", "/dev/zero", "--config /dev/zero is a character device"),
+            ("--pod", "fifo", "--pod {fifo} is a FIFO, not a regular file"),
+            ("--service", "dir", "--service {dir} is a directory, not a regular file"),
+            ("--netns", "fifo", "{fifo} is a FIFO, not a network namespace"),
+            ("--netns", "dir", "{dir} is a directory, not a network namespace"),
+            ("--netns", "/dev/null", "/dev/null is a character device, not a network namespace"),
+            ("--netns", "file", "{file} is a regular file, not a network namespace"),
+            ("--netns", "/proc/self/ns/mnt", "/proc/self/ns/mnt is a mount namespace, not a"),
+            ("--kubeconfig", "fifo", "kubeconfig {fifo} is a FIFO, not a regular file"),
+        ],
+    )
+    def test_paths_fail_fast(
+        self, tmp_path: Path, fifo: Path, config: Path, case: tuple[str, str, str]
+    ) -> None:
+        """FIFOs, devices, directories and other namespaces as any path: exit 2 at once."""
+        option, target, message = case
+        regular = tmp_path / "regular"
+        regular.write_text("x")
+        paths = {"fifo": str(fifo), "dir": str(tmp_path), "file": str(regular)}
+        value = paths.get(target, target)
+        args = ["--config", str(config), option, value]
+        if option in ("--config", "--pod", "--service", "--kubeconfig"):
+            args = [*(["--config", str(config)] if option != "--config" else []), option, value]
+            args += ["--input", "-"]
+            if option == "--kubeconfig":
+                args += ["--namespace", "ns", "--pod", "p"]
+            elif option == "--service":
+                args += ["--pod", str(regular)]
+        result = run_verify(*args)
+        assert result.returncode == 2, result.out + result.err
+        expected = message.format(fifo=fifo, dir=tmp_path, file=regular)
+        assert plain(result.err).startswith(f"iptables-verify: {expected}")
+        assert result.seconds < FAST
+
+    def test_oversized_files(self, tmp_path: Path, config: Path, big_config: Path) -> None:
+        """--config and object files: at most 4 MiB each."""
+        result = run_verify("--config", str(big_config), "--input", "-")
+        assert result.returncode == 2
+        assert plain(result.err) == (
+            f"iptables-verify: --config {big_config} is larger than 4 MiB, the limit for it "
+            "(docs/hardening.md)\n"
+        )
+        assert result.peak_rss < RSS_BOUND
+        pod = tmp_path / "pod.json"
+        pod.write_bytes(b" " * (OBJECT_FILE + 1))
+        result = run_verify("--config", str(config), "--pod", str(pod), "--input", "-")
+        assert "--pod " in plain(result.err)
+        assert "larger than 4 MiB" in result.err
+
+    def test_endless_input_line(self, config: Path) -> None:
+        """--input - fed /dev/zero: one line over 64 KiB is refused, not buffered forever."""
+        result = run_verify("--config", str(config), "--input", "-", stdin="/dev/zero")
+        assert result.returncode == 2
+        assert plain(result.err) == (
+            "iptables-verify: --input - (standard input): line 1 is longer than 64 KiB, "
+            "the limit for a line (docs/hardening.md)\n"
+        )
+        assert result.peak_rss < RSS_BOUND
+
+    def test_deep_yaml_and_json_objects(self, tmp_path: Path, config: Path) -> None:
+        """Deeply nested pod files (JSON and YAML): a plain message, no RecursionError."""
+        for text in ("[" * 100000, "a: " + "[" * 5000 + "]" * 5000, "- " * 3000 + "x"):
+            pod = tmp_path / "pod"
+            pod.write_text(text)
+            result = run_verify("--config", str(config), "--pod", str(pod), "--input", "-")
+            assert result.returncode == 2
+            assert plain(result.err).startswith(f"iptables-verify: {pod}: ")
+
+
+# ----------------------------------------------------------------------------- netns-exec
+
+
+def test_netns_exec_fifo_fails_fast(fifo: Path) -> None:
+    """nsenter --net=FIFO: util-linux waits forever in open(); netns-exec opens it
+    non-blocking and reports setns's refusal in util-linux's words."""
+    result = run_measured([*cnibox_argv("nsenter"), f"--net={fifo}", "true"])
+    assert result.returncode == 1
+    assert result.err == "nsenter: reassociate to namespace 'ns/net' failed: Invalid argument\n"
+    assert result.seconds < FAST
+
+
+def test_limits_are_documented() -> None:
+    """Every limit these tests hit is in docs/hardening.md's table, with its value."""
+    from tests.support import REPO
+
+    doc = (REPO / "docs" / "hardening.md").read_text()
+    for name, size in (
+        ("NETWORK_CONFIG", NETWORK_CONFIG),
+        ("KUBECONFIG", KUBECONFIG),
+        ("TOKEN_FILE", TOKEN_FILE),
+        ("OBJECT_FILE", OBJECT_FILE),
+    ):
+        from multicall.core.limits import describe_size
+
+        assert f"`{name}`" in doc, name
+        assert describe_size(size) in doc, name
