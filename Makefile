@@ -17,7 +17,7 @@ APT_PACKAGES := iptables nftables util-linux iproute2 containernetworking-plugin
 	skopeo umoci libc-bin python3-dev openssl containerd
 
 .PHONY: deps apt venv cri-proto lint type unit test test-source test-binary test-cri build zipapp \
-	demo bench clean
+	demo bench clean fuzz
 
 deps: apt venv
 
@@ -62,6 +62,13 @@ unit: venv
 
 test-source: deps
 	$(call run_pytest,tests)
+
+# The parser fuzzing suite with random inputs, longer than in `make test` (docs/hardening.md):
+# CNIBOX_FUZZ_EXAMPLES inputs per target; a failure prints its @reproduce_failure line.
+CNIBOX_FUZZ_EXAMPLES ?= 20000
+fuzz: venv
+	export CNIBOX_FUZZ_EXAMPLES=$(CNIBOX_FUZZ_EXAMPLES)
+	$(call run_pytest,tests/pure/test_fuzz_parsers.py -q)
 
 # Every suite again, against the built single file (tests/binary and the containerd suite
 # tests/cri only run in this mode, the zipapp suite with them).

@@ -1,16 +1,26 @@
-"""A minimal Kubernetes API client on `socket` + `ssl`: three GETs, bounded in time.
+"""A minimal Kubernetes API client on `socket` + `ssl`: three GETs, bounded in time and
+memory, and the HTTP/1.1 primitives other API clients of cnibox share.
 
 Rules of this module:
-1. Every request has one deadline (`timeout` seconds for connect + TLS + response); a server
-   that never answers costs at most that, never client-go's unbounded wait (linkerd2 #2875).
-2. Errors read like client-go's: the API's `Status.message` (`Unauthorized`,
+1. One deadline per client (`timeout` seconds from its creation, CNIBOX_KUBE_TIMEOUT) covers
+   everything: name resolution, connect, TLS, every read of every head and body of every
+   GET. A server that never answers, or answers one byte at a time, costs at most that,
+   never client-go's unbounded wait (linkerd2 #2875). `_Connection` says how.
+2. Memory: a response head is at most API_HEAD, a body (chunked: all chunks together) at
+   most the caller's limit (API_OBJECT for the plugin's GETs), refused with the limit named.
+3. What goes on the wire is checked first: the server URL and the token
+   (core/kube/kubeconfig.py `parse_server`, `check_token`) cannot inject headers.
+4. Errors read like client-go's: the API's `Status.message` (`Unauthorized`,
    `pods "x" not found`), or `Get "URL": dial tcp ...: connect: connection refused`.
-3. One keep-alive connection serves all GETs of an invocation; `ssl` and `socket` are
-   imported on first use only (start-up time of DEL/VERSION/skipped pods stays low).
+5. One keep-alive connection serves all GETs of an invocation; if the server closed it while
+   idle (nothing of a response arrives), a GET is retried once on a new connection, as Go's
+   transport retries idempotent requests. `ssl` and `socket` are imported on first use only
+   (start-up time of DEL/VERSION/skipped pods stays low).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections.abc import Mapping
@@ -33,7 +43,15 @@ from multicall.core.kube.objects import (
     parse_pod,
     parse_service,
 )
-from multicall.core.limits import KUBE_TIMEOUT_DEFAULT, KUBE_TIMEOUT_MAX, KUBECONFIG, TOKEN_FILE
+from multicall.core.limits import (
+    API_HEAD,
+    API_OBJECT,
+    KUBE_TIMEOUT_DEFAULT,
+    KUBE_TIMEOUT_MAX,
+    KUBECONFIG,
+    TOKEN_FILE,
+    describe_size,
+)
 from multicall.errors import CNI_INVALID_ENV, CniError, ConfigError, KubeError, UnreadableInput
 
 if TYPE_CHECKING:
@@ -130,12 +148,18 @@ def _endpoint(server: str) -> _Endpoint:
     return _Endpoint(url.scheme, url.host, url.port, url.prefix)
 
 
+MAX_BODY = 64 * 1024 * 1024  # what any caller may ask for (a LIST page); GETs ask API_OBJECT
+READ_SIZE = 64 * 1024
+
+
 class KubeClient:
-    """GET pods, namespaces and services with a bearer token; one connection, one deadline."""
+    """GET pods, namespaces and services with a bearer token: one connection, and one
+    deadline for everything the client does (rule 1), from its creation on."""
 
     def __init__(self, config: KubeConfig, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.config = config
         self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
         self.endpoint = _endpoint(config.server)
         self._token = _token(config)
         self._conn: _Connection | None = None
@@ -163,38 +187,26 @@ class KubeClient:
 
     def _get(self, path: str, what: tuple[str, str]) -> Mapping[str, object]:
         url = self._url(path)
-        deadline = time.monotonic() + self.timeout
-        status, body = self._request(self.endpoint.prefix + path, url, deadline)
+        status, body = self._request(self.endpoint.prefix + path, url, self.deadline)
         if status >= 400:
             raise KubeError(_status_message(status, body, what))
         return decode_object(body, url)
 
     def _request(self, path: str, url: str, deadline: float) -> tuple[int, bytes]:
-        import ssl
-
-        conn = self._conn or _Connection(self.endpoint)
-        self._conn = conn
-        try:
-            conn.open(self.config, deadline)
-            return conn.get(path, self._headers(), deadline)
-        except ssl.SSLCertVerificationError as exc:
-            self.close()
-            raise KubeError(
-                f'Get "{url}": tls: failed to verify certificate: x509: {_x509(exc)}'
-            ) from None
-        except TimeoutError:
-            detail = conn.timeout_detail()
-            self.close()
-            raise KubeError(f'Get "{url}": {detail}') from None
-        except ConnectionRefusedError:
-            self.close()
-            raise KubeError(
-                f'Get "{url}": dial tcp {self.endpoint.hostport}: connect: connection refused'
-            ) from None
-        except (OSError, ValueError) as exc:
-            self.close()
-            reason = (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).lower()
-            raise KubeError(f'Get "{url}": {reason}') from None
+        for attempt in (1, 2):
+            conn = self._conn or _Connection(self.endpoint)
+            self._conn = conn
+            try:
+                conn.open(self.config, deadline)
+                return conn.get(path, self._headers(), deadline, max_body=API_OBJECT)
+            except StaleConnection:
+                self.close()  # closed by the server while idle: once more, on a new one
+                if attempt == 2:
+                    raise KubeError(f'Get "{url}": EOF') from None
+            except (OSError, ValueError) as exc:
+                self.close()
+                raise transport_error(exc, "Get", url, conn) from None
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _headers(self) -> str:
         lines = [
@@ -205,6 +217,29 @@ class KubeClient:
         if self._token:
             lines.append(f"Authorization: Bearer {self._token}")
         return "".join(f"{line}\r\n" for line in lines)
+
+
+def transport_error(exc: OSError | ValueError, verb: str, url: str, conn: _Connection) -> KubeError:
+    """A failed request's error in client-go's words: `Get "URL": dial tcp ...: connection
+    refused`, `... TLS handshake timeout`, `... x509: certificate signed by unknown authority`,
+    `... (Client.Timeout exceeded while reading body)`. Shared by every request and watch."""
+    return KubeError(f'{verb} "{url}": {_failure(exc, conn)}')
+
+
+def _failure(exc: OSError | ValueError, conn: _Connection) -> str:
+    import ssl
+
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"tls: failed to verify certificate: x509: {_x509(exc)}"
+    if isinstance(exc, TimeoutError):
+        return conn.timeout_detail()
+    if isinstance(exc, ConnectionRefusedError):
+        return f"dial tcp {conn.endpoint.hostport}: connect: connection refused"
+    if isinstance(exc, HttpProtocolError):
+        return str(exc)
+    if isinstance(exc, _NothingReceived | _UnexpectedEof):
+        return "EOF" if isinstance(exc, _NothingReceived) else "unexpected EOF"
+    return (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).lower()
 
 
 def decode_object(body: bytes, url: str) -> Mapping[str, object]:
@@ -220,11 +255,36 @@ def decode_object(body: bytes, url: str) -> Mapping[str, object]:
     return doc
 
 
+class HttpProtocolError(ValueError):
+    """The server's answer is not HTTP/1.1 as cnibox reads it, or is over a limit; `str()`
+    says what, naming the limit (core/limits.py)."""
+
+
+class StaleConnection(ConnectionError):
+    """A reused keep-alive connection that the server had closed: nothing of a response
+    arrived. An idempotent request is retried once on a new connection (Go's transport)."""
+
+
+class _NothingReceived(ConnectionResetError):
+    """The connection ended before the first byte of a response."""
+
+
+class _UnexpectedEof(ConnectionError):
+    """The connection ended inside a response."""
+
+
 class _Connection:
-    """One HTTP/1.1 keep-alive connection: just GET, Content-Length or chunked bodies.
+    """One HTTP/1.1 keep-alive connection: requests, Content-Length or chunked bodies.
 
     http.client is not used: it imports the email package, about as costly as ssl itself,
     on a path every meshed pod start pays.
+
+    Time: `deadline` (monotonic) bounds everything. Name resolution runs in a helper thread
+    joined with the time left; each connect gets the time left; the TLS handshake and
+    `sendall` get it as a whole (CPython applies one deadline per call); every read of the
+    buffered `reader` sets the socket timeout to the time left first (`_DeadlineReader`), so a
+    server sending one byte at a time cannot stretch a request past its deadline. Callers
+    that stream (a watch) move `deadline` as their own semantics require.
     """
 
     def __init__(self, endpoint: _Endpoint) -> None:
@@ -232,43 +292,76 @@ class _Connection:
         self.stage = "dial"
         self.sock: socket.socket | None = None
         self.reader: BinaryIO | None = None
+        self.deadline = 0.0
+        self.completed = 0  # responses read in full on this connection
 
     def open(self, config: KubeConfig, deadline: float) -> None:
         if self.sock is not None:
             return
         import socket
 
-        self.stage = "dial"
+        self.deadline = deadline
         host = _wire_host(self.endpoint.host)
-        raw = socket.create_connection(
-            (host, self.endpoint.port),  # type: ignore[arg-type]  # getaddrinfo takes bytes
-            timeout=_remaining(deadline),
-        )
+        self.stage = "resolve"
+        addresses = _resolve(host, self.endpoint.port, deadline)
+        self.stage = "dial"
+        raw = _dial(addresses, deadline)
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = raw
         if self.endpoint.scheme == "https":
             self.stage = "tls"
             raw.settimeout(_remaining(deadline))
             self.sock = _tls_context(config).wrap_socket(raw, server_hostname=host)
-        self.reader = self.sock.makefile("rb")
+        self.reader = io.BufferedReader(_DeadlineReader(self), READ_SIZE)
         self.stage = "request"
 
-    def get(self, path: str, headers: str, deadline: float) -> tuple[int, bytes]:
+    def request(
+        self, method: str, path: str, headers: str, body: bytes, deadline: float
+    ) -> tuple[int, dict[str, str]]:
+        """Send one request and read the response head; the body is the caller's to read.
+
+        StaleConnection when a reused connection turns out closed before any response byte.
+        """
         assert self.sock is not None
         assert self.reader is not None
-        self.sock.settimeout(_remaining(deadline))
-        self.sock.sendall(f"GET {path} HTTP/1.1\r\n{headers}\r\n".encode("latin-1"))
-        status, fields = _read_head(self.reader)
-        body = _read_body(self.reader, fields)
+        self.deadline = deadline
+        self.stage = "request"
+        reused = self.completed > 0
+        try:
+            self.sock.settimeout(_remaining(deadline))
+            self.sock.sendall(f"{method} {path} HTTP/1.1\r\n{headers}\r\n".encode("latin-1") + body)
+        except (BrokenPipeError, ConnectionResetError):
+            if reused:
+                raise StaleConnection from None
+            raise
+        try:
+            return _read_head(self.reader)
+        except _NothingReceived:
+            if reused:
+                raise StaleConnection from None
+            raise
+
+    def get(
+        self, path: str, headers: str, deadline: float, *, max_body: int = MAX_BODY
+    ) -> tuple[int, bytes]:
+        status, fields = self.request("GET", path, headers, b"", deadline)
+        assert self.reader is not None
+        self.stage = "body"
+        body = _read_body(self.reader, fields, max_body)
+        self.completed += 1
         if fields.get("connection", "").lower() == "close":
             self.close()
         return status, body
 
     def timeout_detail(self) -> str:
+        if self.stage == "body":
+            return "context deadline exceeded (Client.Timeout exceeded while reading body)"
         if self.stage == "request":
             return "context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
         if self.stage == "tls":
             return "net/http: TLS handshake timeout"
+        if self.stage == "resolve":
+            return f"dial tcp: lookup {self.endpoint.host}: i/o timeout"
         return f"dial tcp {self.endpoint.hostport}: i/o timeout"
 
     def close(self) -> None:
@@ -280,8 +373,80 @@ class _Connection:
             self.sock = None
 
 
-MAX_HEAD = 64 * 1024
-MAX_BODY = 64 * 1024 * 1024
+class _DeadlineReader(io.RawIOBase):
+    """The connection's socket as a raw stream whose every read is bounded by the time left
+    until the connection's deadline (TimeoutError once it has passed)."""
+
+    def __init__(self, conn: _Connection) -> None:
+        super().__init__()
+        self.conn = conn
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        sock = self.conn.sock
+        assert sock is not None
+        sock.settimeout(_remaining(self.conn.deadline))
+        return sock.recv_into(buffer)
+
+
+def _resolve(host: str | bytes, port: int, deadline: float) -> list[tuple[object, ...]]:
+    """getaddrinfo within the deadline: numeric hosts at once, names in a helper thread
+    joined with the time left (a resolver that never answers costs the deadline, not glibc's
+    retries). The thread is a daemon: one stuck in the resolver does not keep us alive."""
+    import socket
+
+    try:
+        return list(
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+        )
+    except socket.gaierror:
+        pass  # a name, not an address
+    import threading
+
+    outcome: list[object] = []
+
+    def lookup() -> None:
+        try:
+            outcome.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=lookup, name="cnibox-resolve", daemon=True)
+    worker.start()
+    worker.join(_remaining(deadline))
+    if not outcome:
+        raise TimeoutError
+    found = outcome[0]
+    if isinstance(found, socket.gaierror):
+        name = host.decode() if isinstance(host, bytes) else host
+        reason = "no such host" if found.errno == socket.EAI_NONAME else found.strerror
+        raise HttpProtocolError(f"dial tcp: lookup {name}: {reason}")
+    if isinstance(found, OSError):
+        raise found
+    assert isinstance(found, list)
+    return found
+
+
+def _dial(addresses: list[tuple[object, ...]], deadline: float) -> socket.socket:
+    """Connect to the first address that answers, each try bounded by the time left."""
+    import socket
+
+    error: OSError = ConnectionRefusedError(111, "connection refused")
+    for family, kind, proto, _, address in addresses:
+        sock = socket.socket(family, kind, proto)  # type: ignore[arg-type]
+        try:
+            sock.settimeout(_remaining(deadline))
+            sock.connect(address)  # type: ignore[arg-type]
+        except OSError as exc:
+            sock.close()
+            if isinstance(exc, TimeoutError):
+                raise
+            error = exc
+            continue
+        return sock
+    raise error
 
 
 def _remaining(deadline: float) -> float:
@@ -291,51 +456,91 @@ def _remaining(deadline: float) -> float:
     return remaining
 
 
-def _line(reader: BinaryIO) -> bytes:
-    line = reader.readline(MAX_HEAD)
-    if not line:
-        raise ConnectionResetError(104, "EOF")
-    return line
-
-
-def _read_head(reader: BinaryIO) -> tuple[int, dict[str, str]]:
-    status_line = _line(reader).decode("latin-1")
+def _read_head(reader: BinaryIO, limit: int = API_HEAD) -> tuple[int, dict[str, str]]:
+    """The status and header fields (lower-case names) of a response, at most `limit` bytes
+    in all. _NothingReceived when the connection ends before the first byte."""
+    budget = [limit - 1]
+    try:
+        first = reader.read(1)
+    except ConnectionResetError:
+        first = b""
+    if not first:
+        raise _NothingReceived(104, "EOF")
+    status_line = (first + _line(reader, budget, "response head")).decode("latin-1")
     parts = status_line.split(None, 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-        raise ValueError(f"malformed HTTP response {status_line.strip()!r}")
+        raise HttpProtocolError(f"malformed HTTP response {status_line.strip()[:80]!r}")
     fields: dict[str, str] = {}
     while True:
-        line = _line(reader).decode("latin-1").rstrip("\r\n")
+        line = _line(reader, budget, "response head").decode("latin-1").rstrip("\r\n")
         if not line:
-            return int(parts[1]), fields
+            return int(parts[1][:3]), fields
         name, _, value = line.partition(":")
         fields[name.strip().lower()] = value.strip()
 
 
-def _read_body(reader: BinaryIO, fields: Mapping[str, str]) -> bytes:
+def _line(reader: BinaryIO, budget: list[int], what: str) -> bytes:
+    """One line, charged to `budget` (bytes left for all lines of `what`)."""
+    line = reader.readline(budget[0] + 1)
+    budget[0] -= len(line)
+    if budget[0] < 0:
+        raise HttpProtocolError(f"the {what} is larger than {_limit(API_HEAD)}")
+    if not line.endswith(b"\n"):
+        raise _UnexpectedEof
+    return line
+
+
+def _read_body(reader: BinaryIO, fields: Mapping[str, str], limit: int = MAX_BODY) -> bytes:
+    """A response body: chunked (the chunks in total, not each, within `limit`), of a
+    Content-Length (refused up front when over `limit`), or up to the end of the connection."""
     if "chunked" in fields.get("transfer-encoding", "").lower():
-        chunks: list[bytes] = []
-        while True:
-            size = int(_line(reader).split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                while _line(reader).strip():
-                    pass  # trailers
-                return b"".join(chunks)
-            chunks.append(_exactly(reader, size))
-            _line(reader)
+        return _read_chunked(reader, limit)
     length = fields.get("content-length")
-    if length is not None and length.isdigit():
+    if length is not None:
+        if not length.isdigit():
+            raise HttpProtocolError(f"bad Content-Length {length[:40]!r}")
+        if int(length) > limit:
+            raise HttpProtocolError(f"the response body is larger than {_limit(limit)}")
         return _exactly(reader, int(length))
-    return reader.read(MAX_BODY)
+    data = reader.read(limit + 1)
+    if len(data) > limit:
+        raise HttpProtocolError(f"the response body is larger than {_limit(limit)}")
+    return data
+
+
+def _read_chunked(reader: BinaryIO, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    budget = [API_HEAD]  # chunk-size lines and trailers: framing, charged like a head
+    while True:
+        size_text = _line(reader, budget, "chunked framing").split(b";")[0].strip()
+        if not size_text or len(size_text) > 16 or not all(c in _HEX for c in size_text):
+            raise HttpProtocolError(f"malformed chunked encoding {size_text[:20]!r}")
+        size = int(size_text, 16)
+        if size == 0:
+            while _line(reader, budget, "chunked framing").strip():
+                pass  # trailers
+            return b"".join(chunks)
+        total += size
+        if total > limit:
+            raise HttpProtocolError(f"the response body is larger than {_limit(limit)}")
+        chunks.append(_exactly(reader, size))
+        if _line(reader, budget, "chunked framing").strip():
+            raise HttpProtocolError("malformed chunked encoding: no CRLF after a chunk")
+
+
+_HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
 def _exactly(reader: BinaryIO, size: int) -> bytes:
-    if size > MAX_BODY:
-        raise ValueError("response body too large")
     data = reader.read(size)
     if len(data) != size:
-        raise ConnectionResetError(104, "short body")
+        raise _UnexpectedEof
     return data
+
+
+def _limit(size: int) -> str:
+    return f"{describe_size(size)}, the limit for it (docs/hardening.md)"
 
 
 def _token(config: KubeConfig) -> str:

@@ -9,16 +9,23 @@ any connection or setns. Cost: about 25 s (a 100 MB config, a 50 MB save, ~30 co
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from multicall.core.limits import KUBECONFIG, MIB, NETWORK_CONFIG, OBJECT_FILE, TOKEN_FILE
+from multicall.effects.ns import NetnsRef
+from multicall.plugin.ports import PluginDeps, RealFirewall
+from multicall.plugin.run import PluginRequest, run_plugin
 from tests.support import cnibox_argv
+from tests.support.fakes import FakeKube, MemoryFirewall
 from tests.support.hostile import (
     RSS_BOUND,
     Measured,
@@ -26,6 +33,7 @@ from tests.support.hostile import (
     write_big_config,
     write_big_save,
 )
+from tests.support.pods import MESHED
 from tests.support.scenarios import netconf
 
 POD_ARGS = "IgnoreUnknown=1;K8S_POD_NAMESPACE=emojivoto;K8S_POD_NAME=web-7d4f8c9b5-x2x4q"
@@ -347,3 +355,77 @@ def test_limits_are_documented() -> None:
 
         assert f"`{name}`" in doc, name
         assert describe_size(size) in doc, name
+
+
+# ----------------------------------------------------------------------------- CNI_NETNS
+
+
+class TestPluginNetns:
+    """CNI_NETNS through the seam with the real firewall adapter: every bad path fails
+    before any setns, so no root is needed (tests/netns has the root cases)."""
+
+    @staticmethod
+    def add(netns: str, firewall: Any = None, **env: str) -> tuple[int, dict[str, Any], float]:
+        kube = FakeKube()
+        kube.add_pod(MESHED)
+        meta = MESHED["metadata"]
+        request = PluginRequest(
+            env={
+                **cni_env(CNI_NETNS=netns, **env),
+                "CNI_ARGS": f"K8S_POD_NAMESPACE={meta['namespace']};K8S_POD_NAME={meta['name']}",
+            },
+            stdin=json.dumps(
+                {
+                    "cniVersion": "1.0.0",
+                    "name": "k8s-pod-network",
+                    "type": "linkerd-cni",
+                    "kubernetes": {"kubeconfig": "/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"},
+                }
+            ).encode(),
+            stderr=io.BytesIO(),
+        )
+        started = time.monotonic()
+        result = run_plugin(request, PluginDeps(kube, firewall or RealFirewall()))
+        seconds = time.monotonic() - started
+        return result.exit_code, json.loads(result.stdout), seconds
+
+    @pytest.mark.parametrize(
+        ("target", "what"),
+        [
+            ("fifo", "a FIFO"),
+            ("dir", "a directory"),
+            ("/dev/null", "a character device"),
+            ("file", "a regular file"),
+            ("/proc/self/ns/mnt", "a mount namespace"),
+        ],
+    )
+    def test_not_a_network_namespace(
+        self, tmp_path: Path, fifo: Path, target: str, what: str
+    ) -> None:
+        """A FIFO blocked ADD forever in open(); now every non-namespace is CNI error 8
+        naming what it is, at once."""
+        regular = tmp_path / "file"
+        regular.write_text("")
+        path = {"fifo": str(fifo), "dir": str(tmp_path), "file": str(regular)}.get(target, target)
+        rc, error, seconds = self.add(path)
+        assert (rc, error["code"]) == (1, 8)
+        assert error["msg"] == f"{path} is {what}, not a network namespace"
+        assert seconds < FAST
+
+    def test_the_opened_fd_is_what_is_checked_and_entered(self) -> None:
+        """CNI_NETNS is opened once; the own-netns refusal and the firewall use that fd, so
+        a path swapped between the two cannot slip through (no stat-then-open)."""
+        seen: list[NetnsRef] = []
+
+        class Recorder(MemoryFirewall):
+            def apply(self, netns: NetnsRef, *args: Any, **kw: Any) -> None:
+                seen.append(netns)
+
+        rc, error, _ = self.add("/proc/self/ns/net", Recorder())
+        assert (rc, error["code"]) == (1, 8)  # the caller's own netns, refused by fd
+        assert error["msg"] == "plugin's netns and netns from CNI_NETNS should not be the same"
+        assert seen == []
+        rc, _, _ = self.add("/proc/self/ns/net", Recorder(), CNI_NETNS_OVERRIDE="1")
+        assert rc == 0
+        assert seen[0].fd is not None
+        assert seen[0].path == "/proc/self/ns/net"

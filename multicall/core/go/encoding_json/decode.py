@@ -55,14 +55,15 @@ def parse(data: bytes) -> object:
     return _scrub_surrogates(value)
 
 
-_DEEP_TOKEN = re.compile(r'[ \t\r\n]*(?:(")|([-0-9][-+.eE0-9]*)|(true|false|null)|([{}\[\],:]))')
+_DEEP_TOKEN = re.compile(
+    r'[ \t\r\n]*(?:("(?:[^"\\]|\\.)*")|([-0-9][-+.eE0-9]*)|(true|false|null)|([{}\[\],:]))',
+    re.DOTALL,
+)
 _LITERALS: dict[str, object] = {"true": True, "false": False, "null": None}
 
 
 def _parse_deep(text: str) -> object:
     """`parse` of a document the scanner found valid, with a stack instead of recursion."""
-    from json.decoder import scanstring
-
     root: list[object] = []
     stack: list[Obj | list[object]] = []  # open containers, innermost last
     keys: list[str | None] = []  # per open container: the key awaiting its value
@@ -76,7 +77,7 @@ def _parse_deep(text: str) -> object:
         quote, number, literal, punct = token.groups()
         value: object
         if quote:
-            string, pos = scanstring(text, pos)
+            string = json.loads(quote)
             if expect_key:
                 keys[-1], expect_key = scrub_text(string), False
                 continue
@@ -415,8 +416,9 @@ def to_plain(v: object) -> object:
             converted = dict.fromkeys(last)
             work += [(item, converted, key) for key, item in last.items()]
         elif isinstance(value, list):
-            converted = [None] * len(value)
-            work += [(item, converted, i) for i, item in enumerate(value)]
+            items: list[object] = [None] * len(value)
+            work += [(item, items, i) for i, item in enumerate(value)]
+            converted = items
         else:
             converted = _plain_scalar(value)
         parent[slot] = converted  # type: ignore[index]  # str keys for dicts, int for lists
