@@ -212,6 +212,34 @@ def test_api_objects(body: bytes, kind: Any, status: int) -> None:
     only_own_errors(read)
 
 
+HTTP_SEEDS = [
+    b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"kind":""}',
+    b"HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\nX-A: b\r\n\r\n"
+    b'5;ext=1\r\n{"a":\r\n3\r\n12}\r\n0\r\nTrailer: x\r\n\r\n',
+    b"HTTP/1.0 200 OK\r\nConnection: close\r\n\r\n[1,2,3]",
+]
+
+
+@fuzz(examples=300)
+@given(data=st.one_of(mutated(HTTP_SEEDS), st.binary(max_size=120)))
+def test_http_framing(data: bytes) -> None:
+    """The client's reading of a response head and body (Content-Length, chunked, to the
+    end): only its framing errors, which the client words as client-go does."""
+    from multicall.core.limits import API_OBJECT
+    from multicall.effects import kube
+
+    reader = io.BufferedReader(io.BytesIO(data))
+    failure: OSError | ValueError | None = None
+    try:
+        _, fields = kube._read_head(reader)
+        kube._read_body(reader, fields, API_OBJECT)
+    except (kube.HttpProtocolError, kube._NothingReceived, kube._UnexpectedEof) as exc:
+        failure = exc
+    if failure is not None:
+        conn = kube._Connection(kube._endpoint("https://10.96.0.1"))
+        assert isinstance(kube.transport_error(failure, "Get", "https://x/", conn), CniboxError)
+
+
 # ----------------------------------------------------------------------------- iptables-save
 
 

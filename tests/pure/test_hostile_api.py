@@ -63,8 +63,11 @@ class TestClient:
 
     def test_deep_json_answer(self, tmp_path: Path) -> None:
         """A reply nesting 100 000 deep: a plain message, not a RecursionError."""
-        with hostile_api("deep-json") as api, pytest.raises(KubeError) as info:
-            client(api, tmp_path).get_pod(NS, NAME)
+        with hostile_api("deep-json") as api:
+            c = client(api, tmp_path)
+            with pytest.raises(KubeError) as info:
+                c.get_pod(NS, NAME)
+            c.close()
         assert info.value.message == (
             f"{URL.format(port=api.port)}: the server answered with JSON nested too deeply"
         )
@@ -105,8 +108,11 @@ class TestClient:
 
     def test_a_fresh_connection_is_not_retried(self, tmp_path: Path) -> None:
         """Only a reused connection is retried: a server that never answers is one try."""
-        with hostile_api("close-unanswered") as api, pytest.raises(KubeError, match=r": EOF$"):
-            client(api, tmp_path, timeout=5).get_pod(NS, NAME)
+        with hostile_api("close-unanswered") as api:
+            c = client(api, tmp_path, timeout=5)
+            with pytest.raises(KubeError, match=r": EOF$"):
+                c.get_pod(NS, NAME)
+            c.close()
         assert api.connections == 1
 
 

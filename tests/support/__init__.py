@@ -15,6 +15,9 @@ The everyday names are here; the rest by module:
     pods.py            upstream's injected pods, and nat tables as save tools print them
     nft.py             nft codec test data (fixture rules, hypothesis RuleSpecs)
     artifact.py        the built single file (trailer, extraction cache)
+    hostile.py         large hostile inputs, and peak RSS of a command (GNU time)
+    hostile_api.py     an API stand-in that misbehaves on purpose (slow, endless, broken)
+    fuzzing.py         the fuzz harness's settings and input strategies
 """
 
 from tests.support.cnibox import cnibox_argv, cnibox_executable
