@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -429,3 +430,28 @@ class TestPluginNetns:
         assert rc == 0
         assert seen[0].fd is not None
         assert seen[0].path == "/proc/self/ns/net"
+
+
+@pytest.mark.parametrize("closed", ["<&-", ">&-", "2>&-"])
+def test_closed_standard_streams(closed: str) -> None:
+    """A runtime that starts the plugin with a standard stream closed: the stream reads as
+    empty or writes to nowhere, never a traceback (Python leaves it None)."""
+    proc = subprocess.run(
+        ["sh", "-c", f'exec "$@" {closed}', "sh", *cnibox_argv("linkerd-cni")],
+        env=cni_env(CNI_ARGS=""),
+        input=None if closed == "<&-" else b'{"cniVersion":"1.0.0","name":"n","type":"x"}',
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    plain(proc.stderr.decode())
+    if closed == "<&-":  # an empty config: skel's decoding error
+        assert proc.returncode == 1
+        assert json.loads(proc.stdout)["msg"] == (
+            "error unmarshall network config: unexpected end of JSON input"
+        )
+    elif closed == ">&-":
+        assert (proc.returncode, proc.stdout) == (0, b"")
+    else:
+        assert proc.returncode == 0
+        assert json.loads(proc.stdout) == {"cniVersion": "1.0.0"}
