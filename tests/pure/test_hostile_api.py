@@ -172,3 +172,20 @@ def test_add_with_a_fifo_as_netns(tmp_path: Path) -> None:
     }
     assert len(api.requests) == 2  # the pod and its namespace
     assert result.seconds < ADD_TIMEOUT + 1
+
+
+@pytest.mark.parametrize("mode", ["drip-reply", "endless-chunks"])
+def test_iptables_verify_fetch_ends_within_the_deadline(tmp_path: Path, mode: str) -> None:
+    """`iptables-verify --namespace NS --pod NAME` has the same one deadline (exit 2)."""
+    config = tmp_path / "conf.json"
+    config.write_text('{"cniVersion":"1.0.0","name":"n","type":"linkerd-cni"}')
+    with hostile_api(mode) as api:
+        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+        argv = [*cnibox_argv("iptables-verify"), "--config", str(config), "--input", "-"]
+        argv += ["--namespace", NS, "--pod", NAME, "--kubeconfig", str(kubeconfig)]
+        env = {"PATH": os.environ.get("PATH", ""), "CNIBOX_KUBE_TIMEOUT": str(ADD_TIMEOUT)}
+        result = run_measured(argv, env=env)
+    assert result.returncode == 2
+    assert result.err.startswith(f'iptables-verify: Get "{URL.format(port=api.port)}": ')
+    assert result.seconds < ADD_TIMEOUT + 1
+    assert result.peak_rss < RSS_BOUND
