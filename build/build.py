@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
-import zipapp
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -145,8 +145,28 @@ def build_zipapp() -> None:
         invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
     )
     ZIPAPP.parent.mkdir(parents=True, exist_ok=True)
-    zipapp.create_archive(staging, ZIPAPP, interpreter="/usr/bin/env python3", compressed=True)
+    write_zipapp(staging, ZIPAPP, interpreter="/usr/bin/env python3")
     print(f"build: zipapp {ZIPAPP.stat().st_size} bytes -> {ZIPAPP}")
+
+
+def write_zipapp(source: Path, target: Path, interpreter: str) -> None:
+    """What zipapp.create_archive writes, reproducibly: the same files give the same bytes.
+
+    zipapp stores each file's mtime and walks the tree in directory order; here members are
+    sorted, dated 1980-01-01 (the zip epoch) and 0644, so two builds of one tree are
+    byte-identical (the .pyc are hash-based, so their bytes do not depend on time either).
+    """
+    tmp = target.with_name(target.name + ".tmp")
+    with open(tmp, "wb") as out:
+        out.write(b"#!" + interpreter.encode() + b"\n")
+        with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+            for path in sorted(p for p in source.rglob("*") if p.is_file()):
+                info = zipfile.ZipInfo(path.relative_to(source).as_posix(), (1980, 1, 1, 0, 0, 0))
+                info.compress_type = zipfile.ZIP_DEFLATED
+                info.external_attr = 0o100644 << 16
+                archive.writestr(info, path.read_bytes())
+    tmp.chmod(0o755)
+    os.replace(tmp, target)
 
 
 def _package_dir(name: str) -> Path:

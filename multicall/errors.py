@@ -14,6 +14,7 @@ Rules of this module:
      ├── NetnsError                  exit 1   a namespace cannot be opened or entered
      │    └── NetnsNotFound                   DEL treats it as success
      ├── FirewallError               exit 1   the kernel refused a rule set
+     │    └── FirewallConflict                the table changed under a change: plan again
      ├── KubeError                   exit 1   the Kubernetes API failed or refused
      ├── UnreadableInput             exit 1   an input is missing, not a regular file, or
      │                                        over its limit (core/limits.py); CNI code 5
@@ -103,6 +104,11 @@ class NetnsNotFound(NetnsError):
 
 class FirewallError(CniboxError):
     """The kernel (or a backend) refused a rule set or a dump."""
+
+
+class FirewallConflict(FirewallError):
+    """The table changed between reading it and committing a change planned from it; nothing
+    was changed. The firewall engine plans again from a fresh read (bounded retries)."""
 
 
 class KubeError(CniboxError):

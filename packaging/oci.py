@@ -115,6 +115,7 @@ class ImageConfig:
     env: Sequence[str] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
     architecture: str = "amd64"
+    created: str = EPOCH  # RFC 3339; from SOURCE_DATE_EPOCH for releases (provenance.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +127,9 @@ class Image:
     manifest_size: int
 
 
-def build_image(entries: Iterable[Entry], config: ImageConfig) -> Image:
+def build_image(
+    entries: Iterable[Entry], config: ImageConfig, annotations: Mapping[str, str] | None = None
+) -> Image:
     layer_tar = build_tar(entries)
     layer = gzip_bytes(layer_tar)
     runtime: dict[str, object] = {}
@@ -142,20 +145,21 @@ def build_image(entries: Iterable[Entry], config: ImageConfig) -> Image:
         {
             "architecture": config.architecture,
             "os": "linux",
-            "created": EPOCH,
+            "created": config.created,
             "config": runtime,
             "rootfs": {"type": "layers", "diff_ids": [sha256_digest(layer_tar)]},
-            "history": [{"created": EPOCH, "created_by": "cnibox packaging/oci.py"}],
+            "history": [{"created": config.created, "created_by": "cnibox packaging/oci.py"}],
         }
     )
-    manifest = canonical_json(
-        {
-            "schemaVersion": 2,
-            "mediaType": MANIFEST_TYPE,
-            "config": _descriptor(CONFIG_TYPE, image_config),
-            "layers": [_descriptor(LAYER_TYPE, layer)],
-        }
-    )
+    manifest_fields: dict[str, object] = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_TYPE,
+        "config": _descriptor(CONFIG_TYPE, image_config),
+        "layers": [_descriptor(LAYER_TYPE, layer)],
+    }
+    if annotations:
+        manifest_fields["annotations"] = dict(annotations)
+    manifest = canonical_json(manifest_fields)
     blobs = {sha256_digest(b): b for b in (layer, image_config, manifest)}
     return Image(blobs, sha256_digest(manifest), len(manifest))
 
@@ -164,8 +168,12 @@ def _descriptor(media_type: str, blob: bytes) -> dict[str, object]:
     return {"mediaType": media_type, "digest": sha256_digest(blob), "size": len(blob)}
 
 
-def layout_files(image: Image, ref: str) -> dict[str, bytes]:
-    """The files of an OCI image layout holding `image` under the tag `ref`."""
+def layout_files(
+    image: Image, ref: str, extra: Sequence[Mapping[str, object]] = ()
+) -> dict[str, bytes]:
+    """The files of an OCI image layout holding `image` under the tag `ref`, plus `extra`
+    untagged manifests (e.g. the SBOM artifact that refers to the image) whose blobs are in
+    `image.blobs`."""
     index = {
         "schemaVersion": 2,
         "manifests": [
@@ -174,7 +182,8 @@ def layout_files(image: Image, ref: str) -> dict[str, bytes]:
                 "digest": image.manifest_digest,
                 "size": image.manifest_size,
                 "annotations": {REF_ANNOTATION: ref},
-            }
+            },
+            *extra,
         ],
     }
     files = {"oci-layout": canonical_json({"imageLayoutVersion": "1.0.0"})}
@@ -184,17 +193,21 @@ def layout_files(image: Image, ref: str) -> dict[str, bytes]:
     return files
 
 
-def write_layout(directory_path: Path, image: Image, ref: str) -> None:
+def write_layout(
+    directory_path: Path, image: Image, ref: str, extra: Sequence[Mapping[str, object]] = ()
+) -> None:
     """Write the layout directory (replacing index.json; blobs are content-addressed)."""
-    for name, data in layout_files(image, ref).items():
+    for name, data in layout_files(image, ref, extra).items():
         path = directory_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
 
 
-def write_archive(path: Path, image: Image, ref: str) -> None:
+def write_archive(
+    path: Path, image: Image, ref: str, extra: Sequence[Mapping[str, object]] = ()
+) -> None:
     """The layout as one reproducible tar (skopeo's `oci-archive:` transport)."""
-    files = layout_files(image, ref)
+    files = layout_files(image, ref, extra)
     dirs = {"blobs", "blobs/sha256"}
     entries = [directory(d) for d in dirs]
     entries += [file(name, data, 0o644) for name, data in files.items()]

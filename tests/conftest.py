@@ -31,6 +31,21 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_xtables_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The run's legacy ADDs and Debian's iptables-legacy share a lock file of their own
+    (XTABLES_LOCKFILE, inherited by every child): other test runs on the same machine hold
+    /run/xtables.lock at moments, and an ADD without the wait flag fails at once against
+    them (docs/hardening.md §5)."""
+    previous = os.environ.get("XTABLES_LOCKFILE")
+    os.environ["XTABLES_LOCKFILE"] = str(tmp_path_factory.mktemp("xtables") / "xtables.lock")
+    yield
+    if previous is None:
+        del os.environ["XTABLES_LOCKFILE"]
+    else:
+        os.environ["XTABLES_LOCKFILE"] = previous
+
+
 @pytest.fixture
 def rig() -> Iterator[Rig]:
     require_root()

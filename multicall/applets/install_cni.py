@@ -18,17 +18,20 @@ Environment (empty means unset): DEST_CNI_NET_DIR (/etc/cni/net.d), DEST_CNI_BIN
 KUBECONFIG_FILE_NAME (ZZZ-linkerd-cni-kubeconfig), KUBERNETES_SERVICE_HOST,
 KUBERNETES_SERVICE_PORT, KUBE_CA_FILE (ca.crt beside the token), SERVICE_ACCOUNT_DIR
 (/var/run/secrets/kubernetes.io/serviceaccount), CNI_CONF_NAME (only this file),
-CNIBOX_HOST_BINARY (/usr/local/lib/cnibox/cnibox), INSTALL_CNI_PID_FILE (/tmp/install-cni.pid).
+CNIBOX_HOST_BINARY (/usr/local/lib/cnibox/cnibox), CNIBOX_STATE_DIR (undo journal and pid
+file: DEST_CNI_NET_DIR/.cnibox-install-cni), INSTALL_CNI_PID_FILE (in the state dir).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from multicall.core.installer import conflist
+from multicall.core.installer import conflist, journal
 from multicall.core.installer.config import (
     InstallerConfig,
     SourceRead,
@@ -37,7 +40,7 @@ from multicall.core.installer.config import (
     render_kubeconfig,
     source_names,
 )
-from multicall.effects import fs
+from multicall.effects import fs, pidfile
 from multicall.effects.streams import write_text
 from multicall.errors import EXIT_OK, CniboxError, ConfigError, UsageError
 
@@ -50,6 +53,10 @@ PLUGIN_LINK = "linkerd-cni"
 NSENTER_LINK = "nsenter"
 KUBECONFIG_MODE = 0o600
 UNINSTALL_WAIT_SECONDS = 30.0
+# Read limits: a CNI config, the network config, the service-account token and CA and the
+# kubeconfig are a few KiB; the journal holds the original bytes of every patched config.
+CONFIG_LIMIT = 1 << 20
+JOURNAL_LIMIT = 16 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,12 +112,46 @@ class Original:
 
 @dataclass(slots=True)
 class State:
-    """What this run wrote, for recognising its own events and for undo."""
+    """What this run (and, through the journal, an earlier killed run) wrote, for recognising
+    its own events and for undo."""
 
     written: dict[str, str] = field(default_factory=dict)  # path -> sha256 of our bytes
     originals: dict[str, Original] = field(default_factory=dict)  # patched path -> before
     copied: dict[str, str] = field(default_factory=dict)  # copied binary -> sha256
     kubeconfig: str = ""
+
+    def as_journal(self) -> journal.Journal:
+        patched = tuple(
+            journal.Patched(target, o.path, o.data, o.mode, self.written.get(target, ""))
+            for target, o in self.originals.items()
+        )
+        return journal.Journal(patched, tuple(self.copied.items()), self.kubeconfig)
+
+    def resume(self, record: journal.Journal) -> None:
+        for p in record.patched:
+            self.originals.setdefault(p.target, Original(p.original_path, p.original, p.mode))
+            self.written.setdefault(p.target, p.written)
+        for path, digest in record.copied:
+            self.copied.setdefault(path, digest)
+        self.kubeconfig = self.kubeconfig or record.kubeconfig
+
+
+class Undo:
+    """Errors met while undoing: each step goes on after a failure; all are reported."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def attempt(self, step: Callable[[], None]) -> bool:
+        try:
+            step()
+        except OSError as exc:
+            self.errors.append(fs.os_error_text(exc))
+        except CniboxError as exc:
+            self.errors.append(exc.message)
+        else:
+            return True
+        return False
 
 
 class Installer:
@@ -121,6 +162,44 @@ class Installer:
         self.binary = binary
         self.state = State()
         self.network_config = b""
+        self.journaled = b""  # the journal bytes on disk (skip identical rewrites)
+
+    # --- the undo journal (core/installer/journal.py) ----------------------------------------
+
+    def resume(self) -> None:
+        """Take over what an earlier run (killed before it could undo) recorded."""
+        path = self.config.journal_path
+        try:
+            if not fs.private_dir(self.config.state_dir, create=False):
+                return
+            data = fs.read_file(path, JOURNAL_LIMIT, what="undo journal", follow=False)
+            if data is None:
+                return
+            record = journal.decode(
+                data, net_dir=self.config.host_net_dir, bin_dir=self.config.host_bin_dir
+            )
+        except ConfigError as exc:
+            self.log.info(f"{path}: {exc.message}; undo will only remove linkerd entries")
+            return
+        self.state.resume(record)
+        self.journaled = data
+        self.log.info(f"resumed the undo journal of an earlier run ({len(record.patched)} configs)")
+
+    def record(self) -> None:
+        """Write the journal before the change it describes is made (write-ahead)."""
+        data = journal.encode(self.state.as_journal())
+        if data == self.journaled:
+            return
+        fs.private_dir(self.config.state_dir, create=True)
+        fs.write_atomic(self.config.journal_path, data, 0o600)
+        self.journaled = data
+
+    def forget(self) -> None:
+        """After a complete undo: no journal, and the state dir too when nothing else is in it."""
+        fs.remove_durably(self.config.journal_path)
+        self.journaled = b""
+        with contextlib.suppress(OSError):
+            os.rmdir(self.config.state_dir)
 
     # --- setup -----------------------------------------------------------------------------
 
@@ -136,7 +215,7 @@ class Installer:
         kind, _, value = name.partition(":")
         if kind == "env":
             return self.config.network_config_env.encode() or None
-        return fs.read_bytes(value) if value else None
+        return fs.read_file(value, CONFIG_LIMIT, what="network config") if value else None
 
     def install_binaries(self) -> None:
         bin_dir = self.config.host_bin_dir
@@ -157,10 +236,11 @@ class Installer:
         digest = fs.sha256_file(self.binary)
         if digest is None:
             raise CniboxError(f"{self.binary}: cannot read the cnibox binary to install")
+        self.state.copied[dest] = digest
+        self.record()
         if fs.sha256_file(dest) != digest:
             fs.copy_atomic(self.binary, dest, 0o755)
             self.log.info(f"installed {dest}")
-        self.state.copied[dest] = digest
         return COPY_NAME
 
     def _link(self, path: str, target: str) -> None:
@@ -178,22 +258,32 @@ class Installer:
     # --- kubeconfig ------------------------------------------------------------------------
 
     def write_kubeconfig(self) -> None:
-        token = self._read_required(self.config.token_file)
-        ca = self._read_required(self.config.ca_file)
+        token = self._read_required(self.config.token_file, "service-account token")
+        ca = self._read_required(self.config.ca_file, "CA certificate")
         text = render_kubeconfig(token, ca, self.config.service_host, self.config.service_port)
         path = self.config.kubeconfig_path
         self.state.kubeconfig = path
-        if fs.read_bytes(path) == text and fs.file_mode(path) == KUBECONFIG_MODE:
+        self.record()
+        if self._current(path, "kubeconfig") == text and fs.file_mode(path) == KUBECONFIG_MODE:
             return
         fs.write_atomic(path, text, KUBECONFIG_MODE)
         self.log.info(f"wrote {path}")
 
     @staticmethod
-    def _read_required(path: str) -> bytes:
-        data = fs.read_bytes(path)
+    def _read_required(path: str, what: str) -> bytes:
+        data = fs.read_file(path, CONFIG_LIMIT, what=what)
         if data is None:
             raise ConfigError(f"open {path}: no such file or directory", path=path)
         return data
+
+    @staticmethod
+    def _current(path: str, what: str) -> bytes | None:
+        """What our own file at `path` holds; None when it is missing or not a plain file
+        (a FIFO or symlink put there is replaced, never read)."""
+        try:
+            return fs.read_file(path, CONFIG_LIMIT, what=what, follow=False)
+        except ConfigError:
+            return None
 
     # --- CNI network configs ---------------------------------------------------------------
 
@@ -221,15 +311,28 @@ class Installer:
         for name in names:
             self.patch(name)
 
+    def read_config(self, path: str) -> bytes | None:
+        """A CNI config's bytes; None (logged) for a symlink, FIFO, device, directory, or one
+        over the size limit: such a file is never read whole, never rewritten."""
+        try:
+            return fs.read_file(path, CONFIG_LIMIT, what="CNI network config", follow=False)
+        except fs.NotAFile as exc:
+            if exc.message == f"{path}: a symlink":
+                # Replacing it would cut the link to wherever the primary CNI keeps the file.
+                self.log.info(f"{path}: a symlink, left alone")
+            else:
+                self.log.info(f"{exc.message}: left alone")
+        except ConfigError as exc:
+            self.log.info(f"{exc.message}: left alone")
+        return None
+
     def patch(self, name: str) -> None:
         path = os.path.join(self.config.host_net_dir, name)
-        if os.path.islink(path):
-            # Replacing it would cut the link to wherever the primary CNI keeps the file.
-            self.log.info(f"{path}: a symlink, left alone")
-            return
-        data = fs.read_bytes(path) if os.path.isfile(path) else None
-        if data is None:
+        if not os.path.lexists(path):
             self.log.debug(f"{path}: gone before it could be read")
+            return
+        data = self.read_config(path)
+        if data is None:
             return
         if self.state.written.get(path) == sha256(data):
             self.log.debug(f"{path}: our own write, ignored")
@@ -252,11 +355,12 @@ class Installer:
     def _write_patched(self, path: str, data: bytes, merged: bytes, original: bytes) -> None:
         target = conflist.upgraded_name(path)
         mode = fs.file_mode(path)
+        self.state.written[target] = sha256(merged)
+        self.state.originals[target] = Original(path, original, mode)
+        self.record()
         if target != path or merged != data:
             fs.write_atomic(target, merged, mode)
             self.log.info(f"patched {target}")
-        self.state.written[target] = sha256(merged)
-        self.state.originals[target] = Original(path, original, mode)
         if target != path:
             fs.remove_durably(path)
             self.state.written.pop(path, None)
@@ -264,59 +368,66 @@ class Installer:
     # --- undo ------------------------------------------------------------------------------
 
     def undo(self) -> list[str]:
-        """Put the node back as it was; returns the errors met (undo goes on after each)."""
-        errors: list[str] = []
-        for step in (self._restore_configs, self._sweep_configs, self._remove_files):
-            try:
-                step()
-            except (OSError, CniboxError) as exc:
-                errors.append(str(exc))
-        return errors
-
-    def _restore_configs(self) -> None:
-        for target, original in list(self.state.originals.items()):
-            current = fs.read_bytes(target)
-            if current is None:
-                continue
-            if sha256(current) != self.state.written.get(target):
-                continue  # changed since: the sweep removes linkerd from it
-            if original.path != target:
-                fs.write_atomic(original.path, original.data, original.mode)
-                fs.remove_durably(target)
-            else:
-                fs.write_atomic(target, original.data, original.mode)
-            self.log.info(f"restored {original.path}")
-        self.state.originals.clear()
-
-    def _sweep_configs(self) -> None:
+        """Put the node back as it was; every step goes on after a failure, and the errors
+        are returned (the journal stays until an undo met none, for the next run to retry)."""
+        undo = Undo()
+        for target, original in sorted(self.state.originals.items()):
+            if undo.attempt(functools.partial(self._restore, target, original)):
+                del self.state.originals[target]
         for name in self.config_names():
-            path = os.path.join(self.config.host_net_dir, name)
-            data = fs.read_bytes(path)
-            if data is None or os.path.islink(path):
-                continue
-            try:
-                stripped = conflist.remove_linkerd(data)
-            except ConfigError:
-                continue
-            if stripped is not None:
-                fs.write_atomic(path, stripped, fs.file_mode(path))
-                self.log.info(f"removed linkerd from {path}")
+            undo.attempt(
+                functools.partial(self._strip, os.path.join(self.config.host_net_dir, name))
+            )
+        self._remove_files(undo)
+        if not undo.errors:
+            undo.attempt(self.forget)
+        return undo.errors
 
-    def _remove_files(self) -> None:
+    def _restore(self, target: str, original: Original) -> None:
+        """The original name, bytes and mode, if the file still holds exactly what we wrote;
+        a file changed since (or gone) keeps its content and only loses linkerd (`_strip`)."""
+        try:
+            current = fs.read_file(target, CONFIG_LIMIT, follow=False)
+        except ConfigError:
+            return  # replaced by something that is not ours (a symlink, a FIFO, ...)
+        if current is None or sha256(current) != self.state.written.get(target):
+            return
+        fs.write_atomic(original.path, original.data, original.mode)
+        if original.path != target:
+            fs.remove_durably(target)
+        self.log.info(f"restored {original.path}")
+
+    def _strip(self, path: str) -> None:
+        try:
+            data = fs.read_file(path, CONFIG_LIMIT, follow=False)
+        except ConfigError:
+            return  # never patched by us: a symlink, FIFO, device or an oversized file
+        if data is None:
+            return
+        try:
+            stripped = conflist.remove_linkerd(data)
+        except ConfigError:
+            return
+        if stripped is not None:
+            fs.write_atomic(path, stripped, fs.file_mode(path))
+            self.log.info(f"removed linkerd from {path}")
+
+    def _remove_files(self, undo: Undo) -> None:
         kubeconfig = self.state.kubeconfig or self.config.kubeconfig_path
-        if fs.remove_durably(kubeconfig):
-            self.log.info(f"removed {kubeconfig}")
+        undo.attempt(functools.partial(self._remove, kubeconfig))
         bin_dir = self.config.host_bin_dir
         for name in (PLUGIN_LINK, NSENTER_LINK):
             path = os.path.join(bin_dir, name)
             if os.path.islink(path) and self._is_cnibox_link(os.readlink(path)):
-                fs.remove_durably(path)
-                self.log.info(f"removed {path}")
+                undo.attempt(functools.partial(self._remove, path))
         copy = os.path.join(bin_dir, COPY_NAME)
         expected = self.state.copied.get(copy)
         if os.path.isfile(copy) and (expected is None or fs.sha256_file(copy) == expected):
-            fs.remove_durably(copy)
-            self.log.info(f"removed {copy}")
+            undo.attempt(functools.partial(self._remove, copy))
+
+    def _remove(self, path: str) -> None:
+        if fs.remove_durably(path):
+            self.log.info(f"removed {path}")
 
 
 # --- the watch loop --------------------------------------------------------------------------
@@ -406,15 +517,18 @@ def _dispatch(installer: Installer, events: Sequence[Event], net_wd: int, sa_wd:
 def _rewrite_kubeconfig(installer: Installer) -> None:
     try:
         installer.write_kubeconfig()
-    except (OSError, CniboxError) as exc:
+    except OSError as exc:
         # kubelet swaps ..data atomically, so a failure here is transient or fixed by the
         # next swap; the old kubeconfig stays in place meanwhile.
-        installer.log.info(f"kubeconfig not rewritten: {exc}")
+        installer.log.info(f"kubeconfig not rewritten: {fs.os_error_text(exc)}")
+    except CniboxError as exc:
+        installer.log.info(f"kubeconfig not rewritten: {exc.message}")
 
 
 def install(installer: Installer, stop: Stop | None = None) -> None:
     """Binary, kubeconfig, then configs: the plugin is never chained before it can run."""
     installer.load_network_config()
+    installer.resume()
     for step in (installer.install_binaries, installer.write_kubeconfig, installer.patch_all):
         if stop is not None and stop.signum:
             return
@@ -424,51 +538,15 @@ def install(installer: Installer, stop: Stop | None = None) -> None:
 # --- pid file and --uninstall ---------------------------------------------------------------
 
 
-def _start_time(pid: int) -> str | None:
-    data = fs.read_bytes(f"/proc/{pid}/stat")
-    if data is None:
-        return None
-    # Field 22 (starttime) counted after the ')' closing comm, which may hold spaces.
-    return data.rsplit(b")", 1)[-1].split()[19].decode()
-
-
-def write_pid_file(path: str) -> None:
-    pid = os.getpid()
-    fs.write_atomic(path, f"{pid} {_start_time(pid)}\n".encode(), 0o644)
-
-
-def running_installer(path: str) -> int | None:
-    """The pid the pid file names, if that very process (same start time) still runs."""
-    data = fs.read_bytes(path)
-    try:
-        pid_text, start = (data or b"").decode().split()
-        pid = int(pid_text)
-    except ValueError:
-        return None
-    if pid == os.getpid() or _start_time(pid) != start:
-        return None
-    return pid
-
-
 def stop_running_installer(path: str, log: Log) -> None:
-    pid = running_installer(path)
-    if pid is None:
-        return
-    import select
-    import signal
-
-    log.info(f"stopping the installer (pid {pid})")
+    """SIGTERM the installer the pid file names (effects/pidfile.py) and wait for its undo."""
     try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
+        pid = pidfile.stop(path, UNINSTALL_WAIT_SECONDS)
+    except ConfigError as exc:
+        log.info(f"{exc.message}; no installer stopped")
         return
-    try:
-        os.kill(pid, signal.SIGTERM)
-        select.select([pidfd], [], [], UNINSTALL_WAIT_SECONDS)
-    except ProcessLookupError:
-        pass
-    finally:
-        os.close(pidfd)
+    if pid is not None:
+        log.info(f"stopped the installer (pid {pid})")
 
 
 # --- entry point -------------------------------------------------------------------------------
@@ -493,18 +571,24 @@ def main(
     options = parse_args(list(argv[1:]))
     config = parse_environment(env)
     log = Log(stderr, options.verbose)
-    if options.mode == "uninstall":
-        return uninstall(config, options, log)
-    installer = Installer(config, options, log, resolve_binary(env))
-    if options.mode == "once":
-        install(installer)
-        return EXIT_OK
-    return run_watch(installer)
+    try:
+        if options.mode == "uninstall":
+            return uninstall(config, options, log)
+        installer = Installer(config, options, log, resolve_binary(env))
+        if options.mode == "once":
+            install(installer)
+            return EXIT_OK
+        return run_watch(installer)
+    except OSError as exc:
+        # Nothing in the installer expects one: say which file and why, never the repr.
+        raise CniboxError(fs.os_error_text(exc), path=exc.filename) from exc
 
 
 def uninstall(config: InstallerConfig, options: Options, log: Log) -> int:
     stop_running_installer(config.pid_file, log)
-    errors = Installer(config, options, log, binary="").undo()
+    installer = Installer(config, options, log, binary="")
+    installer.resume()
+    errors = installer.undo()
     for error in errors:
         log.info(f"undo: {error}")
     return 1 if errors else EXIT_OK
@@ -517,20 +601,35 @@ def run_watch(installer: Installer) -> int:
     pid_file = installer.config.pid_file
     try:
         try:
-            write_pid_file(pid_file)
+            pidfile.write(pid_file)
         except OSError as exc:
-            installer.log.info(f"{pid_file}: {exc.strerror}; --uninstall will not find this run")
+            installer.log.info(f"{fs.os_error_text(exc)}; --uninstall will not find this run")
+        except ConfigError as exc:
+            installer.log.info(f"{exc.message}; --uninstall will not find this run")
         try:
             watch(installer, stop)
-        except BaseException:
-            _undo_and_log(installer)
+        except BaseException as exc:
+            errors = _undo_and_log(installer)
+            if errors and isinstance(exc, (OSError, CniboxError)):
+                raise CniboxError(
+                    f"{_message(exc)} (and the undo met {len(errors)} error(s), listed above)"
+                ) from exc
             raise
         installer.log.info(f"signal {stop.signum}: undoing the installation")
         return 1 if _undo_and_log(installer) else EXIT_OK
     finally:
         stop.restore()
-        if running_installer(pid_file) is None:
-            fs.remove_durably(pid_file)
+        with contextlib.suppress(OSError, ConfigError):
+            if pidfile.running(pid_file) is None:
+                fs.remove_durably(pid_file)
+                if not installer.journaled:
+                    os.rmdir(installer.config.state_dir)
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, OSError):
+        return fs.os_error_text(exc)
+    return exc.message if isinstance(exc, CniboxError) else str(exc)
 
 
 def _undo_and_log(installer: Installer) -> list[str]:

@@ -9,14 +9,22 @@ Rules of this module:
    `remove_stale_temps` clears the ones a killed run left behind.
 3. The mode is set with fchmod on the open temp file, so the umask cannot widen or narrow it
    and the file never exists with a looser mode than asked for.
+4. Reads never block and never run away: every file is opened O_NONBLOCK (a FIFO does not
+   wait for a writer), its type is checked with fstat on the opened fd (no check-then-open
+   race), only a regular file is read, and at most `limit` bytes (ConfigError naming the
+   limit beyond that). `follow=False` refuses a symlink (O_NOFOLLOW) instead of reading
+   whatever it points at (/dev/zero, a file outside the CNI dir).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno as errno_mod
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+
+from multicall.errors import ConfigError
 
 TEMP_SUFFIX = ".cnibox-tmp"
 _CHUNK = 1 << 20
@@ -88,7 +96,10 @@ def symlink_atomic(target: str, path: str) -> None:
 
 
 def remove_durably(path: str) -> bool:
-    """Remove a file or symlink; False when it was already gone."""
+    """Remove a file or symlink; False when it was already gone (also on a read-only file
+    system, where unlink(2) says EROFS even for a name that does not exist)."""
+    if not os.path.lexists(path):
+        return False
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -102,13 +113,107 @@ def _discard(tmp: str) -> None:
         os.unlink(tmp)
 
 
-def read_bytes(path: str) -> bytes | None:
-    """A file's content, or None when it does not exist (or is not a readable file)."""
+_MISSING = (errno_mod.ENOENT, errno_mod.ENOTDIR)
+KIND_NAMES = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFLNK: "a symlink",
+}
+
+
+class NotAFile(ConfigError):
+    """The path exists but is not a regular file (or is a symlink where none is allowed)."""
+
+
+def kind_of(mode: int) -> str:
+    return KIND_NAMES.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def size_text(limit: int) -> str:
+    """1 MiB, 64 KiB, 100 bytes: how a limit is named in messages."""
+    for unit, name in ((1 << 20, "MiB"), (1 << 10, "KiB")):
+        if limit >= unit and limit % unit == 0:
+            return f"{limit // unit} {name}"
+    return f"{limit} bytes"
+
+
+@contextlib.contextmanager
+def _open_regular(path: str, *, follow: bool) -> Iterator[int | None]:
+    """An fd on the regular file at `path`, None when nothing is there (rule 4)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
-        with open(path, "rb") as f:
-            return f.read()
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
+        fd = os.open(path, flags if follow else flags | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno in _MISSING:
+            yield None
+            return
+        if exc.errno == errno_mod.ELOOP and not follow:
+            raise NotAFile(f"{path}: a symlink", path=path) from None
+        if exc.errno == errno_mod.ENXIO:  # a socket
+            raise NotAFile(f"{path}: not a regular file", path=path) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotAFile(f"{path}: {kind_of(mode)}, not a regular file", path=path)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def read_file(path: str, limit: int, *, what: str = "file", follow: bool = True) -> bytes | None:
+    """At most `limit` bytes of the regular file at `path`; None when it does not exist.
+
+    NotAFile for a FIFO, device, directory, socket (or a symlink with follow=False);
+    ConfigError when it holds more than `limit` bytes (`what` names it in the message).
+    """
+    with _open_regular(path, follow=follow) as fd:
+        if fd is None:
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, min(_CHUNK, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise ConfigError(
+                    f"{path}: the {what} is larger than the {size_text(limit)} limit", path=path
+                )
+        return b"".join(chunks)
+
+
+def private_dir(path: str, *, create: bool) -> bool:
+    """Make sure `path` is a directory only this user can change: not a symlink, owned by the
+    effective uid, writable by nobody else (created with mode 0700 when `create`).
+    False when it does not exist (and was not to be created); ConfigError when it is not private.
+    """
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.makedirs(path, 0o700)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotAFile(f"{path}: {kind_of(st.st_mode)}, not a directory", path=path)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise ConfigError(
+            f"{path}: others may write to it (owner uid {st.st_uid}, mode "
+            f"{stat.S_IMODE(st.st_mode):04o}); the installer keeps its state only where "
+            "nobody else can change it",
+            path=path,
+        )
+    return True
+
+
+def os_error_text(exc: OSError) -> str:
+    """`path: reason` for an OSError, as Unix tools print it (never the exception's repr)."""
+    names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
+    reason = exc.strerror or os.strerror(exc.errno or 0)
+    return f"{' -> '.join(names)}: {reason}" if names else reason
 
 
 def file_mode(path: str, default: int = 0o644) -> int:
@@ -119,14 +224,17 @@ def file_mode(path: str, default: int = 0o644) -> int:
 
 
 def sha256_file(path: str) -> str | None:
+    """The SHA-256 of a regular file, streamed; None when it is missing or not a regular file."""
     import hashlib
 
     digest = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
-            while chunk := f.read(_CHUNK):
+        with _open_regular(path, follow=True) as fd:
+            if fd is None:
+                return None
+            while chunk := os.read(fd, _CHUNK):
                 digest.update(chunk)
-    except (FileNotFoundError, IsADirectoryError):
+    except NotAFile:
         return None
     return digest.hexdigest()
 

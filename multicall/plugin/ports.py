@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
     from multicall.core.firewall.ruleset import Table
     from multicall.core.kube.objects import Namespace, Pod, Service
+    from multicall.effects.firewall.locks import XtablesLock
     from multicall.effects.ns import NetnsRef
 
 Log = Callable[[str], None]
@@ -87,7 +88,15 @@ class RealKube:
 
 
 class RealFirewall:
-    """The in-process engine (`effects.firewall.engine`): libiptc or nf_tables netlink."""
+    """The in-process engine (`effects.firewall.engine`): libiptc or nf_tables netlink.
+
+    `lock` is where the legacy backend finds the xtables lock (None: as iptables does,
+    `$XTABLES_LOCKFILE` or /run/xtables.lock in this process's mount namespace). The node
+    agent, running in a pod, passes the host's lock file as it sees it (locks.py rule 4).
+    """
+
+    def __init__(self, lock: XtablesLock | None = None) -> None:
+        self.lock = lock
 
     def apply(
         self,
@@ -100,7 +109,7 @@ class RealFirewall:
     ) -> None:
         from multicall.effects.firewall.engine import apply_proxy_init
 
-        apply_proxy_init(netns, options, mode=mode, families=families, log=log)
+        apply_proxy_init(netns, options, mode=mode, families=families, log=log, lock=self.lock)
 
     def dump_nat(self, netns: NetnsRef, *, mode: Mode, family: Family, log: Log) -> Table:
         from multicall.effects.firewall.engine import dump_nat

@@ -145,10 +145,23 @@ class TestFailures:
 
 class TestUndo:
     def test_uninstall_removes_everything_it_installs(self, tmp_path: Path) -> None:
-        """--uninstall (preStop hook): no linkerd entry, no kubeconfig, no binary, no link."""
+        """--uninstall (preStop hook) after --once: the original bytes back (from the undo
+        journal), no kubeconfig, no binary, no link, no state left behind."""
+        host = make_host(tmp_path)
+        put_config(host, "10-calico.conflist")
+        before = snapshot(host.prefix)
+        assert host.run("--once", "--link-nsenter").returncode == 0
+        proc = host.run("--uninstall")
+        assert proc.returncode == 0, proc.stderr
+        assert snapshot(host.prefix) == before
+
+    def test_uninstall_without_a_journal_removes_linkerd_as_go_does(self, tmp_path: Path) -> None:
+        """With no journal (never installed by this cnibox), each linkerd entry is removed and
+        the file re-serialised the way upstream's Go installer does."""
         host = make_host(tmp_path)
         put_config(host, "10-calico.conflist")
         assert host.run("--once", "--link-nsenter").returncode == 0
+        (host.net_dir / ".cnibox-install-cni" / "undo.json").unlink()
         proc = host.run("--uninstall")
         assert proc.returncode == 0, proc.stderr
         assert sorted(p.name for p in host.bin_dir.iterdir()) == []
@@ -196,7 +209,7 @@ class TestUndo:
         wait_for((tmp_path / "install-cni.pid").exists, "the pid file")
         done = host.run("--uninstall")
         assert done.returncode == 0, done.stderr
-        assert "stopping the installer" in done.stderr
+        assert "stopped the installer (pid " in done.stderr
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
         assert snapshot(host.prefix) == before

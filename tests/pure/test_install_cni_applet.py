@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import json
 import os
 import struct
 import subprocess
@@ -14,8 +16,8 @@ import pytest
 from multicall.applets import find_applet, install_cni
 from multicall.core.installer.config import parse_environment
 from multicall.dispatch import run_applet
-from multicall.effects import inotify
-from multicall.errors import UsageError
+from multicall.effects import inotify, pidfile
+from multicall.errors import ConfigError, UsageError
 from tests.support.installer_host import TESTDATA, Host, make_host, put_config, wait_for
 
 
@@ -89,31 +91,75 @@ class TestPatch:
 
 class TestPidFile:
     def test_stale_pid_file_names_no_process(self, tmp_path: Path) -> None:
-        """A pid file of a dead process, or a reused pid with another start time, is ignored."""
+        """A pid file of a dead process, a live pid whose start time, executable or command
+        line differ, or garbage, names no running installer."""
         pid_file = tmp_path / "pid"
-        child = subprocess.Popen([sys.executable, "-c", "pass"])
-        child.wait()
-        pid_file.write_text(f"{child.pid} 1\n")
-        assert install_cni.running_installer(str(pid_file)) is None
-        pid_file.write_text(f"{os.getppid()} 1\n")  # alive, but not that start time
-        assert install_cni.running_installer(str(pid_file)) is None
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            wait_for(lambda: pidfile.identity(child.pid) is not None, "the child")
+            alive = pidfile.identity(child.pid)
+            assert alive is not None
+        finally:
+            child.kill()
+            child.wait()
+        parent = pidfile.identity(os.getppid())
+        assert parent is not None
+        for stale in (
+            alive,  # dead now
+            dataclasses.replace(parent, start="1"),
+            dataclasses.replace(parent, exe="/usr/bin/other"),
+            dataclasses.replace(parent, cmdline="0" * 64),
+        ):
+            pid_file.write_text(json.dumps(dataclasses.asdict(stale)))
+            assert pidfile.running(str(pid_file)) is None
         pid_file.write_text("garbage")
-        assert install_cni.running_installer(str(pid_file)) is None
+        assert pidfile.running(str(pid_file)) is None
 
     def test_live_process_is_found(self, tmp_path: Path) -> None:
         """The pid file written by a running process names it."""
         pid_file = tmp_path / "pid"
         code = (
-            "import time\nfrom multicall.applets import install_cni\n"
-            f"install_cni.write_pid_file({str(pid_file)!r})\ntime.sleep(30)\n"
+            "import time\nfrom multicall.effects import pidfile\n"
+            f"pidfile.write({str(pid_file)!r})\ntime.sleep(30)\n"
         )
         child = subprocess.Popen([sys.executable, "-c", code])
         try:
             wait_for(pid_file.exists, "the pid file")
-            assert install_cni.running_installer(str(pid_file)) == child.pid
+            found = pidfile.running(str(pid_file))
+            assert found is not None
+            assert found.pid == child.pid
+            assert pid_file.stat().st_mode & 0o777 == 0o600
         finally:
             child.kill()
             child.wait()
+
+    def test_a_pid_that_is_not_the_installer_is_never_signalled(self, tmp_path: Path) -> None:
+        """A pid file naming another live process (here: the test's sleeping child, with the
+        installer's identity otherwise) is not signalled."""
+        pid_file = tmp_path / "pid"
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            wait_for(lambda: pidfile.identity(child.pid) is not None, "the child")
+            me = pidfile.identity(os.getpid())
+            assert me is not None
+            forged = dataclasses.replace(me, pid=child.pid)
+            pid_file.write_text(json.dumps(dataclasses.asdict(forged)))
+            assert pidfile.stop(str(pid_file), 0.1) is None
+            assert child.poll() is None
+        finally:
+            child.kill()
+            child.wait()
+
+    def test_pid_file_in_a_shared_directory_is_refused(self, tmp_path: Path) -> None:
+        """A directory others may write to (like /tmp) is no place for the pid file."""
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        shared.chmod(0o1777)
+        with pytest.raises(ConfigError, match="others may write to it"):
+            pidfile.write(str(shared / "pid"))
+        (shared / "pid").write_text(json.dumps({"pid": os.getppid()}))
+        with pytest.raises(ConfigError, match="others may write to it"):
+            pidfile.stop(str(shared / "pid"), 0.1)
 
 
 class TestInotify:

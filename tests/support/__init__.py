@@ -15,6 +15,7 @@ The everyday names are here; the rest by module:
     pods.py            upstream's injected pods, and nat tables as save tools print them
     nft.py             nft codec test data (fixture rules, hypothesis RuleSpecs)
     artifact.py        the built single file (trailer, extraction cache)
+    helm.py            the pinned helm and packaging/helm/manifests.py (chart, release)
     hostile.py         large hostile inputs, and peak RSS of a command (GNU time)
     hostile_api.py     an API stand-in that misbehaves on purpose (slow, endless, broken)
     fuzzing.py         the fuzz harness's settings and input strategies

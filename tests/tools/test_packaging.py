@@ -1,4 +1,5 @@
-"""packaging/: Talos rule check on Talos' own cases, the images, the Kubernetes manifests."""
+"""packaging/: Talos rule check on Talos' own cases, the images (the chart and manifests:
+test_helm_chart.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -23,7 +23,6 @@ from tests.support import FIXTURES, REPO, require_tool
 PACKAGING = REPO / "packaging"
 CHECK = PACKAGING / "talos" / "check_extension.py"
 TALOS_CASES = FIXTURES / "upstream" / "talos" / "extensions-testdata"
-GOLDENS = FIXTURES / "upstream" / "linkerd2" / "cli-install-cni-goldens"
 
 # Talos' TestLoadValidate / TestValidateFailures: case -> expected error ("" = valid).
 TALOS_EXPECTED = {
@@ -219,107 +218,3 @@ def umoci_unpack(layout: Path, bundle: Path) -> Path:
         capture_output=True,
     )
     return bundle / "rootfs"
-
-
-# --- Kubernetes manifests ---------------------------------------------------------------------
-
-# Paths (dotted; list items by index) where cnibox deliberately differs from the chart.
-DIFFERENCES = {
-    "metadata.annotations.linkerd.io/created-by": "names cnibox and its version",
-    "spec.template.metadata.annotations.linkerd.io/created-by": "names cnibox and its version",
-    "spec.template.spec.containers.0.image": "the scratch cnibox installer image",
-    "spec.template.spec.containers.0.lifecycle.preStop.exec.command": "install-cni --uninstall",
-}
-
-
-def documents(text: str) -> dict[str, dict[str, Any]]:
-    return {d["kind"]: d for d in yaml.safe_load_all(text) if d}
-
-
-def missing_or_different(chart: Any, ours: Any, path: str = "") -> list[str]:
-    """Every place where `ours` lacks or changes something `chart` sets (None = unset)."""
-    if path in DIFFERENCES or chart is None:
-        return []
-    if isinstance(chart, dict):
-        if not isinstance(ours, dict):
-            return [path]
-        return [
-            p
-            for key, value in chart.items()
-            for p in missing_or_different(value, ours.get(key), f"{path}.{key}".lstrip("."))
-        ]
-    if isinstance(chart, list):
-        if not isinstance(ours, list) or len(ours) < len(chart):
-            return [path]
-        return [
-            p
-            for i, value in enumerate(chart)
-            for p in missing_or_different(value, ours[i], f"{path}.{i}")
-        ]
-    return [] if chart == ours else [f"{path}: chart {chart!r}, ours {ours!r}"]
-
-
-class TestManifests:
-    def test_generated_files_are_up_to_date(self, tmp_path: Path) -> None:
-        """The committed manifests are what generate.py renders from values.yaml."""
-        generate = PACKAGING / "kubernetes" / "generate.py"
-        proc = subprocess.run(
-            [sys.executable, str(generate), "--check"], capture_output=True, text=True, check=False
-        )
-        assert proc.returncode == 0, proc.stderr
-
-    def test_values_are_the_chart_defaults(self) -> None:
-        """values.yaml repeats the chart's defaults for every key both have."""
-        ours = yaml.safe_load((PACKAGING / "kubernetes" / "values.yaml").read_text())
-        chart_values = FIXTURES / "upstream" / "linkerd2" / "charts-linkerd2-cni" / "values.yaml"
-        chart = yaml.safe_load(chart_values.read_text())
-        assert ours["image"]["version"] == __version__
-        shared = set(ours) & set(chart) - {"image"}
-        assert len(shared) > 15
-        assert {k: ours[k] for k in shared} == {k: chart[k] for k in shared}
-
-    @pytest.mark.parametrize("variant", ["linkerd-cni.yaml", "linkerd-cni-talos.yaml"])
-    def test_objects_carry_everything_the_chart_sets(self, variant: str) -> None:
-        """Each chart object's fields are present with the chart's values, bar DIFFERENCES."""
-        ours = documents((PACKAGING / "kubernetes" / variant).read_text())
-        helm = (GOLDENS / "install_cni_helm_default_output.golden").read_text()
-        chart = documents(helm.replace("linkerd-test", "linkerd-cni"))
-        cli = documents((GOLDENS / "install-cni-plugin_default.golden").read_text())
-        chart["Namespace"] = cli["Namespace"]
-        assert set(ours) == set(chart)
-        for kind, document in chart.items():
-            assert missing_or_different(document, ours[kind]) == [], kind
-
-    def test_config_map_network_config_is_the_chart_default(self) -> None:
-        """cni_network_config is byte-identical to the chart's rendering."""
-        ours = documents((PACKAGING / "kubernetes" / "linkerd-cni.yaml").read_text())
-        expected = (
-            FIXTURES
-            / "derived"
-            / "linkerd-shell-installer"
-            / "CNI_NETWORK_CONFIG.chart-default.json"
-        )
-        assert ours["ConfigMap"]["data"]["cni_network_config"] == expected.read_text()
-
-    def test_prestop_and_talos_mount(self) -> None:
-        """preStop runs the uninstaller by exec; the Talos variant mounts the extension."""
-        generic = documents((PACKAGING / "kubernetes" / "linkerd-cni.yaml").read_text())
-        talos = documents((PACKAGING / "kubernetes" / "linkerd-cni-talos.yaml").read_text())
-        container = generic["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]
-        assert container["lifecycle"]["preStop"]["exec"]["command"] == [
-            "/usr/local/bin/cnibox",
-            "install-cni",
-            "--uninstall",
-        ]
-        pod = talos["DaemonSet"]["spec"]["template"]["spec"]
-        mount = pod["containers"][0]["volumeMounts"][-1]
-        assert mount == {
-            "mountPath": "/host/usr/local/lib/cnibox",
-            "name": "cnibox-extension",
-            "readOnly": True,
-        }
-        assert pod["volumes"][-1]["hostPath"] == {
-            "path": "/usr/local/lib/cnibox",
-            "type": "Directory",
-        }
-        assert "cnibox-extension" not in str(generic)

@@ -9,6 +9,9 @@ Rules of this module:
    batch) in the network namespace the calling thread is in; the caller enters the pod netns.
 3. Rules inside a change are canonical `Rule`s (the form `iptables-save` prints); each backend
    encodes them its own way and its `dump` decodes back to the same canonical form.
+4. A change is planned from a `Snapshot` and applied against it: a backend that can tell
+   (nft's generation id, libiptc's commit) refuses with `FirewallConflict` when the table moved
+   since, and the engine plans again from a fresh snapshot (never a stale plan twice).
 """
 
 from __future__ import annotations
@@ -64,6 +67,20 @@ class TableChange:
     append: tuple[Rule, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A table as read at one moment, for planning a change and applying it against that moment.
+
+    `version` is the backend's token for "nothing changed since" (nf_tables' ruleset
+    generation id; None for libiptc, whose commit checks on its own). `present` names the
+    chains the kernel really holds (a dump lists built-in chains even when absent).
+    """
+
+    table: Table
+    version: int | None = None
+    present: frozenset[str] = frozenset()
+
+
 class FirewallBackend(Protocol):
     """One kernel interface (legacy x_tables or nf_tables), for one family at a time."""
 
@@ -74,8 +91,16 @@ class FirewallBackend(Protocol):
         """The table as `iptables-save` would print it (canonical rules), without host tools."""
         ...
 
-    def apply(self, family: Family, change: TableChange) -> None:
-        """Apply `change` atomically; on any error the table is left as it was."""
+    def snapshot(self, family: Family, table: str = "nat") -> Snapshot:
+        """The table and the moment it was read at (what `apply`'s `base` expects)."""
+        ...
+
+    def apply(self, family: Family, change: TableChange, base: Snapshot | None = None) -> None:
+        """Apply `change` atomically; on any error the table is left as it was.
+
+        With `base` (the snapshot the change was planned from), FirewallConflict when the
+        table changed since; without, the change is applied to whatever the table is now.
+        """
         ...
 
     def has_rules(self, family: Family) -> bool:

@@ -6,8 +6,16 @@ Rules of this module:
    `CONTAINER_MOUNT_PREFIX=/host` + `DEST_CNI_NET_DIR=/etc/cni/net.d` is `/host/etc/cni/net.d`.
 2. cnibox additions: `SERVICE_ACCOUNT_DIR` (the token's directory, fixed in upstream),
    `CNI_CONF_NAME` (patch only that file name), `CNIBOX_HOST_BINARY` (where a Talos
-   extension puts cnibox on the host) and `INSTALL_CNI_PID_FILE` (how `--uninstall` finds the
-   running installer).
+   extension puts cnibox on the host), `CNIBOX_STATE_DIR` (the installer's own state: the
+   undo journal and the pid file; default a hidden directory in the host CNI config dir, the
+   one host volume every installer has, so it outlives the container) and
+   `INSTALL_CNI_PID_FILE` (how `--uninstall` finds the running installer; default in the
+   state dir).
+5. Every path from the environment is checked before anything is touched (`check_paths`):
+   no `..` component anywhere, no NUL, file names (`CNI_CONF_NAME`) without `/`, and each
+   joined path stays inside its directory (the kubeconfig inside the CNI config dir, the
+   host dirs inside the mount prefix). Go's installer joins `KUBECONFIG_FILE_NAME=../../x`
+   into a path outside the CNI dir; cnibox refuses it with a ConfigError naming the variable.
 3. The network config is the first source that reads and is non-empty after replacing
    `__KUBECONFIG_FILEPATH__`; the environment wins over the file, as in Go.
 4. The kubeconfig text is the Go template's, token and CA trimmed, CA base64-encoded, plus a
@@ -37,8 +45,12 @@ DEFAULTS: dict[str, str] = {
     "SERVICE_ACCOUNT_DIR": "/var/run/secrets/kubernetes.io/serviceaccount",
     "CNI_CONF_NAME": "",
     "CNIBOX_HOST_BINARY": "/usr/local/lib/cnibox/cnibox",
-    "INSTALL_CNI_PID_FILE": "/tmp/install-cni.pid",
+    "CNIBOX_STATE_DIR": "",
+    "INSTALL_CNI_PID_FILE": "",
 }
+STATE_DIR_NAME = ".cnibox-install-cni"  # in the host CNI config dir; libcni ignores directories
+PID_FILE_NAME = "install-cni.pid"
+JOURNAL_NAME = "undo.json"
 
 KUBECONFIG_TEMPLATE = """\
 # kubeconfig file for linkerd.io/cni-plugin
@@ -88,7 +100,8 @@ class InstallerConfig:
     service_port: str
     conf_name: str
     host_binary: str
-    pid_file: str
+    state_dir_env: str
+    pid_file_env: str
 
     @property
     def host_net_dir(self) -> str:
@@ -121,12 +134,27 @@ class InstallerConfig:
         """The extension's cnibox as seen through the host mount."""
         return go_path_join(self.mount_prefix, self.host_binary)
 
+    @property
+    def state_dir(self) -> str:
+        """The installer's own state (container view): undo journal, pid file."""
+        return self.state_dir_env or go_path_join(self.host_net_dir, STATE_DIR_NAME)
+
+    @property
+    def journal_path(self) -> str:
+        return go_path_join(self.state_dir, JOURNAL_NAME)
+
+    @property
+    def pid_file(self) -> str:
+        return self.pid_file_env or go_path_join(self.state_dir, PID_FILE_NAME)
+
 
 def parse_environment(env: Mapping[str, str]) -> InstallerConfig:
+    """The installer's settings; ConfigError for a path that breaks rule 5."""
+
     def get(key: str) -> str:
         return env.get(key) or DEFAULTS[key]
 
-    return InstallerConfig(
+    config = InstallerConfig(
         net_dir=get("DEST_CNI_NET_DIR"),
         bin_dir=get("DEST_CNI_BIN_DIR"),
         mount_prefix=get("CONTAINER_MOUNT_PREFIX"),
@@ -139,8 +167,57 @@ def parse_environment(env: Mapping[str, str]) -> InstallerConfig:
         service_port=get("KUBERNETES_SERVICE_PORT"),
         conf_name=get("CNI_CONF_NAME"),
         host_binary=get("CNIBOX_HOST_BINARY"),
-        pid_file=get("INSTALL_CNI_PID_FILE"),
+        state_dir_env=get("CNIBOX_STATE_DIR"),
+        pid_file_env=get("INSTALL_CNI_PID_FILE"),
     )
+    check_paths(config)
+    return config
+
+
+# Variables holding paths (any component may be absolute or relative, never `..`).
+PATH_VARIABLES = (
+    ("DEST_CNI_NET_DIR", "net_dir"),
+    ("DEST_CNI_BIN_DIR", "bin_dir"),
+    ("CONTAINER_MOUNT_PREFIX", "mount_prefix"),
+    ("KUBECONFIG_FILE_NAME", "kubeconfig_name"),
+    ("CNI_NETWORK_CONFIG_FILE", "network_config_file"),
+    ("SERVICE_ACCOUNT_DIR", "service_account_dir"),
+    ("KUBE_CA_FILE", "kube_ca_file"),
+    ("CNIBOX_HOST_BINARY", "host_binary"),
+    ("CNIBOX_STATE_DIR", "state_dir_env"),
+    ("INSTALL_CNI_PID_FILE", "pid_file_env"),
+)
+
+
+def check_paths(config: InstallerConfig) -> None:
+    """Rule 5: ConfigError naming the first variable whose path could leave its place."""
+    for variable, attribute in PATH_VARIABLES:
+        value = getattr(config, attribute)
+        if "\0" in value or ".." in value.split("/"):
+            raise ConfigError(
+                f"{variable}={value!r}: a path from the environment may not contain '..'"
+            )
+    name = config.conf_name
+    if "/" in name or name in (".", "..") or "\0" in name:
+        raise ConfigError(f"CNI_CONF_NAME={name!r}: must be a file name (no '/')")
+    inside = (
+        (
+            "KUBECONFIG_FILE_NAME",
+            config.kubeconfig_name,
+            config.kubeconfig_path,
+            config.host_net_dir,
+        ),
+        ("DEST_CNI_NET_DIR", config.net_dir, config.host_net_dir, config.mount_prefix),
+        ("DEST_CNI_BIN_DIR", config.bin_dir, config.host_bin_dir, config.mount_prefix),
+    )
+    for variable, value, path, parent in inside:
+        if not is_inside(path, parent):
+            raise ConfigError(f"{variable}={value!r}: {path} must lie inside {parent}")
+
+
+def is_inside(path: str, parent: str) -> bool:
+    """Whether the clean path `path` lies strictly below the clean directory `parent`."""
+    return path.startswith(parent.rstrip("/") + "/") and path != parent
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,11 +12,21 @@ Rules of this module:
    speaks it, else legacy; the choice is logged.
 4. Simulate mode and the logging of dropped port items are the plugin's
    (`multicall.plugin.commands`): this engine only ever programs or reads rules.
+5. Concurrency: each change is planned from a snapshot and applied against it; when the table
+   moved in between (FirewallConflict: nothing was changed) the family is planned again from
+   a fresh snapshot and applied again, up to ATTEMPTS times with a growing, jittered pause,
+   so the result is exactly what one run on the final table makes (no duplicate jumps).
+   Before its first legacy read, an apply takes the netns lock and the xtables lock
+   (`locks.py`, honouring `use-wait-flag`) and holds both to its end, as iptables holds the
+   xtables lock for one command; nf_tables needs no lock (its generation id guards the batch).
 """
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from multicall.core.firewall.model import (
@@ -24,13 +34,15 @@ from multicall.core.firewall.model import (
     FirewallBackend,
     Mode,
     ProxyInitOptions,
+    Snapshot,
     TableChange,
 )
 from multicall.core.firewall.proxy_init import plan_change
 from multicall.core.firewall.ruleset import Table
 from multicall.effects import ns
+from multicall.effects.firewall.locks import XtablesLock, legacy_locks
 from multicall.effects.ns import NetnsRef
-from multicall.errors import FirewallError
+from multicall.errors import FirewallConflict, FirewallError
 
 Log = Callable[[str], None]
 
@@ -97,21 +109,79 @@ def backend_for(mode: Mode, family: Family, log: Log = _quiet) -> FirewallBacken
 
 # ----------------------------------------------------------------------------- apply
 
+ATTEMPTS = 8
+PAUSE_FIRST, PAUSE_MAX = 0.01, 0.2  # seconds; at most ~1 s of pauses over all attempts
+
 
 @dataclass(frozen=True, slots=True)
 class Pass:
-    """One family's planned change and the backend that will apply it."""
+    """One family's planned change, the snapshot it was planned from, and its backend."""
 
     family: Family
     backend: FirewallBackend
     change: TableChange
+    base: Snapshot
 
 
-def plan_pass(options: ProxyInitOptions, family: Family, mode: Mode, log: Log) -> Pass:
-    backend = backend_for(mode, family, log)
-    before = backend.dump(family, "nat")
-    change = plan_change(before, options, family, backend=backend.name)
-    return Pass(family, backend, change)
+class _Session:
+    """One apply: a backend instance per kind shared by the families (nft's dual-stack needs
+    no second read, see nft.py), and the legacy locks taken before the first legacy read."""
+
+    def __init__(
+        self,
+        mode: Mode,
+        options: ProxyInitOptions,
+        lock: XtablesLock,
+        log: Log,
+        stack: ExitStack,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.mode, self.options, self.lock, self.log = mode, options, lock, log
+        self.stack, self.sleep = stack, sleep
+        self.backends: dict[str, FirewallBackend] = {}
+        self.locked = False
+
+    def backend(self, family: Family) -> FirewallBackend:
+        found = backend_for(self.mode, family, self.log)
+        backend = self.backends.setdefault(found.name, found)
+        if backend.name == "legacy" and not self.locked:
+            self.stack.enter_context(
+                legacy_locks(self.lock, wait=self.options.use_wait_flag, log=self.log)
+            )
+            self.locked = True
+        return backend
+
+    def plan(self, family: Family, backend: FirewallBackend | None = None) -> Pass:
+        """The change for `family`, planned from a snapshot read now."""
+        backend = backend or self.backend(family)
+        base = backend.snapshot(family, "nat")
+        change = plan_change(base.table, self.options, family, backend=backend.name)
+        return Pass(family, backend, change, base)
+
+    def apply(self, planned: Pass) -> Pass:
+        """Apply, planning again after each conflict (rule 5); returns what was applied."""
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                planned.backend.apply(planned.family, planned.change, planned.base)
+                return planned
+            except FirewallConflict as exc:
+                if attempt == ATTEMPTS:
+                    raise FirewallError(
+                        f"the {planned.family.value} nat table kept changing while being "
+                        f"written ({ATTEMPTS} attempts); nothing was changed: {exc.message}",
+                        table="nat",
+                    ) from exc
+                self.log(f"{exc.message}; planning again (attempt {attempt + 1})")
+                self.sleep(pause(attempt))
+                planned = self.plan(planned.family, planned.backend)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def pause(attempt: int) -> float:
+    """Seconds to wait before attempt `attempt + 1`: doubling from 10 ms, at most 200 ms,
+    jittered so two writers that collided do not collide again in step."""
+    return min(PAUSE_MAX, PAUSE_FIRST * 2.0 ** (attempt - 1)) * random.uniform(0.5, 1.0)  # noqa: S311
 
 
 def apply_proxy_init(
@@ -121,16 +191,18 @@ def apply_proxy_init(
     mode: Mode,
     families: tuple[Family, ...],
     log: Log = _quiet,
+    lock: XtablesLock | None = None,
 ) -> None:
     """Program PROXY_INIT_REDIRECT/PROXY_INIT_OUTPUT and their jumps in the pod's netns (a
     `NetnsRef`, or a path: never the caller's own), for each of `families` in order.
-    Raises FirewallError (rules rejected), NetnsError (netns).
+    `lock` says where the xtables lock is (default: as iptables finds it, see locks.py).
+    Raises FirewallError (rules rejected, lock busy), NetnsError (netns).
     """
-    with ns.entered_netns(netns):
-        passes = [plan_pass(options, family, mode, log) for family in families]
+    with ns.entered_netns(netns), ExitStack() as stack:
+        session = _Session(mode, options, lock or XtablesLock(), log, stack)
+        passes = [session.plan(family) for family in families]
         for planned in passes:
-            planned.backend.apply(planned.family, planned.change)
-            log(describe(planned))
+            log(describe(session.apply(planned)))
 
 
 def describe(planned: Pass) -> str:

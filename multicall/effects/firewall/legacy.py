@@ -9,6 +9,12 @@ Rules of this module:
 3. Each operation runs in a forked child (`run_isolated`): see there why.
 4. `apply` edits one handle (create, flush, append) and commits once: the kernel swaps the
    whole table or nothing. Errors before the commit leave the table untouched.
+   The engine holds the xtables lock (effects/firewall/locks.py) from the snapshot the change
+   was planned from to the commit, as iptables holds it for one command. A writer that does
+   not take the lock shows as a conflict instead of being overwritten: the handle no longer
+   matches the snapshot (chains, rule counts), a chain to create exists or one to flush is
+   gone, or the commit fails with EAGAIN (the kernel's table moved since the handle read it);
+   each raises FirewallConflict and the engine plans again.
 5. `dump` prints rules the way `iptables-legacy-save` does (`print_rule4`/`print_rule6` of
    iptables 1.8.9): address part in C order, then `-m NAME` plus each extension's own save
    output, then the target, tokenised into canonical `Rule.spec`s by the save-text lexer.
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes as ct
+import errno as errno_mod
 import io
 import os
 import pickle
@@ -34,12 +41,12 @@ from types import ModuleType
 from typing import Any, NoReturn, TypeVar
 
 from multicall.core.firewall.iptables_save import tokenize
-from multicall.core.firewall.model import Family, TableChange
+from multicall.core.firewall.model import Family, Snapshot, TableChange
 from multicall.core.firewall.protocols import XTABLES_NAMES
 from multicall.core.firewall.ruleset import Chain, Counters, Rule, Table
 from multicall.effects import bundle
 from multicall.effects.ns import libc
-from multicall.errors import FirewallError
+from multicall.errors import FirewallConflict, FirewallError
 
 T = TypeVar("T")
 NAME = "legacy"
@@ -359,20 +366,57 @@ def protocol_name(number: int) -> str:
 # ----------------------------------------------------------------------------- apply
 
 
-def apply_change(family: Family, change: TableChange) -> None:
+def apply_change(family: Family, change: TableChange, base: Snapshot | None = None) -> None:
     module = iptc()
     errors = (module.IPTCError, module.xtables.XTablesError, ValueError, AttributeError)
     with opened(family, change.table) as handle:
+        if base is not None and not _handle_matches(handle, base):
+            raise FirewallConflict(
+                f"{_tool(family)}: the {change.table} table changed since it was read",
+                table=change.table,
+            )
         try:
             for name in change.create_chains:
+                if handle.is_chain(name):
+                    raise FirewallConflict(
+                        f"{_tool(family)}: chain {name} appeared since the table was read",
+                        table=change.table,
+                    )
                 handle.create_chain(name)
             for name in change.flush_chains:
+                if not handle.is_chain(name):
+                    raise FirewallConflict(
+                        f"{_tool(family)}: chain {name} vanished since the table was read",
+                        table=change.table,
+                    )
                 handle.flush_entries(name)
             for rule in change.append:
                 handle.append_entry(rule.chain, encode_rule(handle, rule, family).rule)
-            handle.commit()
         except errors as exc:
             raise FirewallError(f"{_tool(family)}: {exc}", table=change.table) from exc
+        _commit(handle, family, change.table)
+
+
+def _handle_matches(handle: Any, base: Snapshot) -> bool:
+    """The handle holds the chains and per-chain rule counts of the snapshot."""
+    names = _chain_names(handle)
+    if set(names) != {c.name for c in base.table.chains}:
+        return False
+    return all(
+        sum(1 for _ in _entries(handle, name)) == len(base.table.rules_of(name)) for name in names
+    )
+
+
+def _commit(handle: Any, family: Family, table: str) -> None:
+    """One TC_COMMIT; EAGAIN means the kernel's table is no longer the one the handle read."""
+    if handle._iptc.iptc_commit(handle._handle) == 1:
+        return
+    err = iptc().ip4tc._get_errno_loc()[0]  # read before any other call can clobber it
+    text = handle._iptc.iptc_strerror(err)
+    message = f"{_tool(family)}: can't commit: {text.decode() if isinstance(text, bytes) else text}"
+    if err == errno_mod.EAGAIN:
+        raise FirewallConflict(message, table=table, errno=err)
+    raise FirewallError(message, table=table, errno=err)
 
 
 def encode_rule(handle: Any, rule: Rule, family: Family) -> Any:
@@ -496,9 +540,10 @@ def _report(work: Callable[[], object], write_end: int) -> None:  # pragma: no c
     try:
         result: tuple[str, object] = ("ok", work())
     except FirewallError as exc:
-        result = ("error", (exc.message, exc.details, exc.table))
+        kind = "conflict" if isinstance(exc, FirewallConflict) else "error"
+        result = (kind, (exc.message, exc.details, exc.table))
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
-        result = ("crash", f"{type(exc).__name__}: {exc}")
+        result = ("crash", str(exc) or "no reason given")
     with contextlib.suppress(Exception), os.fdopen(write_end, "wb") as writer:
         writer.write(pickle.dumps(result))
 
@@ -510,9 +555,10 @@ def _outcome(data: bytes, status: int) -> Any:
     kind, value = pickle.loads(data)  # noqa: S301 - our own child, over our own pipe
     if kind == "ok":
         return value
-    if kind == "error":
+    if kind in ("error", "conflict"):
         message, details, table = value
-        raise FirewallError(message, details=details, table=table)
+        error = FirewallConflict if kind == "conflict" else FirewallError
+        raise error(message, details=details, table=table)
     raise FirewallError(f"libiptc worker failed: {value}")
 
 
@@ -546,8 +592,12 @@ class IptcBackend:
     def dump(self, family: Family, table: str = "nat") -> Table:
         return run_isolated(lambda: dump_table(family, table))
 
-    def apply(self, family: Family, change: TableChange) -> None:
-        run_isolated(lambda: apply_change(family, change))
+    def snapshot(self, family: Family, table: str = "nat") -> Snapshot:
+        dumped = self.dump(family, table)
+        return Snapshot(dumped, None, frozenset(c.name for c in dumped.chains))
+
+    def apply(self, family: Family, change: TableChange, base: Snapshot | None = None) -> None:
+        run_isolated(lambda: apply_change(family, change, base))
 
     def has_rules(self, family: Family) -> bool:
         present = tables_present(family)

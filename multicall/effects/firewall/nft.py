@@ -5,9 +5,18 @@ Rules of this module:
    (netlink framing, dumps -> tables, batches).
 2. Each call opens its own socket, so it talks to the network namespace the calling thread
    is in at that moment (the caller enters the pod's netns first).
-3. `apply` is one NFNL batch guarded by the ruleset generation id, as iptables-nft does:
-   the kernel commits all of it or none of it, and a concurrent change makes it retry
-   against the new state instead of acting on a stale one.
+3. `apply` is one NFNL batch guarded by the ruleset generation id of the snapshot the change
+   was planned from, as iptables-nft does: the kernel commits all of it or none of it, and a
+   change made meanwhile by anyone makes it refuse (ERESTART) -> FirewallConflict, and the
+   engine plans again from a fresh snapshot.
+4. A batch is one sendmsg (the kernel aborts a batch that does not end in the same datagram),
+   so the socket's send buffer is raised to fit it and the receive buffer to hold one ack per
+   message, as iptables-nft does (SO_SNDBUFFORCE / SO_RCVBUFFORCE, a page per message).
+5. The kernel's verdict decides: acks arrive only after the commit (or the abort), so all acks
+   and no error is success, any error is failure (nothing changed). When replies were lost
+   (receive buffer overrun, ENOBUFS) the ruleset is read back: an unchanged generation means
+   nothing was committed; the table holding exactly what the change makes means it was.
+   A committed batch is never reported as a failure.
 """
 
 from __future__ import annotations
@@ -19,22 +28,28 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TypeVar
 
-from multicall.core.firewall.model import Family, TableChange
+from multicall.core.firewall.model import Family, Snapshot, TableChange
 from multicall.core.firewall.nft import dump, netlink
 from multicall.core.firewall.nft.batch import Batch, build_batch
+from multicall.core.firewall.proxy_init import apply_change, strip_counters
 from multicall.core.firewall.ruleset import Table
-from multicall.errors import FirewallError
+from multicall.errors import FirewallConflict, FirewallError
 
 NETLINK_NETFILTER = 12
 SOL_NETLINK = 270
 NETLINK_CAP_ACK = 10
 NETLINK_EXT_ACK = 11
+SO_SNDBUFFORCE = 32
+SO_RCVBUFFORCE = 33
 NLM_F_DUMP_INTR = 0x10
 RECV_SIZE = 1 << 18
 ATTEMPTS = 5
 TIMEOUT = 10.0
+PAGE = os.sysconf("SC_PAGE_SIZE")
+OWN_NETNS = "/proc/thread-self/ns/net"
 
 
 class _Socket:
@@ -78,17 +93,70 @@ class _Socket:
             ) from exc
         return list(netlink.parse_messages(data))
 
+    def size_buffers(self, batch_bytes: int, ack_room: int | None) -> None:
+        """Room for the batch in one datagram and for one ack per message (rule 4).
+
+        The FORCE options need CAP_NET_ADMIN; without it the plain ones (capped by the
+        net.core.[rw]mem_max sysctls) are the best there is. A batch that still does not fit
+        is refused here, before anything is sent.
+        """
+        _grow(self.sock, socket.SO_SNDBUF, SO_SNDBUFFORCE, batch_bytes + PAGE)
+        if ack_room is not None:
+            _grow(self.sock, socket.SO_RCVBUF, SO_RCVBUFFORCE, ack_room)
+        room = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - 32
+        if batch_bytes > room:
+            raise FirewallError(
+                f"nf_tables: the batch is {batch_bytes} bytes, more than this netlink socket "
+                f"may send ({room} bytes); nothing was changed",
+                hint="cnibox needs CAP_NET_ADMIN to raise its socket buffers",
+            )
+
+    def drain(self) -> tuple[list[netlink.NetlinkError], bool]:
+        """Every reply already queued (errors and acks), and whether some were lost (ENOBUFS)."""
+        replies: list[netlink.NetlinkError] = []
+        overrun = False
+        while True:
+            try:
+                data = self.sock.recv(RECV_SIZE, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return replies, overrun
+            except OSError as exc:
+                if exc.errno != errno_mod.ENOBUFS:
+                    raise FirewallError(
+                        f"nf_tables: receive failed: {exc.strerror}", errno=exc.errno
+                    ) from exc
+                overrun = True  # the kernel dropped replies; the rest are still queued
+                continue
+            replies += [
+                m for m in netlink.parse_messages(data) if isinstance(m, netlink.NetlinkError)
+            ]
+
     def close(self) -> None:
         self.sock.close()
 
 
+def _grow(sock: socket.socket, option: int, force: int, size: int) -> None:
+    if sock.getsockopt(socket.SOL_SOCKET, option) >= size:
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, force, size)
+    except PermissionError:
+        sock.setsockopt(socket.SOL_SOCKET, option, size)
+
+
 @contextmanager
 def _netlink() -> Iterator[_Socket]:
-    sock = _Socket()
+    """A fresh socket; an OSError anywhere in the body becomes a plain FirewallError."""
     try:
-        yield sock
-    finally:
-        sock.close()
+        sock = _Socket()
+        try:
+            yield sock
+        finally:
+            sock.close()
+    except OSError as exc:
+        raise FirewallError(
+            f"nf_tables: {exc.strerror or os.strerror(exc.errno or 0)}", errno=exc.errno
+        ) from exc
 
 
 def _error(what: str, err: netlink.NetlinkError) -> FirewallError:
@@ -139,37 +207,56 @@ class _Interrupted(Exception):
     """The ruleset changed while it was being read or written; try again."""
 
 
-def _read_table(sock: _Socket, family: Family, table: str) -> Table:
+def _read_snapshot(sock: _Socket, family: Family, table: str) -> Snapshot:
     before = _genid(sock)
     chains = [dump.parse_chain(m) for m in _dump(sock, netlink.NFT_MSG_GETCHAIN, family, None)]
     rules = [dump.parse_rule(m) for m in _dump(sock, netlink.NFT_MSG_GETRULE, family, table)]
     if _genid(sock) != before:
         raise _Interrupted
-    return dump.build_table(table, chains, rules, family)
+    present = frozenset(c.name for c in chains if c.table == table)
+    return Snapshot(dump.build_table(table, chains, rules, family), before, present)
 
 
-def _chain_names(sock: _Socket, family: Family, table: str) -> frozenset[str]:
-    chains = (dump.parse_chain(m) for m in _dump(sock, netlink.NFT_MSG_GETCHAIN, family, None))
-    return frozenset(c.name for c in chains if c.table == table)
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    """What the kernel answered to one batch, as far as the socket could tell."""
+
+    errors: tuple[netlink.NetlinkError, ...]
+    acked: int
+    expected: int
+    complete: bool  # every ack arrived and none was lost
 
 
-def _commit(sock: _Socket, batch: Batch) -> None:
-    """Send one batch; the kernel answers every message before send() returns."""
+def _send_batch(sock: _Socket, batch: Batch, *, grow_receive: bool = True) -> _Reply:
+    """Send one batch and collect its replies (queued before send() returns: the kernel
+    handles a netfilter batch in the sender's context; a short wait covers the rest)."""
+    expected = len(batch.requests) - 1  # BEGIN and END are not acknowledged
+    sock.size_buffers(len(batch.data), PAGE * (expected + 1) if grow_receive else None)
     sock.send(batch.data)
-    acked = 0
-    while replies := sock.receive(block=False):
-        for reply in replies:
-            if not isinstance(reply, netlink.NetlinkError):
-                continue
-            if reply.errno == errno_mod.ERESTART:  # the generation id moved under us
-                raise _Interrupted
-            if reply.errno:
-                raise _error(batch.requests.get(reply.seq, f"message {reply.seq}"), reply)
-            acked += 1
-    if acked != len(batch.requests) - 1:
-        raise FirewallError(
-            f"nf_tables acknowledged {acked} of {len(batch.requests) - 1} batch messages"
+    errors: list[netlink.NetlinkError] = []
+    acked, overrun = 0, False
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        replies, lost = sock.drain()
+        overrun |= lost
+        errors += [r for r in replies if r.errno]
+        acked += sum(1 for r in replies if not r.errno)
+        if errors or overrun or acked >= expected:
+            break
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([sock.sock], [], [], left)[0]:
+            break
+    return _Reply(tuple(errors), acked, expected, not overrun and acked == expected)
+
+
+def _refusal(batch: Batch, errors: tuple[netlink.NetlinkError, ...]) -> FirewallError:
+    """The first error the kernel gave (the batch was aborted as a whole)."""
+    if any(e.errno == errno_mod.ERESTART for e in errors):
+        return FirewallConflict(
+            "nf_tables: the ruleset changed since it was read; nothing was changed"
         )
+    first = min(errors, key=lambda e: e.seq)
+    return _error(batch.requests.get(first.seq, f"message {first.seq}"), first)
 
 
 T = TypeVar("T")
@@ -178,11 +265,17 @@ T = TypeVar("T")
 def _read_consistent(read: Callable[[_Socket], T], what: str, table: str | None = None) -> T:
     """`read` on a fresh socket, again when a dump was interrupted by a concurrent change."""
     with _netlink() as sock:
-        for _ in range(ATTEMPTS):
-            try:
-                return read(sock)
-            except _Interrupted:
-                continue
+        return _retry_interrupted(sock, read, what, table)
+
+
+def _retry_interrupted(
+    sock: _Socket, read: Callable[[_Socket], T], what: str, table: str | None
+) -> T:
+    for _ in range(ATTEMPTS):
+        try:
+            return read(sock)
+        except _Interrupted:
+            continue
     raise FirewallError(f"{what} kept changing while being read", table=table)
 
 
@@ -206,30 +299,115 @@ def read_chains(family: Family) -> list[dump.ChainInfo]:
     )
 
 
+def _netns_id() -> tuple[int, int]:
+    st = os.stat(OWN_NETNS)
+    return (st.st_dev, st.st_ino)
+
+
+@dataclass(slots=True)
+class _OwnCommits:
+    """This backend's own commits in one netns since generation `since`: each moved the
+    generation by one and touched only its (family, table), so a snapshot of another table
+    taken at `since` is still exact at `now` (dual-stack ADDs need no second read)."""
+
+    netns: tuple[int, int]
+    since: int
+    now: int
+    touched: set[tuple[Family, str]] = field(default_factory=set)
+
+
 class NftBackend:
-    """iptables-nft-compatible rules in the `ip`/`ip6` nf_tables families (FirewallBackend)."""
+    """iptables-nft-compatible rules in the `ip`/`ip6` nf_tables families (FirewallBackend).
+
+    `receive_buffer` (bytes) overrides the ack buffer sizing of rule 4; tests use a tiny
+    one to make the kernel drop replies and prove the read-back verdict of rule 5.
+    """
 
     name = "nft"
 
+    def __init__(self, *, receive_buffer: int | None = None) -> None:
+        self.receive_buffer = receive_buffer
+        self._own: _OwnCommits | None = None
+
     def dump(self, family: Family, table: str = "nat") -> Table:
+        return self.snapshot(family, table).table
+
+    def snapshot(self, family: Family, table: str = "nat") -> Snapshot:
         return _read_consistent(
-            lambda sock: _read_table(sock, family, table), f"the {table} table", table
+            lambda sock: _read_snapshot(sock, family, table), f"the {table} table", table
         )
 
-    def apply(self, family: Family, change: TableChange) -> None:
+    def apply(self, family: Family, change: TableChange, base: Snapshot | None = None) -> None:
+        table = change.table
         with _netlink() as sock:
-            for _ in range(ATTEMPTS):
-                genid = _genid(sock)
-                existing = _chain_names(sock, family, change.table)
-                batch = build_batch(change, existing, family, genid, sock.next_seq())
-                sock.seq = batch.last_seq
-                try:
-                    _commit(sock, batch)
-                    return
-                except _Interrupted:
-                    continue
-        raise FirewallError(
-            f"the {change.table} table kept changing while being written", table=change.table
+            if base is None:
+                base = _retry_interrupted(
+                    sock, lambda s: _read_snapshot(s, family, table), f"the {table} table", table
+                )
+            version = self._current_version(family, table, base)
+            batch = build_batch(change, base.present, family, version, sock.next_seq())
+            sock.seq = batch.last_seq
+            if self.receive_buffer is not None:
+                sock.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.receive_buffer)
+            reply = _send_batch(sock, batch, grow_receive=self.receive_buffer is None)
+            if reply.errors:
+                raise _refusal(batch, reply.errors)
+            if not reply.complete:
+                self._read_back_verdict(
+                    sock, family, change, base=base, version=version, reply=reply
+                )
+                return
+        self._committed(family, table, base, version)
+
+    def _current_version(self, family: Family, table: str, base: Snapshot) -> int:
+        if base.version is None:
+            raise FirewallError("an nf_tables change needs a snapshot read by the nft backend")
+        own = self._own
+        if (
+            own is not None
+            and base.version == own.since
+            and (family, table) not in own.touched
+            and own.netns == _netns_id()
+        ):
+            return own.now
+        return base.version
+
+    def _committed(self, family: Family, table: str, base: Snapshot, version: int) -> None:
+        own = self._own
+        if own is not None and version == own.now and base.version == own.since:
+            own.now += 1
+            own.touched.add((family, table))
+        else:
+            assert base.version is not None
+            self._own = _OwnCommits(_netns_id(), base.version, version + 1, {(family, table)})
+
+    def _read_back_verdict(
+        self,
+        sock: _Socket,
+        family: Family,
+        change: TableChange,
+        *,
+        base: Snapshot,
+        version: int,
+        reply: _Reply,
+    ) -> None:
+        """Replies were lost: the kernel's state says whether the batch was committed."""
+        self._own = None  # the generation after this batch is not known for sure
+        now = _retry_interrupted(
+            sock, lambda s: _read_snapshot(s, family, change.table), "the ruleset", change.table
+        )
+        lost = f"{reply.acked} of {reply.expected} acks arrived"
+        if now.version == version:
+            raise FirewallError(
+                f"nf_tables did not commit the batch and its error reply was lost ({lost}); "
+                "nothing was changed",
+                table=change.table,
+            )
+        if strip_counters(now.table) == strip_counters(apply_change(base.table, change)):
+            return  # committed: the table is exactly what the change makes
+        raise FirewallConflict(
+            f"nf_tables: the ruleset changed while the batch was applied ({lost})",
+            table=change.table,
         )
 
     def has_rules(self, family: Family) -> bool:

@@ -1,0 +1,65 @@
+{{/*
+Named templates of the linkerd2-cni chart. Each one renders exactly what Linkerd's chart
+renders for the same values (docs/helm.md lists where the chart as a whole differs).
+*/}}
+
+{{/*
+"80,8080" -> "80","8080": a comma-separated port list as JSON strings, items kept verbatim
+(as Linkerd's chart does; the plugin parses and validates them).
+*/}}
+{{- define "cnibox.quotedPorts" -}}
+{{- range $i, $port := splitList "," (toString .) -}}
+{{- if $i }},{{ end }}"{{ $port }}"
+{{- end -}}
+{{- end -}}
+
+{{/* The image every container runs: the installer image, tag defaulting to appVersion. */}}
+{{- define "cnibox.image" -}}
+{{ .Values.image.name }}:{{ .Values.image.version | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* The `linkerd.io/created-by` annotation (Linkerd's `cliVersion` value still wins). */}}
+{{- define "cnibox.createdBy" -}}
+linkerd.io/created-by: {{ .Values.cliVersion | default (printf "cnibox/helm %s" (.Values.image.version | default .Chart.AppVersion)) }}
+{{- end -}}
+
+{{/* commonLabels, appended to an object's labels (4 spaces deep). */}}
+{{- define "cnibox.commonLabels" -}}
+{{- with .Values.commonLabels }}{{ toYaml . | trim | nindent 4 }}{{ end -}}
+{{- end -}}
+
+{{/*
+A container's `resources` from the chart's {cpu,memory,ephemeral-storage}.{limit,request}
+shape; nothing at all when every entry is empty.
+*/}}
+{{- define "cnibox.resources" -}}
+{{- $kinds := list "cpu" "memory" "ephemeral-storage" -}}
+{{- $limits := dict -}}
+{{- $requests := dict -}}
+{{- range $kind := $kinds -}}
+{{- with (index $ $kind | default dict) -}}
+{{- with .limit }}{{ $_ := set $limits $kind (toString .) }}{{ end -}}
+{{- with .request }}{{ $_ := set $requests $kind (toString .) }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- if or $limits $requests -}}
+resources:
+  {{- if $limits }}
+  limits:
+    {{- range $kind := $kinds }}{{ with index $limits $kind }}
+    {{ $kind }}: {{ . | quote }}
+    {{- end }}{{ end }}
+  {{- end }}
+  {{- if $requests }}
+  requests:
+    {{- range $kind := $kinds }}{{ with index $requests $kind }}
+    {{ $kind }}: {{ . | quote }}
+    {{- end }}{{ end }}
+  {{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* The admin listen address: all IPv4 addresses, or all addresses when IPv6 is on. */}}
+{{- define "cnibox.adminAddr" -}}
+{{ if .root.Values.disableIPv6 }}0.0.0.0{{ else }}[::]{{ end }}:{{ .port }}
+{{- end -}}

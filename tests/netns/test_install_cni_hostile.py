@@ -1,0 +1,94 @@
+"""install-cni on a read-only CNI config dir (issue 12, class 7), which needs root: the
+installer runs in a private mount namespace (`unshare -m`) where net.d is a bind mount that
+the test remounts read-only, so the machine's own mounts are never touched.
+
+Cost: ~5 s from source.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support import cnibox_argv, require_root, require_tool
+from tests.support.installer_host import (
+    Host,
+    linkerd_count,
+    make_host,
+    put_config,
+    snapshot,
+    wait_for,
+)
+
+pytestmark = pytest.mark.netns
+
+
+def start_in_private_mounts(host: Host, log: Path, *, read_only: bool) -> subprocess.Popen[bytes]:
+    """install-cni (watch mode) with net.d bind-mounted onto itself in its own mount ns."""
+    require_root()
+    for tool in ("unshare", "nsenter", "mount"):
+        require_tool(tool)
+    remount = 'mount -o remount,bind,ro "$0" && ' if read_only else ""
+    script = f'mount --bind "$0" "$0" && {remount}exec "$@"'
+    with log.open("wb") as sink:
+        return subprocess.Popen(
+            ["unshare", "-m", "--propagation", "private", "sh", "-c", script,
+             str(host.net_dir), *cnibox_argv("install-cni")],
+            env=host.env(), stderr=sink,
+        )  # fmt: skip
+
+
+def undo_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("install-cni: undo: ")]
+
+
+def test_net_d_turning_read_only_the_undo_goes_on_and_a_later_uninstall_finishes(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM after net.d became read-only: every step that can be undone is (binary and
+    link removed), each one that cannot is reported, exit 1. The journal survives, so a later
+    `--uninstall` (net.d writable again) restores every original name and byte."""
+    host = make_host(tmp_path)
+    put_config(host, "10-calico.conf", "10-calico.conf")
+    put_config(host, "20-calico.conflist")
+    before = snapshot(host.prefix)
+    log = tmp_path / "installer.log"
+    proc = start_in_private_mounts(host, log, read_only=False)
+    wait_for(lambda: linkerd_count(host.net_dir / "20-calico.conflist") == 1, "patching")
+    wait_for((host.net_dir / "10-calico.conflist").exists, "the .conf upgrade")
+    subprocess.run(
+        ["nsenter", "-t", str(proc.pid), "-m", "mount", "-o", "remount,bind,ro", str(host.net_dir)],
+        check=True,
+    )
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 1
+    text = log.read_text()
+    errors = undo_lines(text)
+    assert f"install-cni: undo: {host.net_dir}/" in text
+    assert all(line.endswith("Read-only file system") for line in errors), text
+    assert len(errors) >= 3, text  # two configs and the kubeconfig at least
+    assert os.listdir(host.bin_dir) == []
+    assert "Traceback" not in text
+    assert "internal error" not in text
+    undo = host.run("--uninstall")
+    assert undo.returncode == 0, undo.stderr
+    assert snapshot(host.prefix) == before
+
+
+def test_read_only_net_d_from_the_start_changes_nothing(tmp_path: Path) -> None:
+    """The undo journal cannot be written: the installer stops before its first change with
+    a plain message and exit 1 (it used to copy the binary, then crash with exit 70)."""
+    host = make_host(tmp_path)
+    put_config(host, "10-calico.conflist")
+    before = snapshot(host.prefix)
+    log = tmp_path / "installer.log"
+    proc = start_in_private_mounts(host, log, read_only=True)
+    assert proc.wait(timeout=30) == 1
+    text = log.read_text()
+    assert text.strip().endswith(f"{host.net_dir}/.cnibox-install-cni: Read-only file system")
+    assert "internal error" not in text
+    assert snapshot(host.prefix) == before

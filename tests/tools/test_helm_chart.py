@@ -1,0 +1,678 @@
+"""The Helm chart (packaging/helm/linkerd2-cni) rendered by the real, pinned `helm`.
+
+- `helm lint --strict` with the defaults and with the values of every upstream golden;
+- `helm template` with Linkerd's own values.yaml and with the values behind each of Linkerd's
+  golden renderings (cli/cmd/testdata of linkerd2): `cni_network_config` equals the golden's
+  byte for byte, and every other difference from the golden is one listed in docs/helm.md
+  ("Differences from Linkerd's rendering"); a listed difference no case produces fails too;
+- every key of Linkerd's values.yaml is accepted with its default and changes the rendering
+  where Linkerd's template uses it;
+- the rendered objects pass the Kubernetes API's own JSON schemas (kubernetes-validate,
+  strict: no unknown field), offline;
+- no container of a rendered DaemonSet runs a shell: every command, probe and hook is the
+  image's cnibox, by its own path or an applet's link;
+- every container has a directory it may unpack the single file into;
+- bad values fail at render time, naming the key (values.schema.json);
+- the committed plain manifests are `helm template` output (packaging/helm/manifests.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from multicall import __version__
+from multicall.applets import APPLETS
+from tests.support import FIXTURES, REPO
+from tests.support.helm import manifests, pinned_helm
+
+CHART = manifests.CHART
+GOLDENS = FIXTURES / "upstream" / "linkerd2" / "cli-install-cni-goldens"
+UPSTREAM_VALUES = FIXTURES / "upstream" / "linkerd2" / "charts-linkerd2-cni" / "values.yaml"
+DOC = REPO / "docs" / "helm.md"
+IMAGE_LAYOUT = json.loads((REPO / "packaging" / "image" / "layout.json").read_text())
+INSTALLER = "/" + IMAGE_LAYOUT["binary"]
+APPLET_LINKS = "/" + IMAGE_LAYOUT["applet_links_dir"]  # the image links every applet name here
+SHELLS = {"sh", "bash", "ash", "dash", "zsh", "ksh", "busybox"}
+# The chart runs applets whose interface NOTES.md fixes but which land separately, with issues
+# 11 (agent) and 15 (repair controller). Only those not yet in the applet table count as
+# pending, so the set empties itself as they land.
+FIXED_INTERFACE_APPLETS = {"agent", "linkerd-cni-repair-controller"}
+APPLET_NAMES = {name for applet in APPLETS for name in applet.names}
+PENDING_APPLETS = FIXED_INTERFACE_APPLETS - APPLET_NAMES
+
+
+def render(
+    values: Mapping[str, Any] | None = None,
+    namespace: str = "linkerd-test",
+    values_file: Path | None = None,
+    tmp: Path | None = None,
+) -> str:
+    files = [values_file] if values_file else []
+    if values:
+        assert tmp is not None
+        path = tmp / f"values-{len(list(tmp.iterdir()))}.yaml"
+        path.write_text(yaml.safe_dump(dict(values)))
+        files.append(path)
+    return manifests.helm_template(pinned_helm(), values_files=files, namespace=namespace)
+
+
+def objects(text: str) -> dict[str, dict[str, Any]]:
+    """The rendered objects by kind (the chart renders at most one object of each kind)."""
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    by_kind = {d["kind"]: d for d in docs}
+    assert len(by_kind) == len(docs), "two objects of one kind"
+    return by_kind
+
+
+# --- the values behind each of Linkerd's goldens ----------------------------------------------
+
+# `linkerd install-cni` passes no pull policy and its own plugin version (cli/cmd/
+# install-cni-plugin.go); `cliVersion` is what the CLI sets as the created-by annotation.
+CLI = {"cliVersion": "linkerd/cli dev-undefined", "installNamespace": True}
+CLI_IMAGE = {"name": "cr.l5d.io/linkerd/cni-plugin", "version": "v1.6.8", "pullPolicy": ""}
+# cli/cmd/install-cni-plugin_test.go: fullyConfiguredOptions. Its --admin-port/--control-port
+# (5191/5190) never reach the chart (a CLI quirk, docs/upstream-behaviour.md §7): absent.
+FULLY = {
+    **CLI,
+    "inboundProxyPort": 5143,
+    "outboundProxyPort": 5140,
+    "proxyUID": 12102,
+    "proxyGID": 12102,
+    "logLevel": "debug",
+    "destCNINetDir": "/etc/kubernetes/cni/net.d",
+    "destCNIBinDir": "/opt/my-cni/bin",
+    "priorityClassName": "system-node-critical",
+    "image": {
+        "name": "my-docker-registry.io/awesome/cni-plugin-test-image",
+        "version": "v1.4.0",
+        "pullPolicy": "",
+    },
+}
+# Golden file -> (namespace, values) as linkerd2's TestRenderCNIPlugin / TestRenderCniHelm
+# render it (cli/cmd/install-cni-plugin_test.go, cli/cmd/install_cni_helm_test.go).
+GOLDEN_VALUES: dict[str, tuple[str, dict[str, Any]]] = {
+    "install-cni-plugin_default.golden": (
+        "linkerd-cni",
+        {**CLI, "image": CLI_IMAGE, "resources": {"cpu": {"limit": "1m"}}},
+    ),
+    "install-cni-plugin_fully_configured.golden": ("linkerd-cni", FULLY),
+    "install-cni-plugin_fully_configured_equal_dsts.golden": (
+        "linkerd-cni",
+        {**FULLY, "destCNIBinDir": "/etc/kubernetes/cni/net.d"},
+    ),
+    "install-cni-plugin_fully_configured_no_namespace.golden": ("linkerd-cni", FULLY),
+    "install-cni-plugin_skip_ports.golden": (
+        "linkerd-cni",
+        {
+            **CLI,
+            "image": CLI_IMAGE,
+            "ignoreInboundPorts": "80,8080",
+            "ignoreOutboundPorts": "443,1000",
+        },
+    ),
+    "install_cni_helm_default_output.golden": (
+        "linkerd-test",
+        {
+            "cliVersion": "linkerd/cli dev-undefined",
+            "image": {"name": "cr.l5d.io/linkerd/cni-plugin", "version": "v1.7.0-alpha.1"},
+        },
+    ),
+    "install_cni_helm_override_output.golden": (
+        "linkerd-test",
+        {
+            "inboundProxyPort": 1234,
+            "outboundProxyPort": 5678,
+            "logLevel": "debug",
+            "proxyUID": 1111,
+            "proxyGID": 1111,
+            "destCNINetDir": "/etc/cni/net.d-test",
+            "destCNIBinDir": "/opt/cni/bin-test",
+            "useWaitFlag": True,
+            "cliVersion": "test-version",
+            "priorityClassName": "system-node-critical",
+            "image": {"name": "cr.l5d.io/linkerd/cni-plugin", "version": "v1.4.0"},
+        },
+    ),
+}
+
+# The repair-controller container and ClusterRole rules Linkerd's template renders with
+# `repairController.enabled=true` and the defaults (linkerd2 charts/linkerd2-cni/templates/
+# cni-plugin.yaml at 70cf784d). There is no golden for it upstream.
+UPSTREAM_REPAIR_RULES = [
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]},
+    {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
+]
+UPSTREAM_REPAIR_MINIMAL = {
+    "name": "repair-controller",
+    "image": "cr.l5d.io/linkerd/cni-plugin:v1.7.0-alpha.1",
+    "imagePullPolicy": "IfNotPresent",
+}
+UPSTREAM_REPAIR_CONTAINER = {
+    **UPSTREAM_REPAIR_MINIMAL,
+    "env": [
+        {
+            "name": "LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME",
+            "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+        },
+        {
+            "name": "LINKERD_CNI_REPAIR_CONTROLLER_POD_NAME",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+        },
+    ],
+    "command": ["/usr/lib/linkerd/linkerd-cni-repair-controller"],
+    "args": ["--admin-addr", "0.0.0.0:9990", "--log-format", "plain", "--log-level", "info"],
+    "livenessProbe": {"httpGet": {"path": "/live", "port": "admin-http"}},
+    "readinessProbe": {
+        "failureThreshold": 7,
+        "httpGet": {"path": "/ready", "port": "admin-http"},
+        "initialDelaySeconds": 10,
+    },
+    "ports": [{"containerPort": 9990, "name": "admin-http"}],
+    "securityContext": {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    },
+}
+
+
+def golden_objects(name: str) -> dict[str, dict[str, Any]]:
+    return objects((GOLDENS / name).read_text())
+
+
+def with_repair_controller(
+    upstream: dict[str, dict[str, Any]], container: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    result = copy.deepcopy(upstream)
+    result["ClusterRole"]["rules"] += UPSTREAM_REPAIR_RULES
+    result["DaemonSet"]["spec"]["template"]["spec"]["containers"].append(container)
+    return result
+
+
+@dataclass(frozen=True)
+class Case:
+    """One rendering of our chart and the upstream rendering it is compared with."""
+
+    name: str
+    namespace: str
+    values: dict[str, Any]
+    upstream: str  # golden file the upstream objects come from
+    values_file: Path | None = None
+    repair: dict[str, Any] | None = None  # upstream repair-controller container, if enabled
+
+
+CASES = [
+    Case("our-defaults", "linkerd-test", {}, "install_cni_helm_default_output.golden"),
+    Case(
+        "linkerd-values-yaml",
+        "linkerd-test",
+        {"cliVersion": "linkerd/cli dev-undefined"},
+        "install_cni_helm_default_output.golden",
+        values_file=UPSTREAM_VALUES,
+    ),
+    *(Case(f"golden:{name}", ns, vals, name) for name, (ns, vals) in GOLDEN_VALUES.items()),
+    Case(
+        "repair-controller",
+        "linkerd-test",
+        {"repairController": {"enabled": True}, "cliVersion": "linkerd/cli dev-undefined"},
+        "install_cni_helm_default_output.golden",
+        values_file=UPSTREAM_VALUES,
+        repair=UPSTREAM_REPAIR_CONTAINER,
+    ),
+    Case(
+        "repair-controller-without-security-context",
+        "linkerd-test",
+        {
+            "repairController": {"enabled": True, "enableSecurityContext": False},
+            "cliVersion": "linkerd/cli dev-undefined",
+        },
+        "install_cni_helm_default_output.golden",
+        values_file=UPSTREAM_VALUES,
+        repair=UPSTREAM_REPAIR_MINIMAL,
+    ),
+]
+
+
+# --- structural comparison --------------------------------------------------------------------
+
+
+def flatten(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """Leaf paths of a YAML value; lists of named objects are keyed by name, null is absent
+    (the API server treats an explicit null like an absent field)."""
+    if value is None:
+        return
+    if isinstance(value, dict) and value:
+        for key, item in value.items():
+            yield from flatten(item, f"{path}.{key}")
+    elif isinstance(value, list) and value and all(isinstance(i, dict) for i in value):
+        named = all("name" in i for i in value)
+        for index, item in enumerate(value):
+            yield from flatten(item, f"{path}[{item['name'] if named else index}]")
+    else:
+        yield path, value
+
+
+def differences(
+    upstream: Mapping[str, dict[str, Any]], ours: Mapping[str, dict[str, Any]]
+) -> dict[str, tuple[Any, Any]]:
+    """`Kind:path` -> (upstream value, our value), None standing for absent."""
+    found: dict[str, tuple[Any, Any]] = {}
+    for kind in sorted(set(upstream) | set(ours)):
+        theirs = dict(flatten(upstream.get(kind), kind))
+        mine = dict(flatten(ours.get(kind), kind))
+        for path in sorted(set(theirs) | set(mine)):
+            if theirs.get(path) != mine.get(path):
+                label = path.replace(f"{kind}.", f"{kind}:", 1)
+                found[label] = (theirs.get(path), mine.get(path))
+    return found
+
+
+def documented_differences() -> list[str]:
+    """The first column of docs/helm.md's table "Differences from Linkerd's rendering"."""
+    text = DOC.read_text()
+    section = text.split("## Differences from Linkerd's rendering", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([A-Za-z]+:[^`]+)` \|", section, re.MULTILINE)
+
+
+def covered(path: str, documented: list[str]) -> str | None:
+    for entry in documented:
+        if path == entry or path.startswith((entry + ".", entry + "[")):
+            return entry
+    return None
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    tmp = tmp_path_factory.mktemp("values")
+    return {case.name: render(case.values, case.namespace, case.values_file, tmp) for case in CASES}
+
+
+def upstream_objects(case: Case) -> dict[str, dict[str, Any]]:
+    upstream = golden_objects(case.upstream)
+    if case.repair is not None:
+        upstream = with_repair_controller(upstream, case.repair)
+    return upstream
+
+
+class TestAgainstLinkerd:
+    @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+    def test_network_config_is_byte_identical(self, case: Case, rendered: dict[str, str]) -> None:
+        """cni_network_config is exactly the golden's (what the installer chains into CNI)."""
+        ours = objects(rendered[case.name])["ConfigMap"]["data"]
+        theirs = golden_objects(case.upstream)["ConfigMap"]["data"]
+        assert ours["cni_network_config"] == theirs["cni_network_config"]
+        assert ours == theirs
+
+    @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+    def test_every_difference_is_documented(self, case: Case, rendered: dict[str, str]) -> None:
+        """Object names, labels, RBAC, volumes...: anything else that differs is in docs/helm.md."""
+        found = differences(upstream_objects(case), objects(rendered[case.name]))
+        documented = documented_differences()
+        unlisted = {p: v for p, v in found.items() if covered(p, documented) is None}
+        assert unlisted == {}, "differences not listed in docs/helm.md"
+
+    def test_every_documented_difference_occurs(self, rendered: dict[str, str]) -> None:
+        """No stale row: each listed difference is produced by at least one case."""
+        documented = documented_differences()
+        assert len(documented) >= 4
+        used = {
+            covered(path, documented)
+            for case in CASES
+            for path in differences(upstream_objects(case), objects(rendered[case.name]))
+        }
+        assert set(documented) - used == set()
+
+    def test_object_names_are_what_linkerd_check_looks_up(self, rendered: dict[str, str]) -> None:
+        """`linkerd check --linkerd-cni-enabled` reads these by name in the CNI namespace."""
+        ours = objects(rendered["our-defaults"])
+        names = {kind: doc["metadata"]["name"] for kind, doc in ours.items()}
+        assert names == {
+            "ServiceAccount": "linkerd-cni",
+            "ClusterRole": "linkerd-cni",
+            "ClusterRoleBinding": "linkerd-cni",
+            "ConfigMap": "linkerd-cni-config",
+            "DaemonSet": "linkerd-cni",
+        }
+        for kind in ("ServiceAccount", "ConfigMap", "DaemonSet"):
+            assert ours[kind]["metadata"]["namespace"] == "linkerd-test"
+        assert set(ours["ConfigMap"]["data"]) == {
+            "dest_cni_net_dir",
+            "dest_cni_bin_dir",
+            "cni_network_config",
+        }
+
+
+# --- values ---------------------------------------------------------------------------------
+
+
+def leaves(value: Any, path: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(leaves(item, f"{path}.{key}" if path else key))
+        return out
+    return {path: value}
+
+
+class TestValues:
+    def test_chart_version_is_cnibox_version(self) -> None:
+        chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+        assert chart["name"] == "linkerd2-cni"
+        assert chart["version"] == chart["appVersion"] == __version__
+        # The images' org.opencontainers.image.source (packaging/provenance.py) says the same.
+        assert chart["sources"] == ["https://github.com/cnibox/cnibox"]
+
+    def test_every_linkerd_key_with_its_default(self) -> None:
+        """Every leaf of Linkerd's values.yaml exists here with the same default, but the image."""
+        theirs = leaves(yaml.safe_load(UPSTREAM_VALUES.read_text()))
+        ours = leaves(yaml.safe_load((CHART / "values.yaml").read_text()))
+        assert len(theirs) > 40
+        differing = {
+            k: (v, ours.get(k, "<missing>")) for k, v in theirs.items() if ours.get(k) != v
+        }
+        assert differing == {
+            "image.name": ("cr.l5d.io/linkerd/cni-plugin", "ghcr.io/cnibox/cnibox-installer"),
+            "image.version": ("v1.7.0-alpha.1", ""),
+        }
+
+    def test_linkerd_values_change_what_linkerd_template_changes(self, tmp_path: Path) -> None:
+        """Keys no golden covers, set to non-defaults, land where Linkerd's template puts them."""
+        affinity = {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "a", "operator": "In", "values": ["b"]}]}
+                ]
+            }
+        }
+        init = [{"name": "wait", "image": "registry.example/wait:1", "args": ["15"]}]
+        values = {
+            "podLabels": {"team": "mesh"},
+            "commonLabels": {"owner": "ops"},
+            "nodeAffinity": affinity,
+            "imagePullSecrets": [{"name": "pull"}],
+            "extraInitContainers": init,
+            "tolerations": [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}],
+            # Helm merges maps with the defaults: null removes rollingUpdate (as in Linkerd's).
+            "updateStrategy": {"type": "OnDelete", "rollingUpdate": None},
+            "revisionHistoryLimit": 3,
+            "privileged": True,
+            "disableIPv6": False,
+            "iptablesMode": "legacy",
+            "portsToRedirect": "8080,9090",
+            "priorityClassName": "system-node-critical",
+            "resources": {"cpu": {"request": "10m"}, "memory": {"limit": "64Mi"}},
+            "repairController": {"enabled": True, "logFormat": "json", "logLevel": "debug"},
+        }
+        ours = objects(render(values, tmp=tmp_path))
+        ds = ours["DaemonSet"]
+        pod = ds["spec"]["template"]["spec"]
+        for kind, doc in ours.items():
+            assert doc["metadata"]["labels"]["owner"] == "ops", kind
+        assert ds["spec"]["template"]["metadata"]["labels"] == {
+            "k8s-app": "linkerd-cni",
+            "linkerd.io/cni-resource": "true",
+            "team": "mesh",
+        }
+        assert pod["affinity"] == {"nodeAffinity": affinity}
+        assert ours["ServiceAccount"]["imagePullSecrets"] == [{"name": "pull"}]
+        assert pod["initContainers"] == init
+        assert pod["tolerations"] == values["tolerations"]
+        assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
+        assert ds["spec"]["revisionHistoryLimit"] == 3
+        assert pod["priorityClassName"] == "system-node-critical"
+        containers = {c["name"]: c for c in pod["containers"]}
+        install = containers["install-cni"]
+        assert install["securityContext"]["privileged"] is True
+        assert install["resources"] == {"limits": {"memory": "64Mi"}, "requests": {"cpu": "10m"}}
+        config = json.loads(ours["ConfigMap"]["data"]["cni_network_config"])["linkerd"]
+        assert config["ipv6"] is True
+        assert config["iptables-mode"] == "legacy"
+        assert config["ports-to-redirect"] == [8080, 9090]
+        repair = containers["repair-controller"]
+        assert repair["args"] == [
+            "--admin-addr",
+            "[::]:9990",
+            "--log-format",
+            "json",
+            "--log-level",
+            "debug",
+        ]
+
+    def test_psp_when_enabled(self, tmp_path: Path) -> None:
+        """enablePSP renders the PodSecurityPolicy and its Role/RoleBinding as Linkerd's does."""
+        ours = objects(render({"enablePSP": True}, namespace="cni", tmp=tmp_path))
+        assert ours["PodSecurityPolicy"]["metadata"]["name"] == "linkerd-cni-cni"
+        assert ours["PodSecurityPolicy"]["spec"]["allowPrivilegeEscalation"] is False
+        assert ours["Role"]["rules"][0]["resourceNames"] == ["linkerd-cni-cni"]
+        assert ours["RoleBinding"]["subjects"] == [
+            {"kind": "ServiceAccount", "name": "linkerd-cni", "namespace": "cni"}
+        ]
+        assert "PodSecurityPolicy" not in objects(render(tmp=tmp_path))
+
+    @pytest.mark.parametrize(
+        ("values", "message"),
+        [
+            ({"iptablesMode": "nftables"}, "iptablesMode"),
+            ({"inboundProxyPort": "4143x"}, "inboundProxyPort"),
+            ({"portsToRedirect": "80;443"}, "portsToRedirect"),
+            ({"destCNINetDir": "etc/cni"}, "destCNINetDir"),
+            ({"disableIPv6": "yes"}, "disableIPv6"),
+            ({"agent": {"logFormat": "xml"}}, "agent.logFormat"),
+            ({"logLevel": 'info", "x": "y'}, "logLevel"),
+        ],
+    )
+    def test_bad_values_fail_naming_the_key(
+        self, values: dict[str, Any], message: str, tmp_path: Path
+    ) -> None:
+        """A value that would break the CNI config on every node fails the render instead."""
+        with pytest.raises(manifests.RenderError, match=re.escape(message)):
+            render(values, tmp=tmp_path)
+
+
+# --- what the cluster would accept, and what the containers run --------------------------------
+
+ALL_FEATURES = {
+    "installNamespace": True,
+    "cacheDir": "/var/lib/cnibox",
+    "talos": {"extension": True},
+    "agent": {"enabled": True},
+    "repairController": {"enabled": True},
+    "resources": {"cpu": {"limit": "1"}},
+}
+
+
+def exec_argvs(pod: Mapping[str, Any]) -> Iterator[tuple[str, list[str]]]:
+    """Every argv a container of the pod would exec: its command+args, hooks and probes."""
+    for container in [*pod.get("initContainers", []), *pod["containers"]]:
+        name = container["name"]
+        if "command" in container or "args" in container:
+            yield name, [*container.get("command", []), *container.get("args", [])]
+        for hook in container.get("lifecycle", {}).values():
+            if "exec" in hook:
+                yield name, hook["exec"]["command"]
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+            if "exec" in container.get(probe, {}):
+                yield name, container[probe]["exec"]["command"]
+
+
+@pytest.fixture(scope="module")
+def distinct_objects(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Every object rendered with the defaults, all features, and each golden's values, once."""
+    tmp = tmp_path_factory.mktemp("values")
+    seen: dict[str, dict[str, Any]] = {}
+    for values in [{}, ALL_FEATURES, *(v for _, v in GOLDEN_VALUES.values())]:
+        for doc in objects(render(values, tmp=tmp)).values():
+            seen.setdefault(json.dumps(doc, sort_keys=True), doc)
+    return list(seen.values())
+
+
+class TestRendering:
+    def test_lint(self, tmp_path: Path) -> None:
+        """helm lint --strict with the defaults, every cnibox feature, and every golden's values."""
+        for values in [{}, ALL_FEATURES, *(v for _, v in GOLDEN_VALUES.values())]:
+            path = tmp_path / "values.yaml"
+            path.write_text(yaml.safe_dump(values))
+            with tempfile.TemporaryDirectory() as home:
+                proc = subprocess.run(
+                    [pinned_helm(), "lint", "--strict", str(CHART), "--values", str(path)],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                    env=manifests.helm_environment(home),
+                )
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            assert "0 chart(s) failed" in proc.stdout
+
+    @pytest.mark.parametrize("version", ["1.25.0", "1.37.0"])
+    def test_objects_pass_the_kubernetes_schemas(
+        self, version: str, distinct_objects: list[dict[str, Any]]
+    ) -> None:
+        """Strict OpenAPI-derived schemas of the oldest and newest Kubernetes shipped offline."""
+        import kubernetes_validate
+
+        for doc in distinct_objects:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{doc['kind']}: {exc.message} at {list(exc.path)}")
+
+    def test_schema_validation_catches_a_bad_field(self) -> None:
+        """The validator used above does reject a wrong type and an unknown field."""
+        import kubernetes_validate
+
+        ds = objects(manifests.render(pinned_helm(), "linkerd-cni.yaml"))["DaemonSet"]
+        broken = copy.deepcopy(ds)
+        broken["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"] = "no"
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, "1.37.0", strict=True)
+        broken = copy.deepcopy(ds)
+        broken["spec"]["template"]["spec"]["hostNetworking"] = True
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, "1.37.0", strict=True)
+
+    @pytest.mark.parametrize("values", [{}, ALL_FEATURES], ids=["defaults", "all-features"])
+    def test_no_shell_anywhere(self, values: dict[str, Any], tmp_path: Path) -> None:
+        """Every command, hook and exec probe runs the image's cnibox with a known applet:
+        `cnibox APPLET …` or the applet's link in the image (`/usr/local/bin/APPLET …`)."""
+        pod = objects(render(values, tmp=tmp_path))["DaemonSet"]["spec"]["template"]["spec"]
+        argvs = list(exec_argvs(pod))
+        assert argvs, "nothing to check"
+        for container, argv in argvs:
+            words = {os.path.basename(word) for word in argv}
+            assert not words & SHELLS, (container, argv)
+            if argv[0] == INSTALLER:
+                applet = argv[1]
+            else:
+                assert os.path.dirname(argv[0]) == APPLET_LINKS, (container, argv)
+                applet = os.path.basename(argv[0])
+            assert applet in APPLET_NAMES | PENDING_APPLETS, (container, argv)
+        containers = {c["name"] for c in pod["containers"]}
+        if values:
+            assert containers == {"install-cni", "agent", "repair-controller"}
+            assert {c for c, _ in argvs} == containers
+
+    @pytest.mark.parametrize(
+        "values",
+        [{}, ALL_FEATURES, {"repairController": {"enabled": True}}],
+        ids=["defaults", "all-features", "repair-controller"],
+    )
+    def test_every_container_can_unpack_the_single_file(
+        self, values: dict[str, Any], tmp_path: Path
+    ) -> None:
+        """The launcher unpacks its payload on start into $CNIBOX_CACHE or, without it, a
+        /tmp/cnibox its uid owns (build/launcher.c): with a read-only root filesystem that
+        needs a mounted directory, and containers that share one must run as the same user."""
+        pod = objects(render(values, tmp=tmp_path))["DaemonSet"]["spec"]["template"]["spec"]
+        image = f"ghcr.io/cnibox/cnibox-installer:{__version__}"
+        users: dict[str, set[int]] = {}
+        for container in pod["containers"]:
+            assert container["image"] == image
+            context = container.get("securityContext", {})
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+            where = env.get("CNIBOX_CACHE") or "/tmp"
+            if context.get("readOnlyRootFilesystem"):
+                assert where in mounts, (container["name"], where)
+            if where in mounts:
+                users.setdefault(mounts[where], set()).add(context.get("runAsUser", 0))
+        assert all(len(uids) == 1 for uids in users.values()), users
+
+    def test_cnibox_features(self, tmp_path: Path) -> None:
+        """Talos extension mount, shared cache dir, and the agent's socket, port and probes."""
+        ours = objects(render(ALL_FEATURES, namespace="linkerd-cni", tmp=tmp_path))
+        assert ours["Namespace"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == (
+            "privileged"
+        )
+        pod = ours["DaemonSet"]["spec"]["template"]["spec"]
+        containers = {c["name"]: c for c in pod["containers"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        install = containers["install-cni"]
+        env = {e["name"]: e.get("value") for e in install["env"]}
+        assert env["CNIBOX_HOST_BINARY"] == "/usr/local/lib/cnibox/cnibox"
+        assert env["CNIBOX_CACHE"] == "/var/lib/cnibox"
+        mounts = {m["name"]: m for m in install["volumeMounts"]}
+        assert mounts["cnibox-extension"] == {
+            "mountPath": "/host/usr/local/lib/cnibox",
+            "name": "cnibox-extension",
+            "readOnly": True,
+        }
+        assert volumes["cnibox-extension"]["hostPath"] == {
+            "path": "/usr/local/lib/cnibox",
+            "type": "Directory",
+        }
+        assert mounts["cnibox-cache"]["mountPath"] == "/var/lib/cnibox"
+        assert volumes["cnibox-cache"]["hostPath"]["type"] == "DirectoryOrCreate"
+        agent = containers["agent"]
+        assert agent["command"] == [INSTALLER, "agent"]
+        assert agent["args"] == [
+            "--socket",
+            "/var/run/linkerd-cni/agent.sock",
+            "--admin-addr",
+            "0.0.0.0:9991",
+            "--log-level",
+            "info",
+            "--log-format",
+            "plain",
+        ]
+        assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "agent-admin"}
+        assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "agent-admin"}
+        assert agent["ports"] == [{"containerPort": 9991, "name": "agent-admin"}]
+        assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
+        assert volumes["agent-socket-dir"]["hostPath"] == {
+            "path": "/var/run/linkerd-cni",
+            "type": "DirectoryOrCreate",
+        }
+        assert {m["mountPath"] for m in agent["volumeMounts"]} >= {"/var/run/linkerd-cni"}
+        assert install["image"] == agent["image"] == containers["repair-controller"]["image"]
+        assert install["image"] == f"ghcr.io/cnibox/cnibox-installer:{__version__}"
+
+    def test_committed_manifests_are_the_chart_rendering(self) -> None:
+        """packaging/kubernetes/*.yaml are exactly `helm template` of the chart today."""
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "packaging" / "helm" / "manifests.py"),
+                "--check",
+                "--helm",
+                pinned_helm(),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
