@@ -455,3 +455,46 @@ def test_closed_standard_streams(closed: str) -> None:
     else:
         assert proc.returncode == 0
         assert json.loads(proc.stdout) == {"cniVersion": "1.0.0"}
+
+
+def test_every_row_names_an_existing_test() -> None:
+    """tests/hostile_inputs.md: each `file::Class::test` names a test that exists, and so
+    does each `…::test` in one of its section's files (class optional), so the matrix cannot
+    silently go stale."""
+    import ast
+
+    from tests.support import REPO
+
+    text = (REPO / "tests" / "hostile_inputs.md").read_text()
+    missing = []
+    for section in re.split(r"(?m)^## ", text)[1:]:
+        refs = re.findall(r"`((?:[\w/]+\.py|…)(?:::[A-Za-z_]\w*)+)", section)
+        files = {ref.split("::")[0] for ref in refs} - {"…"}
+        modules = {}
+        for name in files:
+            path = REPO / "tests" / name
+            modules[name] = ast.parse(path.read_text()).body if path.is_file() else []
+        for ref in refs:
+            head, *names = ref.split("::")
+            scopes = [modules[head]] if head != "…" else list(modules.values())
+            if head == "…":  # the class may be left out
+                scopes += [
+                    n.body for m in modules.values() for n in m if isinstance(n, ast.ClassDef)
+                ]
+            if not any(_defines(scope, names) for scope in scopes):
+                missing.append(ref)
+    assert missing == []
+
+
+def _defines(scope: list[Any], names: list[str]) -> bool:
+    import ast
+
+    for name in names:
+        found = next(
+            (n for n in scope if isinstance(n, ast.ClassDef | ast.FunctionDef) and n.name == name),
+            None,
+        )
+        if found is None:
+            return False
+        scope = found.body
+    return True
