@@ -36,6 +36,12 @@ SAVE_TOTAL = 1 * GIB
 API_OBJECT = 4 * MIB
 API_HEAD = 1 * MIB
 # (JSON nesting is bounded as Go bounds it, 10000 levels: core/go/encoding_json/scanner.py.)
+# install-cni: a CNI config in net.d, the network config, the service account token and CA,
+# the kubeconfig (a few KiB each); the undo journal holds the original bytes of every
+# patched config; a pid file or a /proc entry of the process it names.
+INSTALLER_FILE = 1 * MIB
+UNDO_JOURNAL = 16 * MIB
+PID_FILE = 64 * KIB
 # The Kubernetes API deadline of one invocation (CNIBOX_KUBE_TIMEOUT, seconds): the default,
 # and the largest value taken; larger values are clamped (a value that cannot be a number
 # of seconds is refused).
