@@ -10,7 +10,6 @@ never read. Nothing of the machine's own network or files is touched. Cost: abou
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import cnibox_argv, require_root, require_tool
+from tests.support.hostile import cni_env, write_plugin_config
 
 pytestmark = pytest.mark.netns
 
@@ -49,27 +49,12 @@ def test_unresponsive_resolver_costs_the_deadline_only(tmp_path: Path) -> None:
         "users: [{name: u, user: {token: t}}]\n"
         "contexts: [{name: linkerd-cni-context, context: {cluster: c, user: u}}]\n"
     )
-    config = tmp_path / "conf.json"
-    config.write_text(
-        json.dumps(
-            {
-                "cniVersion": "1.0.0",
-                "name": "k8s-pod-network",
-                "type": "linkerd-cni",
-                "kubernetes": {"kubeconfig": str(kubeconfig)},
-            }
-        )
+    config = write_plugin_config(tmp_path / "conf.json", kubeconfig=str(kubeconfig))
+    env = cni_env(
+        CNI_NETNS="/var/run/netns/cbx-dns-absent",
+        CNI_ARGS="K8S_POD_NAMESPACE=emojivoto;K8S_POD_NAME=web",
+        CNIBOX_KUBE_TIMEOUT=str(DEADLINE),
     )
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "CNI_COMMAND": "ADD",
-        "CNI_CONTAINERID": "c0ffee",
-        "CNI_NETNS": "/var/run/netns/cbx-dns-absent",
-        "CNI_IFNAME": "eth0",
-        "CNI_PATH": "/opt/cni/bin",
-        "CNI_ARGS": "K8S_POD_NAMESPACE=emojivoto;K8S_POD_NAME=web",
-        "CNIBOX_KUBE_TIMEOUT": str(DEADLINE),
-    }
     job = json.dumps([cnibox_argv("linkerd-cni"), env, str(config)])
     script = (
         f"ip link set lo up && mount --bind {resolv} /etc/resolv.conf && "

@@ -20,7 +20,13 @@ import pytest
 from multicall.effects.kube import KubeClient, read_kubeconfig
 from multicall.errors import KubeError
 from tests.support import cnibox_argv
-from tests.support.hostile import RSS_BOUND, Measured, run_measured
+from tests.support.hostile import (
+    RSS_BOUND,
+    Measured,
+    cni_env,
+    run_measured,
+    write_plugin_config,
+)
 from tests.support.hostile_api import POD_PATH, HostileApi, hostile_api
 from tests.support.pods import MESHED
 
@@ -120,28 +126,13 @@ class TestClient:
 
 
 def add(api: HostileApi, tmp_path: Path, netns: str = "/var/run/netns/cbx-hostile-api") -> Measured:
-    config = tmp_path / "conf.json"
     kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
-    config.write_text(
-        json.dumps(
-            {
-                "cniVersion": "1.0.0",
-                "name": "k8s-pod-network",
-                "type": "linkerd-cni",
-                "kubernetes": {"kubeconfig": str(kubeconfig)},
-            }
-        )
+    config = write_plugin_config(tmp_path / "conf.json", kubeconfig=str(kubeconfig))
+    env = cni_env(
+        CNI_NETNS=netns,
+        CNI_ARGS=f"K8S_POD_NAMESPACE={NS};K8S_POD_NAME={NAME}",
+        CNIBOX_KUBE_TIMEOUT=str(ADD_TIMEOUT),
     )
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "CNI_COMMAND": "ADD",
-        "CNI_CONTAINERID": "c0ffee",
-        "CNI_NETNS": netns,
-        "CNI_IFNAME": "eth0",
-        "CNI_PATH": "/opt/cni/bin",
-        "CNI_ARGS": f"K8S_POD_NAMESPACE={NS};K8S_POD_NAME={NAME}",
-        "CNIBOX_KUBE_TIMEOUT": str(ADD_TIMEOUT),
-    }
     return run_measured(cnibox_argv("linkerd-cni"), stdin=config, env=env, timeout=60)
 
 

@@ -30,14 +30,15 @@ from tests.support.fakes import FakeKube, MemoryFirewall
 from tests.support.hostile import (
     RSS_BOUND,
     Measured,
+    cni_env,
     run_measured,
     write_big_config,
     write_big_save,
+    write_plugin_config,
 )
 from tests.support.pods import MESHED
 from tests.support.scenarios import netconf
 
-POD_ARGS = "IgnoreUnknown=1;K8S_POD_NAMESPACE=emojivoto;K8S_POD_NAME=web-7d4f8c9b5-x2x4q"
 # Any Python exception name, or the dispatcher's word for a bug, is an internal leaking out.
 INTERNALS = re.compile(r"Traceback|internal error|\b[A-Z][A-Za-z]*(?:Error|Exception)\b")
 FAST = 10.0  # seconds: "fails fast" (these take well under a second; the bound is CI-proof)
@@ -65,29 +66,8 @@ def big_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 # ----------------------------------------------------------------------------- linkerd-cni
 
 
-def cni_env(command: str = "ADD", **extra: str) -> dict[str, str]:
-    return {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "CNI_COMMAND": command,
-        "CNI_CONTAINERID": "c0ffee",
-        "CNI_NETNS": "/var/run/netns/cbx-hostile-absent",
-        "CNI_IFNAME": "eth0",
-        "CNI_PATH": "/opt/cni/bin",
-        "CNI_ARGS": POD_ARGS,
-        **extra,
-    }
-
-
 def write_config(tmp_path: Path, **kubernetes: str) -> Path:
-    doc = {
-        "cniVersion": "1.0.0",
-        "name": "k8s-pod-network",
-        "type": "linkerd-cni",
-        "kubernetes": kubernetes,
-    }
-    path = tmp_path / "conf.json"
-    path.write_text(json.dumps(doc))
-    return path
+    return write_plugin_config(tmp_path / "conf.json", **kubernetes)
 
 
 def cni_error(result: Measured) -> dict[str, object]:

@@ -9,6 +9,7 @@ large pytest process would report pytest's size. The generators write large inpu
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import tempfile
@@ -126,4 +127,29 @@ def write_big_save(path: Path, size: int) -> Path:
         f.write(":PROXY_INIT_OUTPUT" + proxy_init)
         f.write(nat_rules * (half // len(nat_rules)))
         f.write("COMMIT\n")
+    return path
+
+
+POD_ARGS = "IgnoreUnknown=1;K8S_POD_NAMESPACE=emojivoto;K8S_POD_NAME=web-7d4f8c9b5-x2x4q"
+
+
+def cni_env(command: str = "ADD", **extra: str) -> dict[str, str]:
+    """A runtime's environment for `linkerd-cni` (a netns path that does not exist, the
+    identity of upstream's injected pod); `extra` overrides or adds."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": "c0ffee",
+        "CNI_NETNS": "/var/run/netns/cbx-hostile-absent",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/opt/cni/bin",
+        "CNI_ARGS": POD_ARGS,
+        **extra,
+    }
+
+
+def write_plugin_config(path: Path, **kubernetes: str) -> Path:
+    """linkerd-cni's network config with the given `kubernetes` section (e.g. kubeconfig)."""
+    doc = {"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "linkerd-cni"}
+    path.write_text(json.dumps({**doc, "kubernetes": kubernetes}))
     return path
