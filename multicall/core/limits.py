@@ -20,6 +20,8 @@ NETWORK_CONFIG = 1 * MIB
 # A kubeconfig: the installer's is under 4 KiB; a user's multi-cluster one with embedded
 # certificates some hundred KiB.
 KUBECONFIG = 4 * MIB
+# certificate-authority: a CA bundle (a distribution's whole bundle is about 200 KiB).
+CA_FILE = 4 * MIB
 # A bearer token file (a projected service account token is about 1 KiB).
 TOKEN_FILE = 64 * KIB
 # A Kubernetes object given to iptables-verify as a file (--pod, --namespace-object,

@@ -46,6 +46,7 @@ from multicall.core.kube.objects import (
 from multicall.core.limits import (
     API_HEAD,
     API_OBJECT,
+    CA_FILE,
     KUBE_TIMEOUT_DEFAULT,
     KUBE_TIMEOUT_MAX,
     KUBECONFIG,
@@ -162,6 +163,8 @@ class KubeClient:
         self.deadline = time.monotonic() + timeout
         self.endpoint = _endpoint(config.server)
         self._token = _token(config)
+        # The CA is read now: a file that cannot be one fails before any connection.
+        self._tls = _tls_context(config) if self.endpoint.scheme == "https" else None
         self._conn: _Connection | None = None
 
     def close(self) -> None:
@@ -197,7 +200,7 @@ class KubeClient:
             conn = self._conn or _Connection(self.endpoint)
             self._conn = conn
             try:
-                conn.open(self.config, deadline)
+                conn.open(self.config, deadline, self._tls)
                 return conn.get(path, self._headers(), deadline, max_body=API_OBJECT)
             except StaleConnection:
                 self.close()  # closed by the server while idle: once more, on a new one
@@ -237,8 +240,8 @@ def _failure(exc: OSError | ValueError, conn: _Connection) -> str:
         return f"dial tcp {conn.endpoint.hostport}: connect: connection refused"
     if isinstance(exc, HttpProtocolError):
         return str(exc)
-    if isinstance(exc, _NothingReceived | _UnexpectedEof):
-        return "EOF" if isinstance(exc, _NothingReceived) else "unexpected EOF"
+    if isinstance(exc, _NothingReceived | StaleConnection | _UnexpectedEof):
+        return "unexpected EOF" if isinstance(exc, _UnexpectedEof) else "EOF"
     return (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).lower()
 
 
@@ -295,7 +298,8 @@ class _Connection:
         self.deadline = 0.0
         self.completed = 0  # responses read in full on this connection
 
-    def open(self, config: KubeConfig, deadline: float) -> None:
+    def open(self, config: KubeConfig, deadline: float, tls: ssl.SSLContext | None = None) -> None:
+        """Connect (and TLS: with `tls`, else a context made from `config`) by `deadline`."""
         if self.sock is not None:
             return
         import socket
@@ -311,7 +315,8 @@ class _Connection:
         if self.endpoint.scheme == "https":
             self.stage = "tls"
             raw.settimeout(_remaining(deadline))
-            self.sock = _tls_context(config).wrap_socket(raw, server_hostname=host)
+            context = tls or _tls_context(config)
+            self.sock = context.wrap_socket(raw, server_hostname=host)
         self.reader = io.BufferedReader(_DeadlineReader(self), READ_SIZE)
         self.stage = "request"
 
@@ -571,14 +576,21 @@ def _tls_context(config: KubeConfig) -> ssl.SSLContext:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
         return ctx
+    if config.ca_data:
+        pem = config.ca_data.decode("ascii", "replace")
+    elif config.ca_file:
+        # Read as every input is (bounded, a regular file, no blocking open): OpenSSL's own
+        # fopen would wait forever on a FIFO and read /dev/zero without end.
+        pem = read_text_file(config.ca_file, limit=CA_FILE, what="certificate-authority file")
+    else:
+        return ssl.create_default_context()
     try:
-        if config.ca_data:
-            return ssl.create_default_context(cadata=config.ca_data.decode("ascii", "replace"))
-        if config.ca_file:
-            return ssl.create_default_context(cafile=config.ca_file)
-    except (ssl.SSLError, OSError, ValueError) as exc:
-        raise KubeError(f"unable to load root certificates: {exc}") from None
-    return ssl.create_default_context()
+        return ssl.create_default_context(cadata=pem)
+    except (ssl.SSLError, ValueError):
+        # Go's x509.CertPool.AppendCertsFromPEM wording, not OpenSSL's error codes.
+        raise KubeError(
+            "unable to load root certificates: unable to parse bytes as PEM block"
+        ) from None
 
 
 def _x509(exc: ssl.SSLCertVerificationError) -> str:

@@ -136,10 +136,14 @@ class TestPluginInputs:
             ("deep", "error loading config: while increasing flow level"),
             ("crlf-token", "users[].user.token contains a carriage return (CR)"),
             ("crlf-server", "clusters[].cluster.server"),
+            ("ca-fifo", "certificate-authority file {fifo} is a FIFO, not a regular file"),
+            ("ca-zero", "certificate-authority file /dev/zero is a character device"),
+            ("ca-junk", "unable to load root certificates: unable to parse bytes as PEM block"),
         ],
     )
     def test_kubeconfig(self, tmp_path: Path, fifo: Path, content: str, message: str) -> None:
-        """The kubeconfig the config names: refused fast, naming it (no API is contacted)."""
+        """The kubeconfig the config names, and the files it names: refused fast, naming
+        them (no API is contacted)."""
         path = tmp_path / "kubeconfig"
         if content == "/dev/zero":
             path = Path("/dev/zero")
@@ -156,10 +160,16 @@ class TestPluginInputs:
         else:
             server = "https://h/api\r\nX-Injected: 1" if content == "crlf-server" else "https://h"
             token = "abc\r\nX-Injected: 1" if content == "crlf-token" else "abc"
+            cluster = {"server": server}
+            if content.startswith("ca-"):
+                junk = tmp_path / "junk.pem"
+                junk.write_text("-----BEGIN CERTIFICATE-----\nnot base64\n")
+                ca = {"ca-fifo": fifo, "ca-zero": "/dev/zero"}.get(content, junk)
+                cluster["certificate-authority"] = str(ca)
             path.write_text(
                 json.dumps(
                     {
-                        "clusters": [{"name": "c", "cluster": {"server": server}}],
+                        "clusters": [{"name": "c", "cluster": cluster}],
                         "users": [{"name": "u", "user": {"token": token}}],
                         "contexts": [
                             {
@@ -172,7 +182,7 @@ class TestPluginInputs:
             )
         result = run_cni(write_config(tmp_path, kubeconfig=str(path)))
         error = cni_error(result)
-        assert message.format(path=path) in str(error["msg"])
+        assert message.format(path=path, fifo=fifo) in str(error["msg"])
         assert result.seconds < FAST
         assert result.peak_rss < RSS_BOUND
 
