@@ -77,7 +77,8 @@ def format_list() -> str:
 def format_help() -> str:
     assert __doc__ is not None
     lines = __doc__.split("\n\nRules of this module")[0].rstrip()
-    table = "\n".join(f"  {applet.name:<18}{applet.summary}" for applet in APPLETS)
+    width = max(18, *(len(applet.name) + 2 for applet in APPLETS))
+    table = "\n".join(f"  {applet.name:<{width}}{applet.summary}" for applet in APPLETS)
     return f"{lines}\n\nApplets:\n{table}\n"
 
 

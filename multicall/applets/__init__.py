@@ -39,6 +39,12 @@ def _iptables_verify() -> AppletModule:
     return iptables_verify
 
 
+def _linkerd_cni_repair_controller() -> AppletModule:
+    from multicall.applets import linkerd_cni_repair_controller
+
+    return linkerd_cni_repair_controller
+
+
 # In `cnibox --help` order. Each comment says why the applet needs root where it does.
 APPLETS: tuple[Applet, ...] = (
     # setns(2) needs CAP_SYS_ADMIN in the target namespace's user namespace
@@ -70,6 +76,15 @@ APPLETS: tuple[Applet, ...] = (
         (),
         "compare a pod's nat table with what linkerd-cni would program",
         _iptables_verify,
+    ),
+    # none by default (upstream's: API access only); --repair-in-place enters pod network
+    # namespaces (CAP_SYS_ADMIN) and programs nat there (CAP_NET_ADMIN, CAP_NET_RAW)
+    Applet(
+        "linkerd-cni-repair-controller",
+        (),
+        "delete (or repair) pods whose Linkerd network validator failed",
+        _linkerd_cni_repair_controller,
+        parses_help=True,  # clap's rules: -V too, and a flag's value is not a request
     ),
 )
 

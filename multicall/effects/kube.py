@@ -346,17 +346,34 @@ class _Connection:
                 raise StaleConnection from None
             raise
 
-    def get(
-        self, path: str, headers: str, deadline: float, *, max_body: int = MAX_BODY
+    def exchange(
+        self,
+        method: str,
+        path: str,
+        headers: str,
+        body: bytes,
+        deadline: float,
+        *,
+        body_deadline: float | None = None,
+        max_body: int = MAX_BODY,
     ) -> tuple[int, bytes]:
-        status, fields = self.request("GET", path, headers, b"", deadline)
+        """One request and its whole response: the head by `deadline`, the body (at most
+        `max_body`) by `body_deadline` (default: the same). Closes the connection when the
+        server says so; StaleConnection as `request`."""
+        status, fields = self.request(method, path, headers, body, deadline)
         assert self.reader is not None
         self.stage = "body"
-        body = _read_body(self.reader, fields, max_body)
+        self.deadline = deadline if body_deadline is None else body_deadline
+        data = _read_body(self.reader, fields, max_body)
         self.completed += 1
         if fields.get("connection", "").lower() == "close":
             self.close()
-        return status, body
+        return status, data
+
+    def get(
+        self, path: str, headers: str, deadline: float, *, max_body: int = MAX_BODY
+    ) -> tuple[int, bytes]:
+        return self.exchange("GET", path, headers, b"", deadline, max_body=max_body)
 
     def timeout_detail(self) -> str:
         if self.stage == "body":
@@ -599,7 +616,7 @@ def _x509(exc: ssl.SSLCertVerificationError) -> str:
     return str(exc.verify_message or exc.reason or exc)
 
 
-def _status_message(status: int, body: bytes, what: tuple[str, str]) -> str:
+def _status_message(status: int, body: bytes, what: tuple[str, str], verb: str = "get") -> str:
     """client-go's error text: the Status object's message, else its generic wording."""
     try:
         doc = json.loads(body)
@@ -613,12 +630,12 @@ def _status_message(status: int, body: bytes, what: tuple[str, str]) -> str:
     generic = {
         401: "Unauthorized",
         403: "Forbidden",
-        404: f"the server could not find the requested resource (get {resource} {name})",
+        404: f"the server could not find the requested resource ({verb} {resource} {name})",
     }
     if status in generic:
         return generic[status]
     text = body.decode("utf-8", "replace").strip()
     return (
         f'an error on the server ("{text}") has prevented the request from succeeding '
-        f"(get {resource} {name})"
+        f"({verb} {resource} {name})"
     )

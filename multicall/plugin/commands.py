@@ -22,11 +22,11 @@ if TYPE_CHECKING:
     from multicall.core.cni.netconf import NetConf
     from multicall.core.cni.result import Result
     from multicall.core.cni.skel import CniEnv, PodIdentity
-    from multicall.core.firewall.model import ProxyInitOptions
+    from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
     from multicall.effects.ns import NetnsRef
     from multicall.errors import KubeError
     from multicall.plugin.logrus import Logger
-    from multicall.plugin.ports import PluginDeps
+    from multicall.plugin.ports import Firewall, Log, PluginDeps
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,19 +204,40 @@ def check(call: Call) -> None:
 def diff_pod_rules(call: Call, conf: NetConf, options: ProxyInitOptions) -> list[str]:
     """One readable diff per family whose live nat table lacks what ADD would program."""
     from multicall.core.cni.netconf import mode_of
-    from multicall.core.firewall.diff import diff_tables
     from multicall.core.firewall.model import families
-    from multicall.core.firewall.proxy_init import expected_table
-    from multicall.core.firewall.report import format_diff
 
     mode = mode_of(conf)
     refuse_own_netns(call)
+    return rule_differences(
+        call.deps.firewall,
+        call.netns,
+        options,
+        mode=mode,
+        families=families(ipv6=conf.ipv6),
+        log=call.log.info,
+    )
+
+
+def rule_differences(
+    firewall: Firewall,
+    netns: NetnsRef,
+    options: ProxyInitOptions,
+    *,
+    mode: Mode,
+    families: tuple[Family, ...],
+    log: Log,
+) -> list[str]:
+    """CHECK's comparison: one readable diff per family whose live nat table is not what ADD
+    programs for `options` (empty: exactly the expected rules). The repair controller checks
+    a repaired sandbox with it too (plugin/repair_in_place.py)."""
+    from multicall.core.firewall.diff import diff_tables
+    from multicall.core.firewall.proxy_init import expected_table
+    from multicall.core.firewall.report import format_diff
+
     problems = []
-    for family in families(ipv6=conf.ipv6):
+    for family in families:
         expected = expected_table(options, family)
-        actual = call.deps.firewall.dump_nat(
-            call.netns, mode=mode, family=family, log=call.log.info
-        )
+        actual = firewall.dump_nat(netns, mode=mode, family=family, log=log)
         diff = diff_tables(expected, actual)
         if not diff.ok:
             problems.append(f"{family.value}:\n{format_diff(diff)}")

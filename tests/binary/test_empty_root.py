@@ -296,11 +296,57 @@ def case_install_cni(root: EmptyRoot, rig: Rig, env: dict[str, str]) -> None:
     assert node.kubeconfig.is_file()
 
 
+def case_linkerd_cni_repair_controller(root: EmptyRoot, rig: Rig, env: dict[str, str]) -> None:
+    """In the node netns, against the list/watch stand-in: the pod whose validator exited 95
+    is deleted and its Event published, /live answers, SIGTERM exits 0."""
+    import sys
+    import time
+
+    from tests.support.kubewatch import WatchApi, pod_doc
+
+    node = rig.node()
+    api = WatchApi(make_pki(root.tmp / "pki"))
+    api.apply(pod_doc("failed-web", node="node-e"))
+    api.apply(pod_doc("healthy-web", 0, node="node-e"))
+    api.start(node.path)
+    try:
+        (root.tmp / "kubeconfig").write_text(api.kubeconfig_text())
+        argv = [
+            "/netns-exec",
+            f"--net={node.path}",
+            "/linkerd-cni-repair-controller",
+            "--node-name",
+            "node-e",
+            "--controller-pod-name",
+            "linkerd-cni-root",
+            "--kubeconfig",
+            "/tmp/kubeconfig",
+            "--admin-addr",
+            "127.0.0.1:9990",
+        ]
+        with root.started(argv, env) as proc:
+            deadline = time.monotonic() + TIMEOUT
+            while not api.events and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.1)
+            assert api.events, f"no Event; controller exited {proc.poll()}"
+            probe = (
+                "import urllib.request as u; print(u.urlopen('http://127.0.0.1:9990/live').read())"
+            )
+            assert node.exec([sys.executable, "-c", probe]).strip() == "b'alive\\n'"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=TIMEOUT) == 0
+    finally:
+        api.stop()
+    assert [path.rsplit("/", 1)[-1] for path in api.deletes()] == ["failed-web"]
+    assert api.events[0]["reason"] == "LinkerdCNINotConfigured"
+
+
 APPLET_CASES: dict[str, Callable[[EmptyRoot, Rig, dict[str, str]], None]] = {
     "netns-exec": case_netns_exec,
     "linkerd-cni": case_linkerd_cni,
     "iptables-verify": case_iptables_verify,
     "install-cni": case_install_cni,
+    "linkerd-cni-repair-controller": case_linkerd_cni_repair_controller,
 }
 
 

@@ -7,7 +7,9 @@ equal the fixture line for line.
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
 import subprocess
 import sys
 import textwrap
@@ -217,6 +219,49 @@ class TestSafety:
             [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False
         )
         assert (proc.returncode, proc.stdout) == (0, "before after"), proc.stderr
+
+    def test_a_thread_holding_stdout_at_the_fork_does_not_hang_legacy(self, rig: Rig) -> None:
+        """In a threaded caller (the repair controller logs to stdout from other threads), a
+        thread may hold stdout's lock when the legacy backend forks; the child, which flushes
+        stdout before each extension's save, must not wait for it (it would wait for ever)."""
+        pod = rig.netns("p")
+        script = textwrap.dedent(
+            f"""
+            import os, sys, threading, time
+            from multicall.core.firewall.model import Family, Mode, ProxyInitOptions, families
+            from multicall.effects.firewall import legacy
+            from multicall.effects.firewall.engine import apply_proxy_init, dump_nat
+            apply_proxy_init({pod.path!r}, ProxyInitOptions(), mode=Mode.LEGACY,
+                             families=families(ipv6=False))  # rules whose dump saves matches
+            read_end, write_end = os.pipe()
+            os.dup2(write_end, 1)
+            sys.stdout = open(1, "w", buffering=1 << 16)
+            legacy._flush_std_streams = lambda: None  # the lock is taken after that flush
+            def log():
+                sys.stdout.write("x" * (1 << 20))  # fills the pipe: blocks holding the lock
+                sys.stdout.flush()
+            threading.Thread(target=log, daemon=True).start()
+            time.sleep(0.3)
+            table = dump_nat({pod.path!r}, mode=Mode.LEGACY, family=Family.IPV4)
+            os.write(2, f"{{len(table.chains)}} chains".encode())
+            os._exit(0)  # the logging thread still holds stdout: no flush at exit
+            """
+        )
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # a hung libiptc child is killed with its parent
+        )
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            pytest.fail("the legacy backend's child hung on stdout's lock")
+        assert (proc.returncode, err) == (0, b"6 chains")
 
     def test_missing_netns(self) -> None:
         """A netns path that does not exist is a NetnsError, before anything else."""

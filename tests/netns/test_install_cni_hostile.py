@@ -21,8 +21,8 @@ from tests.support.installer_host import (
     make_host,
     put_config,
     snapshot,
-    wait_for,
 )
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.netns
 

@@ -16,8 +16,8 @@ from tests.support.installer_host import (
     make_host,
     put_config,
     snapshot,
-    wait_for,
 )
+from tests.support.waiting import wait_for
 
 HASHES = json.loads((FIXTURES / "derived" / "linkerd-go-installer" / "hashes.json").read_text())
 

@@ -18,7 +18,8 @@ from multicall.core.installer.config import parse_environment
 from multicall.dispatch import run_applet
 from multicall.effects import inotify, pidfile
 from multicall.errors import ConfigError, UsageError
-from tests.support.installer_host import TESTDATA, Host, make_host, put_config, wait_for
+from tests.support.installer_host import TESTDATA, Host, make_host, put_config
+from tests.support.waiting import wait_for
 
 
 def installer_for(root: Path) -> tuple[install_cni.Installer, io.BytesIO, Host]:

@@ -26,8 +26,8 @@ from tests.support.installer_host import (
     make_host,
     put_config,
     snapshot,
-    wait_for,
 )
+from tests.support.waiting import wait_for
 
 STATE = ".cnibox-install-cni"
 MiB = 1 << 20

@@ -8,7 +8,8 @@ import signal
 import time
 from pathlib import Path
 
-from tests.support.installer_host import TESTDATA, cpu_seconds, linkerd_count, make_host, wait_for
+from tests.support.installer_host import TESTDATA, cpu_seconds, linkerd_count, make_host
+from tests.support.waiting import wait_for
 
 CALICO = (TESTDATA / "10-calico.conflist").read_bytes()
 

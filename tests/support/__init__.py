@@ -8,6 +8,7 @@ The everyday names are here; the rest by module:
     rig.py             throwaway network namespaces (node and pod netns, veths)
     pki.py             a test CA and server certificate (openssl CLI)
     kubeapi.py         a TLS Kubernetes API server for tests, and API documents
+    kubewatch.py       a list/watch API server for controllers (pods, Events, faults)
     libcni/            the real libcni as the container runtime (Go driver, oracles)
     installer_host.py  a fake node for install-cni (host root, service-account dir)
     fakes.py           in-memory Kubernetes API and firewall for the plugin seam
@@ -15,6 +16,8 @@ The everyday names are here; the rest by module:
     pods.py            upstream's injected pods, and nat tables as save tools print them
     nft.py             nft codec test data (fixture rules, hypothesis RuleSpecs)
     artifact.py        the built single file (trailer, extraction cache)
+    validator.py       linkerd-network-validator's check, run inside a pod netns
+    waiting.py         wait_for: poll a condition with a bound
     helm.py            the pinned helm and packaging/helm/manifests.py (chart, release)
     hostile.py         large hostile inputs, and peak RSS of a command (GNU time)
     hostile_api.py     an API stand-in that misbehaves on purpose (slow, endless, broken)

@@ -8,8 +8,6 @@ import json
 import os
 import stat
 import subprocess
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,18 +136,6 @@ def snapshot(root: Path) -> dict[str, tuple[int, str]]:
                 what = "dir"
             out[str(path.relative_to(root))] = (stat.S_IMODE(st.st_mode), what)
     return out
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if condition():
-                return
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def cpu_seconds(pid: int) -> float:

@@ -182,9 +182,10 @@ def service_doc(ports: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-class _TlsServer(ThreadingHTTPServer):
+class TlsServer(ThreadingHTTPServer):
+    """HTTPS for the API stand-ins (this one and kubewatch.py)."""
+
     daemon_threads = True
-    api: KubeApi
     tls: ssl.SSLContext
 
     def finish_request(self, request: Any, client_address: Any) -> None:
@@ -201,24 +202,47 @@ class _TlsServer(ThreadingHTTPServer):
             wrapped.close()
 
 
+class _TlsServer(TlsServer):
+    api: KubeApi
+
+
 def _server(api: KubeApi, listener: socket.socket) -> ThreadingHTTPServer:
     server = _TlsServer(("127.0.0.1", 0), _Handler, bind_and_activate=False)
-    server.socket.close()
-    server.socket = listener
-    server.server_address = listener.getsockname()
     server.api = api
-    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    tls.load_cert_chain(api.pki.server_cert, api.pki.server_key)
-    server.tls = tls
+    server.tls = adopt_listener(server, listener, api.pki)
     return server
 
 
-class _Handler(BaseHTTPRequestHandler):
+def adopt_listener(
+    server: ThreadingHTTPServer, listener: socket.socket, pki: Pki
+) -> ssl.SSLContext:
+    """Make `server` (built unbound) serve on `listener`; the TLS context for its requests."""
+    server.socket.close()
+    server.socket = listener
+    server.server_address = listener.getsockname()
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(pki.server_cert, pki.server_key)
+    return tls
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """The API stand-ins' request handler base: HTTP/1.1, quiet, JSON answers."""
+
     protocol_version = "HTTP/1.1"
-    server: _TlsServer
 
     def log_message(self, format: str, *args: Any) -> None:
         return
+
+    def _send(self, code: int, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class _Handler(JsonHandler):
+    server: _TlsServer
 
     def do_GET(self) -> None:
         api = self.server.api
@@ -233,13 +257,6 @@ class _Handler(BaseHTTPRequestHandler):
                 api.status, "forced", "Forced", None))  # fmt: skip
         else:
             self._send(*api.lookup(self.path))
-
-    def _send(self, code: int, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
 
 def pods_from_golden(path: Path, *, namespace: str = "emojivoto") -> list[dict[str, Any]]:

@@ -80,22 +80,29 @@ def _text(body: Mapping[str, object], key: str) -> str:
     return value if isinstance(value, str) else ""
 
 
-def parse_kubeconfig(text: str, context: str = CONTEXT) -> KubeConfig:
-    """The cluster and user of `context`, or ConfigError with client-go's complaint."""
-    fast = _installer_form(text, context)
-    if fast is not None:
-        return fast
+def parse_kubeconfig(
+    text: str, context: str | None = CONTEXT, *, cluster_name: str = "", user_name: str = ""
+) -> KubeConfig:
+    """The cluster and user of `context` (None: the file's current-context; a non-empty
+    `cluster_name`/`user_name` overrides the context's, as kubectl's --cluster/--user do),
+    or ConfigError with client-go's complaint."""
+    if context is not None and not cluster_name and not user_name:
+        fast = _installer_form(text, context)
+        if fast is not None:
+            return fast
     doc = _load(text)
     if not isinstance(doc, Mapping):
         raise ConfigError("invalid configuration: no configuration has been provided")
+    if context is None:
+        context = _text(doc, "current-context")
     ctx = _named(doc, "contexts", context, "context")
-    if not ctx:
+    if not ctx and not (cluster_name and user_name):
         raise ConfigError(
             f"invalid configuration: [context was not found for specified context: {context}, "
             "cluster has no server defined]"
         )
-    cluster = _named(doc, "clusters", _text(ctx, "cluster"), "cluster")
-    user = _named(doc, "users", _text(ctx, "user"), "user")
+    cluster = _named(doc, "clusters", cluster_name or _text(ctx, "cluster"), "cluster")
+    user = _named(doc, "users", user_name or _text(ctx, "user"), "user")
     server = _text(cluster, "server")
     if not server:
         raise ConfigError("invalid configuration: cluster has no server defined")

@@ -531,9 +531,20 @@ def _flush_std_streams() -> None:
 def _child(work: Callable[[], object], write_end: int) -> NoReturn:  # pragma: no cover
     """Never returns into the caller's code: whatever happens, the child ends here."""
     try:
+        _own_std_streams()
         _report(work, write_end)
     finally:
         os._exit(0)
+
+
+def _own_std_streams() -> None:  # pragma: no cover - runs in the child
+    """Give the child stream objects of its own. python-iptables flushes sys.stdout before
+    each extension's save; in a threaded caller (the repair controller, whose logger writes
+    to stdout) another thread may hold the stream's lock at the fork, and a lock held by a
+    thread the child does not have is never released: the child would hang for ever."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        raw = io.FileIO(fd, "w", closefd=False)
+        setattr(sys, name, io.TextIOWrapper(raw, errors="backslashreplace", write_through=True))
 
 
 def _report(work: Callable[[], object], write_end: int) -> None:  # pragma: no cover

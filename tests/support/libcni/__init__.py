@@ -125,13 +125,14 @@ class Runtime:
         pod: tuple[str, str] | None = None,
         env: dict[str, str] | None = None,
         timeout: float = 60,
+        pod_uid: str = "0c9b6f0e-uid",
     ) -> subprocess.CompletedProcess[str]:
         path = self.cache / f"{container_id}.conflist"
         path.write_text(json.dumps(conf))
         args = "IgnoreUnknown=1"
         if pod is not None:
             args += f";K8S_POD_NAMESPACE={pod[0]};K8S_POD_NAME={pod[1]}"
-            args += f";K8S_POD_INFRA_CONTAINER_ID={container_id};K8S_POD_UID=0c9b6f0e-uid"
+            args += f";K8S_POD_INFRA_CONTAINER_ID={container_id};K8S_POD_UID={pod_uid}"
         full_env = dict(os.environ, DRIVER_PLUGIN_DIR=str(self.plugins), DRIVER_NETNS=netns,
                         DRIVER_CONTAINERID=container_id, DRIVER_CACHE_DIR=str(self.cache),
                         CNI_ARGS=args, **(env or {}))  # fmt: skip

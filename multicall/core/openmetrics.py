@@ -1,0 +1,117 @@
+"""Counters and histograms rendered in the OpenMetrics text format exactly as Rust's
+`prometheus-client` renders them (the crate upstream's controllers register into), so a
+dashboard written for upstream reads cnibox's `/metrics` unchanged.
+
+Rules of this module:
+1. A registered metric's HELP gets a full stop appended (prometheus-client's `Descriptor`);
+   a counter's sample is `<name>_total`; a histogram writes `_sum`, `_count`, then cumulative
+   `_bucket{le="..."}` lines ending with `+Inf`; the exposition ends with `# EOF`.
+2. Families whose help is written verbatim (collectors, e.g. process metrics) use `verbatim`.
+3. Each metric's state is one immutable value replaced in a single assignment, so a scrape
+   from another thread sees a consistent histogram without a lock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+# client_golang's default buckets, which upstream copies for both latency histograms
+DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+def format_float(value: float) -> str:
+    """Rust `dtoa`'s shortest round-trip form: `1.0`, `0.005`, `1e-7`, `+Inf`."""
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if math.isnan(value):
+        return "NaN"
+    text = repr(float(value))
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        sign = "-" if exponent.startswith("-") else ""
+        text = f"{mantissa.removesuffix('.0')}e{sign}{exponent.lstrip('+-').lstrip('0') or '0'}"
+    return text
+
+
+@dataclass(slots=True)
+class Counter:
+    name: str
+    help: str
+    value: int = 0
+
+    def inc(self, by: int = 1) -> None:
+        self.value += by
+
+    def render(self, prefix: str) -> str:
+        name = f"{prefix}{self.name}"
+        return f"# HELP {name} {self.help}.\n# TYPE {name} counter\n{name}_total {self.value}\n"
+
+
+@dataclass(frozen=True, slots=True)
+class _HistogramState:
+    total: float = 0.0
+    count: int = 0
+    buckets: tuple[int, ...] = ()  # per-bucket (not cumulative) counts, +Inf last
+
+
+@dataclass(slots=True)
+class Histogram:
+    name: str
+    help: str
+    bounds: Sequence[float] = DEFAULT_BUCKETS
+    state: _HistogramState = field(default_factory=_HistogramState)
+
+    def observe(self, value: float) -> None:
+        old = self.state
+        counts = list(old.buckets or (0,) * (len(self.bounds) + 1))
+        counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.state = _HistogramState(old.total + value, old.count + 1, tuple(counts))
+
+    def render(self, prefix: str) -> str:
+        name = f"{prefix}{self.name}"
+        state = self.state
+        counts = state.buckets or (0,) * (len(self.bounds) + 1)
+        lines = [
+            f"# HELP {name} {self.help}.",
+            f"# TYPE {name} histogram",
+            f"{name}_sum {format_float(state.total)}",
+            f"{name}_count {state.count}",
+        ]
+        running = 0
+        for bound, count in zip((*self.bounds, math.inf), counts, strict=True):
+            running += count
+            lines.append(f'{name}_bucket{{le="{format_float(bound)}"}} {running}')
+        return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One family whose help is written as given (prometheus-client's collector path)."""
+
+    name: str
+    help: str
+    type: str  # counter | gauge
+    value: int | float
+    unit: str = ""  # seconds | bytes: appended to the name, announced by # UNIT
+
+    def render(self, prefix: str) -> str:
+        name = f"{prefix}{self.name}" + (f"_{self.unit}" if self.unit else "")
+        value = format_float(self.value) if isinstance(self.value, float) else str(self.value)
+        lines = [f"# HELP {name} {self.help}", f"# TYPE {name} {self.type}"]
+        if self.unit:
+            lines.append(f"# UNIT {name} {self.unit}")
+        lines.append(f"{name}{'_total' if self.type == 'counter' else ''} {value}")
+        return "\n".join(lines) + "\n"
+
+
+def exposition(sections: Iterable[tuple[str, Iterable[Counter | Histogram | Sample]]]) -> str:
+    """Every (prefix, metrics) section in order, then `# EOF`."""
+    parts = [
+        metric.render(f"{prefix}_" if prefix else "") for prefix, ms in sections for metric in ms
+    ]
+    return "".join(parts) + "# EOF\n"

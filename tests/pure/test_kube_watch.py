@@ -1,0 +1,217 @@
+"""core/kube_watch: the body decoder (chunked framing, lines across chunks, the cap on a whole
+line) and the list/watch cursor (kube-rs's watcher states, 410 Gone, bookmarks)."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from multicall.core.kube.watch import (
+    BodyLines,
+    Kind,
+    Phase,
+    Selector,
+    WatchCursor,
+    WatchEvent,
+    parse_watch_event,
+)
+from multicall.errors import KubeError
+
+
+def chunked(payload: bytes, sizes: list[int]) -> bytes:
+    out, pos, i = b"", 0, 0
+    while pos < len(payload):
+        size = max(1, sizes[i % len(sizes)])
+        part = payload[pos : pos + size]
+        out += b"%x;ext=1\r\n%s\r\n" % (len(part), part)
+        pos += size
+        i += 1
+    return out + b"0\r\nTrailer: x\r\n\r\n"
+
+
+def feed_all(decoder: BodyLines, wire: bytes, cuts: list[int]) -> list[bytes | None]:
+    out: list[bytes | None] = []
+    pos = 0
+    for cut in cuts:
+        out += decoder.feed(wire[pos : pos + cut])
+        pos += cut
+    out += decoder.feed(wire[pos:])
+    return out
+
+
+@given(
+    lines=st.lists(
+        st.binary(min_size=0, max_size=40).filter(lambda b: b"\n" not in b), max_size=12
+    ),
+    sizes=st.lists(st.integers(1, 17), min_size=1, max_size=5),
+    cuts=st.lists(st.integers(0, 9), max_size=30),
+)
+def test_lines_survive_any_chunking_and_any_read_boundaries(
+    lines: list[bytes], sizes: list[int], cuts: list[int]
+) -> None:
+    payload = b"".join(line + b"\n" for line in lines)
+    decoder = BodyLines(chunked=True)
+    assert feed_all(decoder, chunked(payload, sizes), cuts) == lines
+    assert decoder.done
+
+
+def test_identity_body_lines_and_final_line_without_newline() -> None:
+    decoder = BodyLines(chunked=False)
+    assert decoder.feed(b'{"a":1}\n{"b"') == [b'{"a":1}']
+    assert decoder.feed(b":2}") == []
+    assert decoder.finish() == [b'{"b":2}']
+
+
+def test_an_oversized_line_is_dropped_whole_and_the_next_one_kept() -> None:
+    """The cap is on the whole line, however many chunks carry it."""
+    big = b"x" * 1000
+    wire = chunked(b"small\n" + big + b"\nafter\n", [7])
+    decoder = BodyLines(chunked=True, max_line=100)
+    assert feed_all(decoder, wire, [3] * 500) == [b"small", None, b"after"]
+    assert len(decoder._line) <= 100
+
+
+def test_memory_stays_at_one_line_however_long_the_stream() -> None:
+    decoder = BodyLines(chunked=True, max_line=64)
+    for _ in range(2000):
+        decoder.feed(chunked(b"y" * 50 + b"\n", [13])[:-5])  # no terminator yet
+    assert len(decoder._line) == 0
+    assert len(decoder._head) < 16
+
+
+@pytest.mark.parametrize(
+    ("wire", "message"),
+    [
+        (b"zz\r\nabc\r\n", "chunk size"),
+        (b"3\r\nabcX\r\n", "no CRLF after chunk data"),
+        (b"1" * 2000, "too long"),
+    ],
+)
+def test_malformed_chunking_is_an_error(wire: bytes, message: str) -> None:
+    with pytest.raises(KubeError, match=message):
+        BodyLines(chunked=True).feed(wire)
+
+
+def test_eof_inside_a_chunked_body_is_an_error() -> None:
+    decoder = BodyLines(chunked=True)
+    decoder.feed(b"5\r\nab")
+    with pytest.raises(KubeError, match="unexpected EOF"):
+        decoder.finish()
+
+
+def test_watch_event_parsing() -> None:
+    event = parse_watch_event(b'{"type":"ADDED","object":{"metadata":{"resourceVersion":"5"}}}')
+    assert event == WatchEvent("ADDED", {"metadata": {"resourceVersion": "5"}})
+    for bad in (b"nope", b"[]", b'{"type":"ADDED"}', b'{"type":"WAT","object":{}}'):
+        with pytest.raises(KubeError):
+            parse_watch_event(bad)
+
+
+# ----------------------------------------------------------------------------- the cursor
+
+
+def query(path: str) -> dict[str, str]:
+    parts = urlsplit(path)
+    assert parts.path == "/api/v1/pods"
+    return {k: v[0] for k, v in parse_qs(parts.query).items()}
+
+
+def pod(name: str, rv: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": rv}}
+
+
+SELECTOR = Selector("linkerd.io/control-plane-ns", "spec.nodeName=n1")
+
+
+def test_paginated_list_then_watch_with_bookmarks_from_the_lists_version() -> None:
+    cursor = WatchCursor("/api/v1/pods", SELECTOR, page_size=2)
+    assert query(cursor.request()) == {
+        "fieldSelector": "spec.nodeName=n1",
+        "labelSelector": "linkerd.io/control-plane-ns",
+        "limit": "2",
+    }
+    first = cursor.list_page(
+        {
+            "metadata": {"resourceVersion": "10", "continue": "c1"},
+            "items": [pod("a", "7"), pod("b", "8")],
+        }
+    )
+    assert [e.kind for e in first] == [Kind.INIT, Kind.INIT_APPLY, Kind.INIT_APPLY]
+    assert query(cursor.request())["continue"] == "c1"
+    last = cursor.list_page({"metadata": {"resourceVersion": "10"}, "items": [pod("c", "9")]})
+    assert [e.kind for e in last] == [Kind.INIT_APPLY, Kind.INIT_DONE]
+    assert cursor.phase is Phase.WATCH
+    assert query(cursor.request()) == {
+        "watch": "true",
+        "timeoutSeconds": "290",
+        "fieldSelector": "spec.nodeName=n1",
+        "labelSelector": "linkerd.io/control-plane-ns",
+        "allowWatchBookmarks": "true",
+        "resourceVersion": "10",
+    }
+
+
+def test_watch_events_advance_the_version_and_bookmarks_only_that() -> None:
+    cursor = WatchCursor("/api/v1/pods", SELECTOR)
+    cursor.list_page({"metadata": {"resourceVersion": "10"}, "items": []})
+    applied = cursor.watch_event(WatchEvent("MODIFIED", pod("a", "11")))
+    assert [(e.kind, e.object) for e in applied] == [(Kind.APPLY, pod("a", "11"))]
+    assert cursor.watch_event(WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": "15"}})) == []
+    assert cursor.resource_version == "15"
+    assert [e.kind for e in cursor.watch_event(WatchEvent("DELETED", pod("a", "16")))] == [
+        Kind.DELETE
+    ]
+    cursor.request_failed(500)  # a failed watch resumes from where it was
+    assert (cursor.phase, cursor.resource_version) == (Phase.WATCH, "16")
+
+
+@pytest.mark.parametrize("how", ["event", "status"])
+def test_gone_starts_over_with_a_fresh_list(how: str) -> None:
+    cursor = WatchCursor("/api/v1/pods", SELECTOR)
+    cursor.list_page({"metadata": {"resourceVersion": "10"}, "items": []})
+    if how == "event":
+        gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+        with pytest.raises(KubeError, match="too old"):
+            cursor.watch_event(WatchEvent("ERROR", gone))
+    else:
+        cursor.request_failed(410)
+    assert cursor.phase is Phase.LIST
+    assert "resourceVersion" not in query(cursor.request())
+    assert [
+        e.kind for e in cursor.list_page({"metadata": {"resourceVersion": "99"}, "items": []})
+    ] == [Kind.INIT, Kind.INIT_DONE]
+
+
+def test_other_error_events_keep_the_version() -> None:
+    cursor = WatchCursor("/api/v1/pods", SELECTOR)
+    cursor.list_page({"metadata": {"resourceVersion": "10"}, "items": []})
+    with pytest.raises(KubeError):
+        cursor.watch_event(WatchEvent("ERROR", {"code": 500, "message": "boom"}))
+    assert (cursor.phase, cursor.resource_version) == (Phase.WATCH, "10")
+
+
+def test_a_list_without_a_version_is_refused() -> None:
+    cursor = WatchCursor("/api/v1/pods", SELECTOR)
+    with pytest.raises(KubeError, match=r"no metadata\.resourceVersion"):
+        cursor.list_page({"metadata": {}, "items": []})
+    assert cursor.phase is Phase.LIST
+
+
+def test_random_event_json_round_trips_through_the_decoder() -> None:
+    rng = random.Random(7)
+    events = [{"type": "MODIFIED", "object": pod(f"p{i}", str(i))} for i in range(200)]
+    wire = chunked(
+        b"".join(json.dumps(e).encode() + b"\n" for e in events),
+        [rng.randint(1, 90) for _ in range(50)],
+    )
+    decoder = BodyLines(chunked=True)
+    lines = feed_all(decoder, wire, [rng.randint(1, 400) for _ in range(200)])
+    assert [parse_watch_event(line).object for line in lines if line] == [
+        e["object"] for e in events
+    ]
