@@ -151,7 +151,9 @@ class Token:
         self.config = config
         self._lock = threading.Lock()
         self._stamp: tuple[int, int, int] | None = None
-        self._value = config.token.strip()
+        # An inline token is checked at once (core/kube/kubeconfig.check_token); a file's
+        # on each read.
+        self._value = _token(config) if config.token or not config.token_file else ""
 
     def value(self) -> str:
         if self.config.token or not self.config.token_file:

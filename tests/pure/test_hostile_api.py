@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from multicall.effects.kube import KubeClient, read_kubeconfig
+from multicall.effects.kube_stream import ClientOptions, Session, Token
 from multicall.errors import KubeError
 from tests.support import cnibox_argv
 from tests.support.hostile import (
@@ -180,3 +182,66 @@ def test_iptables_verify_fetch_ends_within_the_deadline(tmp_path: Path, mode: st
     assert result.err.startswith(f'iptables-verify: Get "{URL.format(port=api.port)}": ')
     assert result.seconds < ADD_TIMEOUT + 1
     assert result.peak_rss < RSS_BOUND
+
+
+# ----------------------------------------------------------------------------- the controller
+
+
+def session(api: HostileApi, tmp_path: Path, headers_timeout: float = TIMEOUT) -> Session:
+    """The repair controller's API session (effects/kube_stream.py) on the same primitives."""
+    config = read_kubeconfig(str(api.kubeconfig(tmp_path / "kc")))
+    return Session(config, Token(config), ClientOptions(headers_timeout=headers_timeout))
+
+
+class TestControllerSession:
+    """The controller's LIST/WATCH/DELETE share the plugin client's connection, so they get
+    the same bounds: every read within its deadline, capped bodies, the stale retry."""
+
+    @pytest.mark.parametrize(
+        ("mode", "method", "detail"),
+        [
+            ("drip-reply", "GET", "(Client.Timeout exceeded while awaiting headers)"),
+            ("drip-body", "DELETE", "(Client.Timeout exceeded while reading body)"),
+            ("endless-head", "GET", "the response head is larger than 1 MiB"),
+        ],
+    )
+    def test_requests_are_bounded(
+        self, tmp_path: Path, mode: str, method: str, detail: str
+    ) -> None:
+        with hostile_api(mode) as api:
+            s = session(api, tmp_path)
+            started = time.monotonic()
+            with pytest.raises(KubeError) as info:
+                s.request(method, POD_PATH, timeout=TIMEOUT)
+            elapsed = time.monotonic() - started
+            s.close()
+        assert detail in info.value.message
+        assert elapsed < TIMEOUT + 1
+
+    def test_a_dripping_watch_ends_at_its_deadline(self, tmp_path: Path) -> None:
+        """A watch whose server drips bytes forever ends at timeoutSeconds + grace (here
+        1 s + 1 s), not whenever the server stops."""
+        with hostile_api("drip-body") as api:
+            s = session(api, tmp_path)
+            started = time.monotonic()
+            with pytest.raises(KubeError, match="stayed silent past its 1s timeout"):
+                list(s.watch_lines(POD_PATH, timeout_seconds=1))
+            elapsed = time.monotonic() - started
+        assert elapsed < 2 + 1
+
+    def test_get_is_retried_on_a_closed_keep_alive(self, tmp_path: Path) -> None:
+        with hostile_api("close-after-reply") as api:
+            s = session(api, tmp_path, headers_timeout=5)
+            assert s.request("GET", POD_PATH).status == 200
+            time.sleep(0.1)
+            assert s.request("GET", POD_PATH).status == 200
+            s.close()
+        assert api.connections == 2
+
+    def test_a_token_with_a_line_break_is_never_sent(self, tmp_path: Path) -> None:
+        with hostile_api("ok") as api:
+            config = read_kubeconfig(str(api.kubeconfig(tmp_path / "kc")))
+            evil = replace(config, token="abc\r\nX-Injected: 1")
+            with pytest.raises(KubeError, match="contains a carriage return"):
+                Session(evil, Token(evil), ClientOptions()).request("GET", POD_PATH)
+        assert api.requests == []
