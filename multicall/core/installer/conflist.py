@@ -49,6 +49,11 @@ def _parse_float(token: str) -> float:
     return value
 
 
+def _parse_int(literal: str) -> int | float:
+    # Go decodes every number as float64: `-0` is negative zero, printed back as `-0`.
+    return -0.0 if literal == "-0" else int(literal)
+
+
 def parse_document(data: bytes, what: str = "document") -> dict[str, Json]:
     """A JSON object from bytes; ConfigError for anything else."""
     try:
@@ -56,6 +61,7 @@ def parse_document(data: bytes, what: str = "document") -> dict[str, Json]:
             data.decode("utf-8", "replace"),
             parse_constant=_reject_constant,
             parse_float=_parse_float,
+            parse_int=_parse_int,
         )
     except RecursionError:
         raise ConfigError(f"{what} is not valid JSON: nested too deeply") from None
