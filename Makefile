@@ -14,10 +14,31 @@ PYTEST_ARGS ?=
 # libxtables, glibc locale).
 APT_PACKAGES := iptables nftables util-linux iproute2 containernetworking-plugins golang-go \
 	golang-github-appc-cni-dev patchelf ccache hyperfine libxtables-dev musl-tools time strace \
-	skopeo umoci libc-bin python3-dev openssl containerd
+	skopeo umoci libc-bin python3-dev openssl containerd \
+	debootstrap binutils qemu-user-static qemu-system-arm
+# The last line is arm64's (docs/arm64.md): the toolchain root's debootstrap, readelf, and
+# qemu for the arm64 test stages. No arm64 package is ever installed on the host itself.
 
-.PHONY: deps apt venv tools cri-proto lint type unit test test-source test-binary test-cri build \
-	zipapp demo bench clean fuzz
+.PHONY: help deps apt venv tools cri-proto lint type unit test test-source test-binary test-cri \
+	test-arm64 test-arm64-vm build zipapp demo bench clean fuzz
+
+# The default target only explains (the others install packages and build for minutes):
+# it prints the `##` lines below.
+##cnibox: Linkerd's CNI plugin for minimal nodes (Talos) in one executable. README.md first.
+##
+##  make demo         build the single file, then a local pod-network demo (root; the first
+##                    build takes 6-11 minutes on 2 cores, later ones 1-3 minutes)
+##  make test         what CI runs: lint, types, every suite from source and against the
+##                    built file (root; installs apt packages and a venv first)
+##  make unit         the suites that need neither root nor a build
+##  make lint type    ruff and mypy --strict
+##  make build        dist/cnibox, the single file      make zipapp   dist/cnibox.pyz
+##  make images       the OCI images                    make release  every artifact
+##  make bench        pod-start cost against upstream's approach (root)
+##  make fuzz         the parser fuzzing suite, longer and with random inputs
+##  make deps         apt packages, .venv, pinned helm/kubectl (the targets above do it)
+help:
+	@sed -n 's/^##//p' $(firstword $(MAKEFILE_LIST))
 
 deps: apt venv tools
 
@@ -89,7 +110,18 @@ test-cri: deps build
 	export CNIBOX=$(CURDIR)/dist/cnibox
 	$(call run_pytest,tests/cri)
 
-test: deps lint type test-source test-binary
+# arm64 (docs/arm64.md): the cross-built dist/cnibox-arm64 under qemu-user (no firewall: qemu-user
+# refuses netfilter sockets), then in a full-system arm64 VM (the plugin ADD in both modes);
+# test-arm64-vm runs the VM stage alone.
+test-arm64: deps dist/cnibox-arm64
+	export CNIBOX_ARM64=$(CURDIR)/dist/cnibox-arm64 CNIBOX_ARM64_VM=1
+	$(call run_pytest,tests/arm64)
+
+test-arm64-vm: deps dist/cnibox-arm64
+	export CNIBOX_ARM64=$(CURDIR)/dist/cnibox-arm64 CNIBOX_ARM64_VM=1
+	$(call run_pytest,tests/arm64/test_vm.py)
+
+test: deps lint type test-source test-binary test-arm64
 
 # The single file (docs/binary.md): Nuitka standalone dist, static musl
 # launcher, packed. Each step reruns only when its inputs changed; Nuitka keeps its own cache
@@ -98,7 +130,16 @@ BUILD := $(PY) build/build.py
 APP_SOURCES := $(shell find multicall -name '*.py') pyproject.toml
 NUITKA_DIST := build/out/cnibox_main.dist/cnibox.bin
 
+# ARCH=arm64 cross-builds dist/cnibox-arm64 in a Debian toolchain root under build/out/arm64-root
+# (build/arm64_root.py; created on first use, ~3 min, rebuilt only when its inputs change).
+ARCH ?= amd64
+ifeq ($(ARCH),amd64)
 build: dist/cnibox
+else ifeq ($(ARCH),arm64)
+build: dist/cnibox-arm64
+else
+$(error ARCH=$(ARCH): use amd64 or arm64)
+endif
 
 $(NUITKA_DIST): $(APP_SOURCES) build/build.py build/cnibox_main.py build/selfcontained.py | deps
 	$(BUILD) dist
@@ -106,8 +147,26 @@ $(NUITKA_DIST): $(APP_SOURCES) build/build.py build/cnibox_main.py build/selfcon
 build/out/launcher: build/launcher.c build/build.py | deps
 	$(BUILD) launcher
 
-dist/cnibox: $(NUITKA_DIST) build/out/launcher build/pack.py | deps
+dist/cnibox: $(NUITKA_DIST) build/out/launcher build/pack.py build/bundled.py | deps
 	$(BUILD) pack
+
+ARM64_ROOT := build/out/arm64-root/.cnibox-ready
+ARM64_DIST := build/out/arm64/cnibox_main.dist/cnibox.bin
+
+# ensure rebuilds the root (and rewrites the stamp) only when its inputs' hash changed: an edit
+# that keeps the hash (pyproject.toml beyond the pins) costs one "up to date", not a rebuild.
+$(ARM64_ROOT): build/arm64_root.py pyproject.toml | deps
+	$(PY) build/arm64_root.py ensure
+
+$(ARM64_DIST): $(APP_SOURCES) build/build.py build/cnibox_main.py build/selfcontained.py \
+		build/cross/gcc build/cross/objcopy $(ARM64_ROOT) | deps
+	$(BUILD) --arch arm64 dist
+
+build/out/arm64/launcher: build/launcher.c build/build.py $(ARM64_ROOT) | deps
+	$(BUILD) --arch arm64 launcher
+
+dist/cnibox-arm64: $(ARM64_DIST) build/out/arm64/launcher build/pack.py build/bundled.py | deps
+	$(BUILD) --arch arm64 pack
 
 zipapp: dist/cnibox.pyz
 
@@ -123,11 +182,13 @@ BENCH_ARGS ?=
 bench: deps build
 	$(PY) bench/bench.py --binary $(CURDIR)/dist/cnibox $(BENCH_ARGS)
 
-# The Talos system extension and the DaemonSet image (OCI layout dirs + oci-archive tars) from
-# the built single file; tests build them from a stand-in file instead (tests/tools/test_packaging.py).
+# The Talos system extension and the DaemonSet image (OCI layout dirs + oci-archive tars), each a
+# multi-arch index (amd64 + arm64) of the two built single files; tests build them from stand-in
+# files instead (tests/tools/test_packaging.py).
 .PHONY: images manifests
-images: dist/cnibox
-	$(PY) packaging/build.py --binary dist/cnibox --out dist/images
+images: dist/cnibox dist/cnibox-arm64
+	$(PY) packaging/build.py --binary amd64=dist/cnibox --binary arm64=dist/cnibox-arm64 \
+		--out dist/images
 
 # Every artifact of one build, reproducibly, with SHA256SUMS (packaging/release.py, docs/release.md).
 RELEASE_DIR := dist/release

@@ -64,7 +64,9 @@
 #define MAIN_BINARY "cnibox.bin"
 #endif
 #ifndef LOADER
-#define LOADER "ld-linux-x86-64.so.2" /* aarch64: ld-linux-aarch64.so.1 (build.py sets it) */
+/* No default: a launcher for one machine naming another's loader execs a file its dist does
+ * not carry (build/build.py passes the target's: ld-linux-x86-64.so.2, ld-linux-aarch64.so.1). */
+#error "define LOADER, the glibc loader's file name in the dist"
 #endif
 #define TRAILER_SIZE 64
 #define TRAILER_MAGIC "CNIBOX\x01\n"

@@ -1,4 +1,4 @@
-"""Build cnibox's two OCI images from one binary: `build.py --binary FILE --out DIR`.
+"""Build cnibox's two OCI images: `build.py --binary [ARCH=]FILE… --out DIR`.
 
 - `cnibox-talos-extension`: a Talos system extension (`/manifest.yaml` from
   packaging/talos/manifest.yaml, `/rootfs/usr/local/lib/cnibox/cnibox`, links from
@@ -8,7 +8,11 @@
 Each is written as an OCI layout directory and as an oci-archive tar, tagged with the
 version, labelled with its provenance (provenance.py: source, revision, version, licenses,
 created) and, given `--sbom FILE`, with the SBOM attached as an OCI artifact referring to the
-image. Any file serves as the binary (tests use a stand-in); `make images` uses dist/cnibox.
+image. With one `--binary` (release.py's per-architecture images) each is one image; with
+`--binary amd64=FILE --binary arm64=FILE` (`make images`: dist/cnibox and dist/cnibox-arm64)
+each is a multi-arch image index, each platform's image also tagged `<version>-<arch>`
+(packaging/oci.py "multi-arch index"; docs/arm64.md). A FILE without ARCH= is amd64. Any file
+serves as a binary (tests use stand-ins).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import oci
@@ -71,13 +76,13 @@ def labelled(config: oci.ImageConfig, name: str, info: provenance.BuildInfo) -> 
     return dataclasses.replace(config, labels=labels, created=info.created)
 
 
-def images(binary: bytes, info: provenance.BuildInfo) -> dict[str, oci.Image]:
-    """Both images of one binary, labelled; manifest annotations repeat the labels."""
+def images(binary: bytes, info: provenance.BuildInfo, arch: str = "amd64") -> dict[str, oci.Image]:
+    """Both images of one binary for `arch`, labelled; manifest annotations repeat the labels."""
     entries, config = image_entries(binary)
     built = {}
     for name, (files, base) in {
-        TALOS_NAME: (talos_entries(binary), oci.ImageConfig()),
-        IMAGE_NAME: (entries, config),
+        TALOS_NAME: (talos_entries(binary), oci.ImageConfig(architecture=arch)),
+        IMAGE_NAME: (entries, dataclasses.replace(config, architecture=arch)),
     }.items():
         with_labels = labelled(base, name, info)
         built[name] = oci.build_image(files, with_labels, annotations=with_labels.labels)
@@ -95,7 +100,7 @@ def build(
     info = provenance.build_info(version)
     out.mkdir(parents=True, exist_ok=True)
     written = {}
-    for name, built in images(binary_path.read_bytes(), info).items():
+    for name, built in images(binary_path.read_bytes(), info, arch).items():
         image, extra = built, []
         if sbom is not None:
             image, descriptor = provenance.sbom_artifact(
@@ -109,18 +114,67 @@ def build(
     return written
 
 
+ARCHITECTURES = ("amd64", "arm64")
+
+
+def build_multiarch(
+    binaries: Mapping[str, Path], out: Path, version: str = __version__
+) -> dict[str, Path]:
+    """Write both images under `out`, each a multi-arch index of the labelled images of the
+    `binaries` (architecture -> binary file); returns the archive path of each."""
+    info = provenance.build_info(version)
+    per_arch: dict[str, dict[str, oci.Image]] = {TALOS_NAME: {}, IMAGE_NAME: {}}
+    for arch, binary_path in binaries.items():
+        for name, image in images(binary_path.read_bytes(), info, arch).items():
+            per_arch[name][arch] = image
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for name, platforms in per_arch.items():
+        index = oci.build_index(platforms)
+        oci.write_index_layout(out / name, index, version)
+        oci.write_index_archive(out / f"{name}.tar", index, version)
+        written[name] = out / f"{name}.tar"
+    check_extension.check(written[TALOS_NAME])
+    return written
+
+
+def parse_binaries(values: list[str]) -> dict[str, Path]:
+    """`--binary` values ("arm64=dist/cnibox-arm64", or a bare path for amd64) by arch."""
+    binaries: dict[str, Path] = {}
+    for value in values:
+        arch, sep, path = value.partition("=")
+        if not sep:
+            arch, path = "amd64", value
+        if arch not in ARCHITECTURES:
+            raise SystemExit(f"--binary {value}: architecture must be one of {ARCHITECTURES}")
+        if arch in binaries:
+            raise SystemExit(f"--binary: {arch} given twice")
+        binaries[arch] = Path(path)
+    return binaries
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--binary", type=Path, required=True)
+    parser.add_argument("--binary", action="append", required=True, metavar="[ARCH=]FILE")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--version", default=__version__)
     parser.add_argument("--sbom", type=Path, help="CycloneDX SBOM to attach (packaging/sbom.py)")
     args = parser.parse_args(argv)
     try:
         sbom = args.sbom.read_bytes() if args.sbom else None
-        written = build(args.binary, args.out, args.version, sbom)
+        binaries = parse_binaries(args.binary)
+        if len(binaries) == 1:
+            ((arch, binary),) = binaries.items()
+            written = build(binary, args.out, args.version, sbom, arch)
+        elif sbom is not None:
+            raise SystemExit("--sbom goes with one --binary (release.py: one release per arch)")
+        else:
+            written = build_multiarch(binaries, args.out, args.version)
     except check_extension.ExtensionError as exc:
         sys.stderr.write(f"the Talos extension breaks Talos' rules: {exc}\n")
+        return 1
+    except OSError as exc:
+        sys.stderr.write(f"build.py: {exc.filename or ''}: {exc.strerror or exc}\n")
         return 1
     for name, path in written.items():
         sys.stdout.write(f"{name}: oci-archive:{path}:{args.version} oci:{path.with_suffix('')}\n")

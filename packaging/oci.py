@@ -19,9 +19,10 @@ import io
 import json
 import os
 import tarfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 EPOCH = "1970-01-01T00:00:00Z"
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -186,9 +187,14 @@ def layout_files(
             *extra,
         ],
     }
+    return _layout(index, image.blobs)
+
+
+def _layout(index: Mapping[str, object], blobs: Mapping[str, bytes]) -> dict[str, bytes]:
+    """The files of an OCI image layout: oci-layout, index.json, content-addressed blobs."""
     files = {"oci-layout": canonical_json({"imageLayoutVersion": "1.0.0"})}
     files["index.json"] = canonical_json(index)
-    for digest, blob in image.blobs.items():
+    for digest, blob in blobs.items():
         files["blobs/sha256/" + digest.removeprefix("sha256:")] = blob
     return files
 
@@ -197,29 +203,37 @@ def write_layout(
     directory_path: Path, image: Image, ref: str, extra: Sequence[Mapping[str, object]] = ()
 ) -> None:
     """Write the layout directory (replacing index.json; blobs are content-addressed)."""
-    for name, data in layout_files(image, ref, extra).items():
-        path = directory_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+    write_layout_files(directory_path, layout_files(image, ref, extra))
 
 
 def write_archive(
     path: Path, image: Image, ref: str, extra: Sequence[Mapping[str, object]] = ()
 ) -> None:
     """The layout as one reproducible tar (skopeo's `oci-archive:` transport)."""
-    files = layout_files(image, ref, extra)
-    dirs = {"blobs", "blobs/sha256"}
-    entries = [directory(d) for d in dirs]
+    write_archive_files(path, layout_files(image, ref, extra))
+
+
+def write_layout_files(directory_path: Path, files: Mapping[str, bytes]) -> None:
+    """Write the files of a layout (from layout_files or index_layout_files) under a dir."""
+    for name, data in files.items():
+        path = directory_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def write_archive_files(path: Path, files: Mapping[str, bytes]) -> None:
+    """The files of a layout as one reproducible tar."""
+    entries = [directory(d) for d in ("blobs", "blobs/sha256")]
     entries += [file(name, data, 0o644) for name, data in files.items()]
     path.write_bytes(build_tar(entries))
 
 
-def read_layer_entries(archive: Path) -> list[tarfile.TarInfo]:
-    """The members of the single layer of an oci-archive built here (for checks)."""
+def read_layer_entries(archive: Path, arch: str = "amd64") -> list[tarfile.TarInfo]:
+    """The members of the single layer of an oci-archive built here (for checks); of the
+    `arch` image when the archive holds an index."""
     with tarfile.open(archive) as outer:
-        index = json.loads(_member(outer, "index.json"))
-        manifest_digest = index["manifests"][0]["digest"].removeprefix("sha256:")
-        manifest = json.loads(_member(outer, f"blobs/sha256/{manifest_digest}"))
+        manifests = platform_manifests(lambda name: _member(outer, name))
+        manifest = manifests[arch] if arch in manifests else manifests[""]
         layer_digest = manifest["layers"][0]["digest"].removeprefix("sha256:")
         layer = _member(outer, f"blobs/sha256/{layer_digest}")
     with tarfile.open(fileobj=io.BytesIO(layer), mode="r:gz") as inner:
@@ -231,3 +245,92 @@ def _member(tar: tarfile.TarFile, name: str) -> bytes:
     if extracted is None:
         raise FileNotFoundError(name)
     return extracted.read()
+
+
+# ---- multi-arch index (issue 16) ------------------------------------------------------------
+# One image per architecture, tied together by an image index (OCI image-spec v1.1
+# image-index.md): a runtime pulling the index takes the manifest of its own platform. The
+# layout's index.json tags the index as `ref` (what a registry push or `skopeo copy --all`
+# takes) and each platform's manifest as `ref-<arch>` (tools without platform selection, such as
+# `umoci unpack`, address one image by it).
+
+INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
+
+
+@dataclass(frozen=True, slots=True)
+class Index:
+    """The blobs of every platform's image plus the index blob, and the platforms' images."""
+
+    blobs: dict[str, bytes]
+    index_digest: str
+    index_size: int
+    images: Mapping[str, Image]  # OCI architecture (amd64, arm64) -> its image
+
+
+def build_index(images: Mapping[str, Image]) -> Index:
+    """An index of `images` (architecture -> image), platforms in name order."""
+    if not images:
+        raise ValueError("an image index needs at least one image")
+    manifests = [
+        {
+            "mediaType": MANIFEST_TYPE,
+            "digest": image.manifest_digest,
+            "size": image.manifest_size,
+            "platform": {"architecture": arch, "os": "linux"},
+        }
+        for arch, image in sorted(images.items())
+    ]
+    index = canonical_json({"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": manifests})
+    blobs: dict[str, bytes] = {}
+    for image in images.values():
+        blobs.update(image.blobs)
+    blobs[sha256_digest(index)] = index
+    return Index(blobs, sha256_digest(index), len(index), dict(images))
+
+
+def index_layout_files(index: Index, ref: str) -> dict[str, bytes]:
+    """The files of an OCI image layout holding `index` as `ref`, each platform as ref-<arch>."""
+    entries: list[dict[str, object]] = [
+        {
+            "mediaType": INDEX_TYPE,
+            "digest": index.index_digest,
+            "size": index.index_size,
+            "annotations": {REF_ANNOTATION: ref},
+        }
+    ]
+    entries += [
+        {
+            "mediaType": MANIFEST_TYPE,
+            "digest": image.manifest_digest,
+            "size": image.manifest_size,
+            "platform": {"architecture": arch, "os": "linux"},
+            "annotations": {REF_ANNOTATION: f"{ref}-{arch}"},
+        }
+        for arch, image in sorted(index.images.items())
+    ]
+    return _layout({"schemaVersion": 2, "manifests": entries}, index.blobs)
+
+
+def write_index_layout(directory_path: Path, index: Index, ref: str) -> None:
+    """Write the layout directory of `index` (replacing index.json)."""
+    write_layout_files(directory_path, index_layout_files(index, ref))
+
+
+def write_index_archive(path: Path, index: Index, ref: str) -> None:
+    """The index's layout as one reproducible tar (skopeo's `oci-archive:` transport)."""
+    write_archive_files(path, index_layout_files(index, ref))
+
+
+def platform_manifests(read: Callable[[str], bytes]) -> dict[str, dict[str, Any]]:
+    """architecture -> image manifest of the layout whose files `read(name)` returns, following
+    the first entry of index.json (an image, or an index of one image per platform)."""
+    top = json.loads(read("index.json"))["manifests"][0]
+    blob = json.loads(read("blobs/sha256/" + top["digest"].removeprefix("sha256:")))
+    if top.get("mediaType") != INDEX_TYPE:
+        return {"": blob}
+    return {
+        entry["platform"]["architecture"]: json.loads(
+            read("blobs/sha256/" + entry["digest"].removeprefix("sha256:"))
+        )
+        for entry in blob["manifests"]
+    }

@@ -23,7 +23,12 @@ from functools import cache
 import multicall
 
 XTABLES_ABI = "12"
-HOST_XTABLES_DIRS = ("/usr/lib/x86_64-linux-gnu/xtables", "/usr/lib/xtables", "/usr/lib64/xtables")
+HOST_XTABLES_DIRS = (
+    "/usr/lib/x86_64-linux-gnu/xtables",
+    "/usr/lib/aarch64-linux-gnu/xtables",
+    "/usr/lib/xtables",
+    "/usr/lib64/xtables",
+)
 
 
 def bundle_root() -> str:

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +25,7 @@ import pytest
 
 from multicall.applets import APPLETS, all_names
 from tests.support import require_root, require_tool
-from tests.support.artifact import started
-from tests.support.installer_host import NETWORK_CONFIG, linkerd_count, make_host, put_config
+from tests.support.empty_root import ENVIRONMENTS, TIMEOUT, EmptyRoot, install_cni_once, make_root
 from tests.support.kubeapi import KubeApi
 from tests.support.libcni import conflist, primary_plugin
 from tests.support.oracles import SAVE, save_text
@@ -39,73 +35,6 @@ from tests.support.rig import NETNS_DIR, Netns, Rig, netns_inode
 from tests.support.scenarios import fixture_text
 
 pytestmark = [pytest.mark.binary, pytest.mark.netns]
-TIMEOUT = 120
-
-ENVIRONMENTS: dict[str, dict[str, str]] = {
-    "env-i": {},
-    "c-utf8": {"LANG": "C.UTF-8"},
-    "bogus-locale": {"LANG": "de_DE.UTF-8", "LC_ALL": "xx_YY.UTF-8"},
-    "inherited": {k: v for k, v in os.environ.items() if k != "CNIBOX_CACHE"},
-}
-
-
-@dataclass
-class EmptyRoot:
-    """A chroot directory holding only /cnibox, one symlink per applet name, /tmp, /proc."""
-
-    path: Path
-    tmp: Path  # bind-mounted on <root>/tmp, so the unpacked copy survives between runs
-    writable_tmp: bool = True
-
-    def script(self, argv: list[str]) -> list[str]:
-        root = str(self.path)
-        quoted = " ".join(f"'{a}'" for a in argv)
-        ro = "ro," if not self.writable_tmp else ""
-        return [
-            shutil.which("unshare") or "unshare",
-            "-m",
-            "--propagation",
-            "private",
-            shutil.which("sh") or "/bin/sh",
-            "-ec",
-            f"mount --bind '{root}' '{root}'\n"
-            f"mount -t proc proc '{root}/proc'\n"
-            f"mount --rbind {NETNS_DIR} '{root}{NETNS_DIR}'\n"
-            f"mount --bind -o {ro}nosuid '{self.tmp}' '{root}/tmp'\n"
-            f"mount -o remount,bind,ro '{root}'\n"
-            f"exec {shutil.which('chroot') or '/usr/sbin/chroot'} '{root}' {quoted}",
-        ]
-
-    def run(
-        self, argv: list[str], env: Mapping[str, str], input_: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.script(argv),
-            env=dict(env),
-            input=input_,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-            check=False,
-        )
-
-    def started(
-        self, argv: list[str], env: Mapping[str, str]
-    ) -> AbstractContextManager[subprocess.Popen[str]]:
-        return started(self.script(argv), env)
-
-
-def make_root(base: Path, artifact: Path) -> EmptyRoot:
-    root = base / "root"
-    for sub in ("tmp", "proc", NETNS_DIR.lstrip("/")):
-        (root / sub).mkdir(parents=True)
-    shutil.copy2(artifact, root / "cnibox")
-    for name in all_names():
-        (root / name).symlink_to("cnibox")
-    tmp = base / "root-tmp"
-    tmp.mkdir()
-    tmp.chmod(0o1777)
-    return EmptyRoot(root, tmp)
 
 
 @pytest.fixture
@@ -276,24 +205,7 @@ def case_iptables_verify(root: EmptyRoot, rig: Rig, env: dict[str, str]) -> None
 def case_install_cni(root: EmptyRoot, rig: Rig, env: dict[str, str]) -> None:
     """--once copies the binary it runs from (CNIBOX_EXE: the single file), links linkerd-cni,
     writes the kubeconfig and patches the network config, all inside the root."""
-    node = make_host(root.tmp / "node")
-    put_config(node, "10-calico.conflist")
-    inside = "/tmp/node"
-    installer_env = {
-        **env,
-        "CONTAINER_MOUNT_PREFIX": f"{inside}/host",
-        "SERVICE_ACCOUNT_DIR": f"{inside}/serviceaccount",
-        "KUBERNETES_SERVICE_HOST": "localhost",
-        "KUBERNETES_SERVICE_PORT": "8080",
-        "CNI_NETWORK_CONFIG": NETWORK_CONFIG,
-        "INSTALL_CNI_PID_FILE": f"{inside}/install-cni.pid",
-    }
-    result = root.run(["/install-cni", "--once"], installer_env)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert (node.bin_dir / "cnibox").read_bytes() == (root.path / "cnibox").read_bytes()
-    assert os.readlink(node.bin_dir / "linkerd-cni") == "cnibox"
-    assert linkerd_count(node.net_dir / "10-calico.conflist") == 1
-    assert node.kubeconfig.is_file()
+    install_cni_once(root, env)
 
 
 def case_linkerd_cni_repair_controller(root: EmptyRoot, rig: Rig, env: dict[str, str]) -> None:

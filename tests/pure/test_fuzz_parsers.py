@@ -38,8 +38,9 @@ from multicall.core.installer.config import render_kubeconfig
 from multicall.core.installer.conflist import count_linkerd, insert_linkerd, remove_linkerd
 from multicall.core.kube.kubeconfig import parse_kubeconfig
 from multicall.core.kube.objects import parse_namespace, parse_pod, parse_service
+from multicall.effects.log import Logger
 from multicall.errors import CniboxError, ConfigError
-from multicall.plugin.logrus import Logger
+from multicall.plugin.commands import Progress
 from multicall.plugin.run import PluginRequest, _dispatch
 from tests.support import FIXTURES
 from tests.support.fakes import FakeKube, MemoryFirewall, fake_deps
@@ -144,7 +145,8 @@ def test_plugin_commands(stdin: bytes, args: bytes, command: str) -> None:
         "CNI_ARGS": args.decode("utf-8", "surrogateescape"),
     }
     request = PluginRequest(env=env, stdin=stdin, stderr=io.BytesIO())
-    only_own_errors(_dispatch, request, plugin_world(), io.BytesIO(), Logger(request.stderr))
+    log = Logger(request.stderr, "debug")
+    only_own_errors(_dispatch, request, plugin_world(), io.BytesIO(), log, Progress())
 
 
 @fuzz(examples=300)

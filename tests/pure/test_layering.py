@@ -161,3 +161,10 @@ def test_the_graph_is_read() -> None:
     assert "multicall.applets.netns_exec" in internal(MODULES["multicall.applets"])
     assert layer("multicall.core.firewall.nft.rule") == 1
     assert layer("multicall.applets.linkerd_cni") == 4
+
+
+def test_every_package_is_a_regular_package() -> None:
+    """zipimport (the zipapp) cannot import namespace packages: every folder needs __init__.py."""
+    folders = {p.parent for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+    missing = sorted(str(f.relative_to(REPO)) for f in folders if not (f / "__init__.py").exists())
+    assert missing == []

@@ -16,6 +16,7 @@ The everyday names are here; the rest by module:
     pods.py            upstream's injected pods, and nat tables as save tools print them
     nft.py             nft codec test data (fixture rules, hypothesis RuleSpecs)
     artifact.py        the built single file (trailer, extraction cache)
+    empty_root.py      the read-only chroot the artifact suites run the single file in
     validator.py       linkerd-network-validator's check, run inside a pod netns
     waiting.py         wait_for: poll a condition with a bound
     helm.py            the pinned helm and packaging/helm/manifests.py (chart, release)

@@ -20,13 +20,14 @@ TRAILER_SIZE = 64
 TRAILER_MAGIC = b"CNIBOX\x01\n"
 
 
-def artifact_path() -> Path:
-    binary = os.environ.get("CNIBOX")
+def artifact_path(variable: str = "CNIBOX", make_target: str = "test-binary") -> Path:
+    """The built file named by $variable; skips when unset (`make <make_target>` sets it)."""
+    binary = os.environ.get(variable)
     if not binary:
-        pytest.skip("CNIBOX is not set: the artifact suites run in `make test-binary`")
+        pytest.skip(f"{variable} is not set: the artifact suites run in `make {make_target}`")
     path = Path(binary).resolve()
     if not path.is_file():
-        pytest.fail(f"CNIBOX={binary}: no such file")
+        pytest.fail(f"{variable}={binary}: no such file")
     return path
 
 

@@ -15,13 +15,15 @@ class Pki:
     server_key: Path
 
 
-def make_pki(directory: Path) -> Pki:
-    """A CA and a server certificate for 127.0.0.1, made with the openssl CLI."""
+def make_pki(directory: Path, extra_ips: tuple[str, ...] = ()) -> Pki:
+    """A CA and a server certificate for 127.0.0.1 (and `extra_ips`: the arm64 VM reaches the
+    server as QEMU's 10.0.2.2), made with the openssl CLI."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key, ca_crt = directory / "ca.key", directory / "ca.crt"
     key, csr, crt = directory / "srv.key", directory / "srv.csr", directory / "srv.crt"
     ext = directory / "srv.ext"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n")
+    sans = ",".join(["IP:127.0.0.1", *(f"IP:{ip}" for ip in extra_ips), "DNS:localhost"])
+    ext.write_text(f"subjectAltName={sans}\nbasicConstraints=CA:FALSE\n")
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     _openssl("req", "-x509", *ec, "-keyout", ca_key, "-out", ca_crt, "-days", "2",
              "-subj", "/CN=cnibox-test-ca")  # fmt: skip

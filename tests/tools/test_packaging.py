@@ -21,6 +21,9 @@ from multicall.applets import all_names
 from tests.support import FIXTURES, REPO, require_tool
 
 PACKAGING = REPO / "packaging"
+sys.path.insert(0, str(PACKAGING))
+import oci  # noqa: E402  # packaging/ is a directory of scripts, not a package
+
 CHECK = PACKAGING / "talos" / "check_extension.py"
 TALOS_CASES = FIXTURES / "upstream" / "talos" / "extensions-testdata"
 
@@ -80,30 +83,39 @@ class TestTalosRules:
         assert 'special files are not allowed: "/usr/local/fifo"' in run_check(ext).stderr
 
 
+ARCHES = ("amd64", "arm64")
+
+
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Both images built from a stand-in binary (or $CNIBOX when it is set)."""
+    """Both images, multi-arch, from stand-in binaries (or $CNIBOX / $CNIBOX_ARM64 when set);
+    `binary-<arch>` links to each platform's binary."""
     out = tmp_path_factory.mktemp("images")
-    binary = Path(os.environ.get("CNIBOX", out / "cnibox"))
-    if not binary.exists():
-        binary.write_bytes(b"\x7fELF stand-in for cnibox\n")
+    args = []
+    for arch, variable in (("amd64", "CNIBOX"), ("arm64", "CNIBOX_ARM64")):
+        binary = Path(os.environ.get(variable, out / f"cnibox-{arch}"))
+        if not binary.exists():
+            binary.write_bytes(b"\x7fELF stand-in for cnibox " + arch.encode() + b"\n")
+        args += ["--binary", f"{arch}={binary}"]
+        (out / f"binary-{arch}").symlink_to(binary)
     subprocess.run(
-        [sys.executable, str(PACKAGING / "build.py"), "--binary", str(binary), "--out", str(out)],
+        [sys.executable, str(PACKAGING / "build.py"), *args, "--out", str(out)],
         check=True,
         capture_output=True,
     )
-    (out / "binary").symlink_to(binary)
     return out
 
 
-def layer_members(archive: Path) -> dict[str, tarfile.TarInfo]:
+def layer_members(archive: Path, arch: str = "amd64") -> dict[str, tarfile.TarInfo]:
     with tarfile.open(archive) as outer:
-        index = json.load(outer.extractfile("index.json"))  # type: ignore[arg-type]
-        digest = index["manifests"][0]["digest"][7:]
-        manifest = json.load(outer.extractfile(f"blobs/sha256/{digest}"))  # type: ignore[arg-type]
-        layer = outer.extractfile("blobs/sha256/" + manifest["layers"][0]["digest"][7:])
-        assert layer is not None
-        data = layer.read()
+
+        def read(name: str) -> bytes:
+            member = outer.extractfile(name)
+            assert member is not None
+            return member.read()
+
+        manifest = oci.platform_manifests(read)[arch]
+        data = read("blobs/sha256/" + manifest["layers"][0]["digest"][7:])
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         return {m.name.rstrip("/"): m for m in tar.getmembers()}
 
@@ -113,6 +125,15 @@ class TestImages:
         """The extension tarball is valid for Talos 1.6 and later."""
         proc = run_check(images / "cnibox-talos-extension.tar", "1.6.0")
         assert proc.returncode == 0, proc.stderr
+
+    def test_checker_reads_oci_layout_directories(self, images: Path) -> None:
+        """The OCI layout directory beside each archive is checked the same way: the
+        extension passes; the installer image is no extension, in Talos' words."""
+        proc = run_check(images / "cnibox-talos-extension", "1.6.0")
+        assert proc.returncode == 0, proc.stderr
+        proc = run_check(images / "cnibox-installer")
+        assert proc.returncode == 1
+        assert proc.stderr.startswith('unexpected file "')
 
     def test_talos_extension_layout(self, images: Path) -> None:
         """manifest.yaml + rootfs/usr/local only; nothing world-writable; no /opt/cni/bin."""
@@ -151,16 +172,10 @@ class TestImages:
         assert "install-cni" in links
 
     def test_images_are_reproducible(self, images: Path, tmp_path: Path) -> None:
-        """A second build from the same binary gives byte-identical archives."""
+        """A second build from the same binaries gives byte-identical archives."""
+        args = [f"--binary={arch}={images / f'binary-{arch}'}" for arch in ARCHES]
         subprocess.run(
-            [
-                sys.executable,
-                str(PACKAGING / "build.py"),
-                "--binary",
-                str(images / "binary"),
-                "--out",
-                str(tmp_path),
-            ],
+            [sys.executable, str(PACKAGING / "build.py"), *args, "--out", str(tmp_path)],
             check=True,
             capture_output=True,
         )
@@ -192,28 +207,79 @@ class TestImages:
         config = json.loads(out.stdout)["config"]
         assert config["Entrypoint"] == ["/usr/local/bin/cnibox", "install-cni"]
 
-    def test_umoci_unpacks_the_extension(self, images: Path, tmp_path: Path) -> None:
-        """umoci unpack --rootless gives the extension tree, which passes Talos' rules."""
-        root = umoci_unpack(images / "cnibox-talos-extension", tmp_path / "bundle")
+    @pytest.mark.parametrize("name", ["cnibox-talos-extension", "cnibox-installer"])
+    def test_both_forms_are_multi_arch_indexes(self, images: Path, name: str) -> None:
+        """skopeo --raw: an OCI image index with one linux manifest per architecture, and
+        each platform's config says its architecture."""
+        skopeo = require_tool("skopeo")
+        for ref in (f"oci:{images / name}:{__version__}",
+                    f"oci-archive:{images / name}.tar:{__version__}"):  # fmt: skip
+            raw = json.loads(
+                subprocess.run(
+                    [skopeo, "inspect", "--raw", ref], capture_output=True, text=True, check=True
+                ).stdout
+            )
+            assert raw["mediaType"] == oci.INDEX_TYPE
+            platforms = [
+                (m["platform"]["os"], m["platform"]["architecture"]) for m in raw["manifests"]
+            ]
+            assert platforms == [("linux", arch) for arch in ARCHES]
+        for arch in ARCHES:
+            config = json.loads(
+                subprocess.run(
+                    [skopeo, "inspect", "--config", f"oci:{images / name}:{__version__}-{arch}"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+            )
+            assert (config["os"], config["architecture"]) == ("linux", arch)
+
+    @pytest.mark.parametrize("arch", ARCHES)
+    def test_umoci_unpacks_the_extension(self, images: Path, tmp_path: Path, arch: str) -> None:
+        """umoci unpack --rootless of each platform gives the extension tree with that
+        platform's binary, which passes Talos' rules."""
+        root = umoci_unpack(images / "cnibox-talos-extension", arch, tmp_path / "bundle")
         binary = root / "rootfs" / "usr" / "local" / "lib" / "cnibox" / "cnibox"
-        assert binary.read_bytes() == (images / "binary").read_bytes()
+        assert binary.read_bytes() == (images / f"binary-{arch}").read_bytes()
         assert stat.S_IMODE(binary.stat().st_mode) == 0o755
         proc = run_check(root)
         assert proc.returncode == 0, proc.stderr
 
-    def test_umoci_unpacks_the_installer(self, images: Path, tmp_path: Path) -> None:
-        """The installer image unpacks to the binary, its applet links and a sticky /tmp."""
-        root = umoci_unpack(images / "cnibox-installer", tmp_path / "bundle")
+    @pytest.mark.parametrize("arch", ARCHES)
+    def test_umoci_unpacks_the_installer(self, images: Path, tmp_path: Path, arch: str) -> None:
+        """Each platform's installer image unpacks to its binary, the applet links and a
+        sticky /tmp."""
+        root = umoci_unpack(images / "cnibox-installer", arch, tmp_path / "bundle")
         binary = root / "usr" / "local" / "bin" / "cnibox"
-        assert binary.read_bytes() == (images / "binary").read_bytes()
+        assert binary.read_bytes() == (images / f"binary-{arch}").read_bytes()
         assert os.readlink(root / "usr" / "local" / "bin" / "install-cni") == "cnibox"
         assert stat.S_IMODE((root / "tmp").stat().st_mode) == 0o1777
 
+    def test_talos_rules_are_checked_on_every_platform(self, images: Path, tmp_path: Path) -> None:
+        """A multi-arch extension whose arm64 image breaks Talos' rules is refused."""
+        sys.path.insert(0, str(PACKAGING))
+        import build as packaging_build
 
-def umoci_unpack(layout: Path, bundle: Path) -> Path:
+        good = packaging_build.talos_entries(b"\x7fELF")
+        bad = [*good, oci.file("rootfs/boot/vmlinuz", b"x")]
+        index = oci.build_index(
+            {"amd64": oci.build_image(good, oci.ImageConfig()),
+             "arm64": oci.build_image(bad, oci.ImageConfig(architecture="arm64"))}
+        )  # fmt: skip
+        archive = tmp_path / "ext.tar"
+        oci.write_index_archive(archive, index, "t")
+        proc = run_check(archive)
+        assert proc.returncode == 1
+        assert proc.stderr.strip() == 'path "/boot/vmlinuz" is not allowed in extensions'
+
+
+def umoci_unpack(layout: Path, arch: str, bundle: Path) -> Path:
+    """One platform's image, by its `<version>-<arch>` tag (umoci has no platform selection
+    and calls the index's own tag ambiguous)."""
     umoci = require_tool("umoci")
     subprocess.run(
-        [umoci, "unpack", "--rootless", "--image", f"{layout}:{__version__}", str(bundle)],
+        [umoci, "unpack", "--rootless", "--image", f"{layout}:{__version__}-{arch}", str(bundle)],
         check=True,
         capture_output=True,
     )

@@ -351,6 +351,7 @@ def test_zipapp_writer_is_reproducible(tmp_path: Path) -> None:
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as importlib's recipe: dataclasses look their module up
     spec.loader.exec_module(module)
     tree = tmp_path / "tree"
     (tree / "pkg").mkdir(parents=True)
