@@ -88,6 +88,13 @@ NATIVE = "amd64"
 # Imported lazily by applets (so Nuitka may not see them yet) or needed at run time anyway.
 INCLUDED_PACKAGES = ("multicall", "yaml", "iptc")
 INCLUDED_MODULES = ("ssl", "json", "_json")
+# Imported by a dependency but kept out of the binary (docs/binary.md, "What is compiled in"):
+# python-iptables' iptc/util.py imports distutils.sysconfig for get_python_lib(), a fallback
+# path it never reaches here (the bundle sets IPTABLES_LIBDIR); Nuitka would take the
+# submodules from the build venv's setuptools (its _distutils copy), whatever version that is.
+# Not followed, the import raises ModuleNotFoundError and iptc uses its own fallback,
+# sysconfig.get_path("purelib") (the one it has for Python 3.12, which has no distutils).
+NOT_FOLLOWED = ("distutils",)
 # Pure-Python dependencies shipped inside the zipapp (C extensions cannot load from a zip).
 ZIPAPP_PACKAGES = ("multicall", "yaml", "iptc")
 
@@ -110,6 +117,7 @@ def nuitka_command(target: Target) -> list[str]:
         f"--jobs={os.cpu_count() or 2}",
         *(f"--include-package={name}" for name in INCLUDED_PACKAGES),
         *(f"--include-module={name}" for name in (*INCLUDED_MODULES, *cross_modules)),
+        *(f"--nofollow-import-to={name}" for name in NOT_FOLLOWED),
         f"--include-data-files={target.dataclass_cache}=dataclasses.marshal",
         f"--report={target.out / 'nuitka-report.xml'}",
         f"--output-dir={target.out}",
