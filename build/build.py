@@ -75,6 +75,37 @@ class Target:
     def cross(self) -> bool:
         return self.machine != platform.machine()
 
+    @property
+    def build_root(self) -> Path:
+        """Where the paths the build saw are on this machine: the toolchain root of a cross
+        build (build/arm64_root.py), `/` for the native one."""
+        if not self.cross or in_root():
+            return Path("/")
+        sys.path.insert(0, str(REPO / "build"))
+        import arm64_root
+
+        return arm64_root.ROOT
+
+    @property
+    def unpacked_debs(self) -> dict[str, str]:
+        """Trees the build unpacked from a .deb it did not install -> that .deb (build
+        paths): the toolchain root's libc-bin:arm64, whose C.utf8 locale a cross build
+        bundles (libc-bin is not co-installable across architectures)."""
+        if not self.cross:
+            return {}
+        sys.path.insert(0, str(REPO / "build"))
+        import arm64_root
+
+        debs = sorted(self.build_root.joinpath(arm64_root.DOWNLOADS.lstrip("/")).glob(
+            f"libc-bin_*_{self.arch}.deb"))  # fmt: skip
+        return {arm64_root.LIBC_BIN: f"{arm64_root.DOWNLOADS}/{debs[-1].name}"} if debs else {}
+
+    @property
+    def launcher_libc(self) -> str:
+        """musl's static libc the launcher links (musl-gcc's, or musl-dev's spec file for the
+        cross gcc), as the build sees it."""
+        return f"/usr/lib/{self.machine}-linux-musl/libc.a"
+
 
 TARGETS = {
     "amd64": Target("amd64", "x86_64", "ld-linux-x86-64.so.2", OUT, REPO / "dist" / "cnibox"),
@@ -180,8 +211,9 @@ def build_launcher(target: Target) -> None:
     zstd = zstd_inline_dir()
     # A static musl program: musl-gcc natively; the cross gcc with musl-dev's spec file
     # (the arm64 musl-dev of the toolchain root) otherwise.
+    musl_dir = os.path.dirname(target.launcher_libc)
     compiler = (
-        ["aarch64-linux-gnu-gcc", "-specs", f"/usr/lib/{target.machine}-linux-musl/musl-gcc.specs"]
+        ["aarch64-linux-gnu-gcc", "-specs", f"{musl_dir}/musl-gcc.specs"]
         if target.cross
         else ["musl-gcc"]
     )
@@ -217,8 +249,12 @@ def pack(target: Target) -> None:
         target.launcher, target.dist, (MAIN_BINARY, target.loader), target.artifact
     )
     print(f"build: {report}")
-    record = bundled.write_record(target)
-    print(f"build: bundled package versions -> {record}")
+    try:
+        record = bundled.write_record(target)
+    except bundled.AttributionError as exc:
+        target.artifact.unlink()  # a single file whose content nobody can account for
+        raise SystemExit(f"build: {target.artifact.name}: {exc}") from None
+    print(f"build: what it bundles, attributed (packaging/sbom.py's input) -> {record}")
 
 
 def build_zipapp() -> None:
