@@ -19,9 +19,25 @@ APT_PACKAGES := iptables nftables util-linux iproute2 containernetworking-plugin
 # The last line is arm64's (docs/arm64.md): the toolchain root's debootstrap, readelf, and
 # qemu for the arm64 test stages. No arm64 package is ever installed on the host itself.
 
-.PHONY: deps apt venv tools cri-proto lint type unit test test-source test-binary test-cri \
-	test-arm64 test-arm64-vm build \
-	zipapp demo bench clean
+.PHONY: help deps apt venv tools cri-proto lint type unit test test-source test-binary test-cri \
+	test-arm64 test-arm64-vm build zipapp demo bench clean
+
+# The default target only explains (the others install packages and build for minutes):
+# it prints the `##` lines below.
+##cnibox: Linkerd's CNI plugin for minimal nodes (Talos) in one executable. README.md first.
+##
+##  make demo         build the single file, then a local pod-network demo (root; the first
+##                    build takes 6-11 minutes on 2 cores, later ones 1-3 minutes)
+##  make test         what CI runs: lint, types, every suite from source and against the
+##                    built file (root; installs apt packages and a venv first)
+##  make unit         the suites that need neither root nor a build
+##  make lint type    ruff and mypy --strict
+##  make build        dist/cnibox, the single file      make zipapp   dist/cnibox.pyz
+##  make images       the OCI images                    make release  every artifact
+##  make bench        pod-start cost against upstream's approach (root)
+##  make deps         apt packages, .venv, pinned helm/kubectl (the targets above do it)
+help:
+	@sed -n 's/^##//p' $(firstword $(MAKEFILE_LIST))
 
 deps: apt venv tools
 

@@ -963,19 +963,35 @@ def print_importtime(stderr: str, top: int = 25) -> None:
         print(f"  {cum_us / 1000:7.1f} ms ({self_us / 1000:5.1f})  {module}")
 
 
+def executable_file(text: str) -> str:
+    """--binary: made absolute, since the bench links plugin names to it from elsewhere (a
+    relative target would dangle), and checked, so a typo is not a run without its rows."""
+    path = Path(text).resolve()
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise argparse.ArgumentTypeError(
+            f"{text}: not an executable file (`make build` builds dist/cnibox)"
+        )
+    return str(path)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("-n", "--iterations", type=int, default=30)
     parser.add_argument("-c", "--concurrency", type=int, default=100)
-    parser.add_argument("--binary", default=str(REPO / "dist" / "cnibox"))
+    parser.add_argument(
+        "--binary",
+        type=executable_file,
+        help="the built single file (default: dist/cnibox, its rows skipped if not built)",
+    )
     parser.add_argument("--profile", choices=("nft", "legacy"), help="profile one source ADD")
     parser.add_argument(
         "--no-cri", dest="cri", action="store_false", help="skip the containerd RunPodSandbox rows"
     )
     parser.add_argument("--cri-only", action="store_true", help="only the RunPodSandbox rows")
     args = parser.parse_args()
+    args.binary = args.binary or str(REPO / "dist" / "cnibox")
     if os.geteuid() != 0:
         print("bench: needs root (network namespaces)", file=sys.stderr)
         return 2

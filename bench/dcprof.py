@@ -51,10 +51,22 @@ def _report_and_exit(code: int) -> NoReturn:
     _exit_now(code)  # set below, once dataclasses are being counted
 
 
-args = sys.argv[1:]
-_profile_path = ""
-if args[:1] == ["--cprofile"]:
-    _profile_path, args = args[1], args[2:]
+def _parse() -> tuple[str, list[str]]:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0],
+        usage="dcprof.py [-h] [--cprofile FILE] APPLET [ARGS...]",
+    )
+    parser.add_argument("--cprofile", metavar="FILE", default="", help="also cProfile the run")
+    parser.add_argument("applet", metavar="APPLET", help="what cnibox runs (its first argument)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the applet's arguments")
+    parsed = parser.parse_args()
+    return parsed.cprofile, [parsed.applet, *parsed.args]
+
+
+_profile_path, args = _parse()
+if _profile_path:
     _profile = cProfile.Profile()
 dataclasses._process_class = _timed  # type: ignore[attr-defined]
 from multicall import dispatch  # noqa: E402 - after the patch: it makes dataclasses too

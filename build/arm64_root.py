@@ -300,13 +300,20 @@ def ensure() -> None:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["ensure"] and len(argv) == 1:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("ensure", help="create or refresh build/out/arm64-root (idempotent)")
+    run = commands.add_parser("run", help="run CMD inside it (repo bind-mounted at /src)")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD…")
+    args = parser.parse_args(argv)
+    if args.command == "ensure":
         ensure()
         return 0
-    if argv[:1] == ["run"] and len(argv) > 1:
-        return chroot(*argv[1:], check=False)
-    print("usage: arm64_root.py ensure | run CMD…", file=sys.stderr)
-    return 2
+    if not args.cmd:
+        parser.error("run needs a command")
+    return chroot(*args.cmd, check=False)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import argparse
 import compileall
 import fcntl
 import os
@@ -167,10 +168,67 @@ def build_dist(target: Target) -> None:
     shutil.rmtree(target.out / "cnibox_main.build", ignore_errors=True)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     started = time.monotonic()
+    print(expected_time(target), flush=True)
     recorder = [sys.executable, "-m", "multicall.dataclass_cache", str(target.dataclass_cache)]
     subprocess.run(recorder, check=True, cwd=REPO, env=env)
-    subprocess.run(["nice", "-n", "5", *nuitka_command(target)], check=True, cwd=REPO, env=env)
-    print(f"build: dist in {time.monotonic() - started:.0f} s -> {target.dist}")
+    run_with_heartbeat(["nice", "-n", "5", *nuitka_command(target)], env, target)
+    print(f"build: dist in {_minutes(time.monotonic() - started)} -> {target.dist}")
+
+
+# Measured on the 2-core development VM (docs/binary.md "Building"): a cold build compiles
+# all ~69 C files; after a Python edit ccache serves most of them.
+COLD_MINUTES, WARM_MINUTES = "6 to 11 minutes (3 on an idle machine)", "1 to 3 minutes"
+HEARTBEAT_SECONDS = 30.0
+
+
+def expected_time(target: Target) -> str:
+    """The line that says how long to wait, before the wait."""
+    cache = Path(os.environ.get("NUITKA_CACHE_DIR", Path.home() / ".cache" / "Nuitka"))
+    ccache = cache / "ccache"
+    # ccache keys include this checkout's paths: a cache filled by another checkout misses.
+    warm = target.dist.is_dir() and ccache.is_dir() and any(ccache.iterdir())
+    if warm:
+        return f"build: compiling with Nuitka; with its cache warm this takes {WARM_MINUTES}"
+    return (
+        f"build: compiling with Nuitka; the first build of a checkout takes {COLD_MINUTES} "
+        f"on 2 cores, later ones {WARM_MINUTES} (Nuitka's cache: {cache})"
+    )
+
+
+def run_with_heartbeat(argv: list[str], env: dict[str, str], target: Target) -> None:
+    """Run Nuitka with its own output passing through, and every HEARTBEAT_SECONDS a line
+    saying how long it has run and how many of its C files are compiled: Nuitka's progress
+    bar shows only on a terminal, and its C compilation prints nothing for minutes."""
+    import threading
+
+    started = time.monotonic()
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_SECONDS):
+            print(f"build: Nuitka still running, {_minutes(time.monotonic() - started)}"
+                  f"{_c_progress(target)}", flush=True)  # fmt: skip
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        subprocess.run(argv, check=True, cwd=REPO, env=env)
+    finally:
+        done.set()
+        thread.join()
+
+
+def _c_progress(target: Target) -> str:
+    """`; C files compiled: N of M` once Nuitka has written its C files, else ""."""
+    sources = list((target.out / "cnibox_main.build").glob("*.c"))
+    if not sources:
+        return ""
+    objects = sum(1 for c in sources if c.with_suffix(".o").exists())
+    return f"; C files compiled: {objects} of {len(sources)}"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds) // 60} min {int(seconds) % 60:02d} s"
 
 
 def in_root() -> bool:
@@ -320,23 +378,27 @@ STEPS = {
 
 
 def main(argv: list[str]) -> int:
-    arch = NATIVE
-    if argv[:1] == ["--arch"] and len(argv) >= 2:
-        arch, argv = argv[1], argv[2:]
-    if len(argv) != 1 or argv[0] not in STEPS or arch not in TARGETS:
-        print(
-            f"usage: build.py [--arch {'|'.join(TARGETS)}] {{{'|'.join(STEPS)}}}", file=sys.stderr
-        )
-        return 2
-    target = TARGETS[arch]
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\nRules")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--arch", choices=TARGETS, default=NATIVE, help="default: %(default)s")
+    parser.add_argument("step", choices=STEPS, help="what to build")
+    args = parser.parse_args(argv)
+    target = TARGETS[args.arch]
     target.out.mkdir(parents=True, exist_ok=True)
     # Two builds of one target at once (make test and make bench, say) would share Nuitka's
     # output dir; inside the toolchain root the host side already holds the lock.
-    with open(target.out / f".build-{arch}.lock", "w") as lock:
+    with open(target.out / f".build-{args.arch}.lock", "w") as lock:
         if not in_root():
             fcntl.flock(lock, fcntl.LOCK_EX)
-        for step in STEPS[argv[0]]:
-            step(target)
+        try:
+            for step in STEPS[args.step]:
+                step(target)
+        except subprocess.CalledProcessError as exc:
+            print(f"build: {exc.cmd[0] if exc.cmd else 'a step'} failed (exit "
+                  f"{exc.returncode}); its output is above", file=sys.stderr)  # fmt: skip
+            return 1
     return 0
 
 

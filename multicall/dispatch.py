@@ -2,7 +2,7 @@
 
 cnibox is a multi-call binary: it runs the applet named by the name it was invoked as
 (a symlink or hard link named `linkerd-cni`, `netns-exec`, `nsenter`, ...), or by its first
-argument when invoked as `cnibox`.
+argument when invoked as `cnibox`. Without arguments it prints this text.
 
   --list            print every applet name, one per line
   --install [-s] DIR
@@ -13,7 +13,8 @@ argument when invoked as `cnibox`.
 
 Rules of this module: it is the only exit-code boundary for plain applets (the CNI applet
 prints CNI error JSON itself); nothing raised by an applet reaches the user as a traceback;
-it is the one place that prints an applet's help and version (`run_applet`).
+it is the one place that prints an applet's help and version and reports a bad command line
+(`run_applet`, with core/usage.py: docs/cli.md).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from typing import BinaryIO, NoReturn
 from multicall import __version__
 from multicall.applet import Applet
 from multicall.applets import APPLETS, all_names, find_applet
-from multicall.core.usage import Show, help_text, requested, version_text
+from multicall.core import usage
+from multicall.core.usage import Show, help_text, try_help, version_text
 from multicall.effects.streams import write_text
 from multicall.errors import (
     EXIT_FAILURE,
@@ -36,6 +38,7 @@ from multicall.errors import (
     EXIT_OK,
     EXIT_USAGE,
     CniboxError,
+    UsageError,
 )
 
 MULTIPLEXER_NAMES = frozenset({"cnibox", "cnibox.bin", "multicall", "__main__.py"})
@@ -96,12 +99,13 @@ def run_applet(
     streams: tuple[BinaryIO, BinaryIO, BinaryIO],
 ) -> int:
     """Run one applet and map whatever it raises to an exit code (the one boundary); print
-    its help or version when its command line asks for them (the one place)."""
+    its help or version when its command line asks for them, and report a bad command line
+    in getopt's words (the one place: core/usage.py)."""
     stdin, stdout, stderr = streams
     prog = applet_name(argv[0]) if argv else applet.name
     try:
         module = applet.load()
-        show = None if applet.parses_help else requested(argv[1:])
+        show = None if applet.parses_help else _requested(module, argv[1:])
         outcome = show or module.main(argv, env, stdin, stdout, stderr)
         if isinstance(outcome, Show):
             return _show(outcome, applet, module.__doc__ or "", argv, stdout)
@@ -113,15 +117,40 @@ def run_applet(
         _silence_stdout()
         return 141
     except CniboxError as exc:
-        write_text(stderr, f"{prog}: {exc.message}\n")
-        if exc.hint:
-            write_text(stderr, f"{prog}: hint: {exc.hint}\n")
-        return exc.exit_code
+        return _report(exc, applet, prog, stderr)
     except Exception as exc:  # the boundary: a bug must not print a traceback
         if env.get("CNIBOX_DEBUG"):
             raise
         write_text(stderr, f"{prog}: internal error: {type(exc).__name__}: {exc}\n")
         return EXIT_INTERNAL
+
+
+def _report(exc: CniboxError, applet: Applet, prog: str, stderr: BinaryIO) -> int:
+    """An expected failure: one line (and its hint); a usage error of an applet of the
+    convention gets the Try line and exit 2 instead, and one of an applet with another
+    program's convention is printed as that convention words it, whole (clap's
+    `error: ...` and `For more information, try '--help'.`)."""
+    if isinstance(exc, UsageError) and applet.parses_help:
+        write_text(stderr, f"{exc.message}\n")
+        return exc.exit_code
+    write_text(stderr, f"{prog}: {exc.message}\n")
+    if isinstance(exc, UsageError):
+        write_text(stderr, try_help(prog))
+        return EXIT_USAGE
+    if exc.hint:
+        write_text(stderr, f"{prog}: hint: {exc.hint}\n")
+    return exc.exit_code
+
+
+def _requested(module: object, args: Sequence[str]) -> Show | None:
+    """`--help`/`--version` as getopt meets them; a bad option raises UsageError before the
+    applet runs. Operands are the applet's to judge."""
+    if not args:
+        return None  # the common case (a runtime runs linkerd-cni so): nothing to parse
+    doc = getattr(module, "__doc__", None)
+    if not doc:
+        return usage.requested(args)
+    return usage.parse(args, usage.options(doc), operands=True).show
 
 
 def _show(what: Show, applet: Applet, doc: str, argv: Sequence[str], stdout: BinaryIO) -> int:
@@ -145,14 +174,19 @@ def run_multiplexer(
     env: Mapping[str, str],
     streams: tuple[BinaryIO, BinaryIO, BinaryIO],
 ) -> int:
-    """`cnibox ...`: its own options, or `cnibox APPLET ARGS...`."""
+    """`cnibox ...`: its own options, or `cnibox APPLET ARGS...`. Without arguments, the
+    usage on stdout and exit 0, as BusyBox does."""
     _, stdout, stderr = streams
-    if not args or args[0] in ("--help", "-h"):
-        write_text(stdout if args else stderr, format_help())
-        return EXIT_OK if args else EXIT_USAGE
+    if not args:
+        write_text(stdout, format_help())
+        return EXIT_OK
     first = args[0]
-    if first.startswith("--"):
-        return _option(args, stdout, stderr)
+    if first.startswith("-"):
+        try:
+            return _option(args, stdout, stderr)
+        except UsageError as exc:
+            write_text(stderr, f"cnibox: {exc.message}\n{try_help('cnibox')}")
+            return EXIT_USAGE
     applet = find_applet(applet_name(first))
     if applet is None:
         write_text(stderr, f"{first}: applet not found\n{suggest(first)}")
@@ -160,21 +194,35 @@ def run_multiplexer(
     return run_applet(applet, list(args), env, streams)
 
 
+MULTIPLEXER_OPTIONS = (
+    usage.HELP,
+    usage.VERSION,
+    usage.Option(("--list",)),
+    usage.Option(("--install",), "DIR"),
+    usage.Option(("-s",)),
+)
+
+
 def _option(args: Sequence[str], stdout: BinaryIO, stderr: BinaryIO) -> int:
-    """The multiplexer's own `--` options."""
-    first = args[0]
-    if first == "--version":
-        write_text(stdout, f"cnibox {__version__}\n")
-        return EXIT_OK
-    if first == "--list":
-        write_text(stdout, format_list())
-        return EXIT_OK
-    if first == "--install":
-        return _install(args[1:], stdout, stderr)
-    if first == SELFTEST_SIGNAL:
+    """The multiplexer's own options (UsageError for a bad command line)."""
+    if args[0] == SELFTEST_SIGNAL:
         return _selftest_signal(stdout)
-    write_text(stderr, f"cnibox: unknown option {first}\n{format_help()}")
-    return EXIT_USAGE
+    if list(args[:2]) == ["--install", "-s"]:  # the documented order: -s is no DIR
+        args = ["-s", "--install", *args[2:]]
+    line = usage.parse(args, MULTIPLEXER_OPTIONS)
+    if line.show is Show.HELP:
+        write_text(stdout, format_help())
+    elif line.show is Show.VERSION:
+        write_text(stdout, f"cnibox {__version__}\n")
+    elif line.has("--list") and line.has("--install"):
+        raise UsageError("--list and --install exclude each other")
+    elif line.has("--install"):
+        return _install(line.value("--install") or "", line.has("-s"), stdout, stderr)
+    elif line.has("-s"):
+        raise UsageError("-s goes with --install DIR")
+    else:
+        write_text(stdout, format_list())
+    return EXIT_OK
 
 
 def _selftest_signal(stdout: BinaryIO) -> int:
@@ -207,16 +255,11 @@ def _selftest_signal(stdout: BinaryIO) -> int:
     return EXIT_FAILURE
 
 
-def _install(args: Sequence[str], stdout: BinaryIO, stderr: BinaryIO) -> int:
+def _install(directory: str, symbolic: bool, stdout: BinaryIO, stderr: BinaryIO) -> int:
     from multicall.effects.links import install_links
 
-    symbolic = bool(args) and args[0] == "-s"
-    rest = list(args[1:] if symbolic else args)
-    if len(rest) != 1:
-        write_text(stderr, "usage: cnibox --install [-s] DIR\n")
-        return EXIT_USAGE
     try:
-        report = install_links(rest[0], all_names(), symbolic=symbolic)
+        report = install_links(directory, all_names(), symbolic=symbolic)
     except CniboxError as exc:
         write_text(stderr, f"cnibox: {exc.message}\n")
         return exc.exit_code

@@ -190,6 +190,9 @@ def main(argv: list[str]) -> int:
     except check_extension.ExtensionError as exc:
         sys.stderr.write(f"the Talos extension breaks Talos' rules: {exc}\n")
         return 1
+    except OSError as exc:
+        sys.stderr.write(f"build.py: {exc.filename or ''}: {exc.strerror or exc}\n")
+        return 1
     for name, path in written.items():
         sys.stdout.write(f"{name}: oci-archive:{path}:{args.version} oci:{path.with_suffix('')}\n")
     return 0

@@ -1,13 +1,16 @@
-"""`make demo`: a local pod-network scenario, step by step, in throwaway namespaces.
+"""`make demo`: what cnibox does on a node, step by step, on this machine, in throwaway
+namespaces and a scratch directory, with what each step fakes said as it runs.
 
 Run as root with `python -m tests.demo` (`make demo` builds dist/cnibox first and uses it).
-It builds a node netns with a bridge and a pod netns on it, then works in the pod through a
-symlink named `nsenter` pointing to cnibox (what a Talos node gets instead of util-linux):
-it lists the pod's addresses, reads its /proc/net/dev, and does Linkerd's own call,
-`nsenter --net=<pod> -- iptables-nft-save -t nat`. Then the real libcni runs bridge +
-host-local + cnibox as `linkerd-cni` for a meshed and a plain pod: the meshed pod's rules are
-printed, checked by CNI CHECK and by `iptables-verify --netns`, and TCP connections show the
-inbound (4143) and outbound (4140) redirection and the proxy uid's exemption.
+1. the applet links; 2. the installer (`install-cni --once`) against a scratch host tree:
+   the patched conflist and the kubeconfig it writes, then `--uninstall`; 3. a node netns
+   with a bridge and a pod netns on it; 4-6. work in the pod through a symlink named
+   `nsenter` pointing to cnibox (what a Talos node gets instead of util-linux), ending with
+   Linkerd's own call `nsenter --net=<pod> -- iptables-nft-save -t nat`; 7. the real libcni
+   runs bridge + host-local + cnibox as `linkerd-cni` for a meshed and a plain pod: the
+   meshed pod's rules, CNI CHECK, `iptables-verify --netns`, TCP connections through the
+   redirect (4143 in, 4140 out, the proxy uid exempt), the plugin's log lines, and a failed
+   ADD as the node's log shows it. Then the next steps for a real cluster.
 Everything is removed at the end, also on failure.
 
 Extending it: write a `def step_x(demo: Demo) -> None` that prints what it shows and add it
@@ -71,8 +74,26 @@ def say(title: str, body: str = "") -> None:
         print("\n".join(f"    {line}" for line in body.rstrip("\n").splitlines()))
 
 
+def explain(text: str) -> None:
+    """What a step shows, and what it fakes that a real node would provide."""
+    import textwrap
+
+    print("\n" + textwrap.fill(text, width=96, initial_indent="  # ", subsequent_indent="  # "))
+
+
+def shorten(text: str, width: int = 92) -> str:
+    """Long lines (certificate data, tokens) cut for reading: the demo shows shapes."""
+    return "\n".join(
+        line if len(line) <= width else line[: width - 1] + "…" for line in text.splitlines()
+    )
+
+
 def step_links(demo: Demo) -> None:
     """Install cnibox's applet links, as the node installer will on a Talos host."""
+    explain(
+        "Step 1. One executable, many names: cnibox runs the applet named by the name it is "
+        "called as. The installer links linkerd-cni (and, if asked, nsenter) to it on a node."
+    )
     proc = subprocess.run(
         [str(demo.cnibox), "--install", "-s", str(demo.links)],
         capture_output=True,
@@ -82,8 +103,50 @@ def step_links(demo: Demo) -> None:
     say(f"cnibox --install -s {demo.links}  (cnibox = {demo.cnibox})", proc.stdout)
 
 
+def step_installer(demo: Demo) -> None:
+    """`install-cni --once` against a scratch host tree, then `--uninstall`."""
+    import yaml
+
+    from tests.support.installer_host import make_host, put_config
+
+    explain(
+        "Step 2. The installer, as the linkerd-cni DaemonSet runs it on each node. Faked here: "
+        "the host's /etc/cni/net.d and /opt/cni/bin are a scratch tree (CONTAINER_MOUNT_PREFIX), "
+        "the primary CNI's conflist is upstream's Calico test file, and the service-account "
+        "token is a test token. The network config is the chart's default ConfigMap value."
+    )
+    chart = yaml.safe_load_all((REPO_ROOT / "packaging/kubernetes/linkerd-cni.yaml").read_text())
+    config = next(d for d in chart if d and d["kind"] == "ConfigMap")["data"]
+    host = make_host(demo.workdir / "node")
+    conflist = put_config(host, "10-calico.conflist")
+    env = host.env(CNIBOX_EXE=str(demo.cnibox), CNI_NETWORK_CONFIG=config["cni_network_config"])
+    argv = [str(demo.cnibox), "install-cni", "--once"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"demo: install-cni --once exited {proc.returncode}: {proc.stderr}")
+    shown = host.prefix
+    say(f"cnibox install-cni --once   (host root: {shown})", proc.stderr)
+    listing = "\n".join(
+        f"{p.relative_to(shown)}" + (f" -> {os.readlink(p)}" if p.is_symlink() else "")
+        for p in sorted(shown.rglob("*")) if not p.is_dir()
+    )  # fmt: skip
+    say("what it wrote on the host", listing)
+    say(f"{conflist.relative_to(shown)}: linkerd-cni chained last",
+        shorten(json.dumps(json.loads(conflist.read_text()), indent=2)))  # fmt: skip
+    say(f"{host.kubeconfig.relative_to(shown)} (the plugin's credentials, mode 0600)",
+        shorten(host.kubeconfig.read_text()))  # fmt: skip
+    argv = [str(demo.cnibox), "install-cni", "--uninstall"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    say("cnibox install-cni --uninstall (the DaemonSet's preStop: the node as it was)",
+        proc.stderr + f"exit status {proc.returncode}")  # fmt: skip
+
+
 def step_pod_network(demo: Demo) -> None:
     """A node netns with a bridge, and a pod netns with eth0 on it (the rig's throwaways)."""
+    explain(
+        "Step 3. A node and a pod. Faked here: both are network namespaces on this machine "
+        "(a bridge in the node's, a veth into the pod's) instead of a kubelet's sandbox."
+    )
     node = demo.rig.node(bridge=BRIDGE)
     demo.node_pod = demo.rig.pod(node, bridge=BRIDGE)
     say(
@@ -94,17 +157,28 @@ def step_pod_network(demo: Demo) -> None:
 
 
 def step_pod_addresses(demo: Demo) -> None:
+    explain(
+        "Step 4. cnibox as nsenter (util-linux 2.38.1 compatible), for nodes that have none: "
+        "the pod's addresses, seen from inside its network namespace."
+    )
     out = demo.nsenter(f"--net={demo.pod.netns.path}", "--", "ip", "-brief", "addr")
     say(f"nsenter --net={demo.pod.netns.path} -- ip -brief addr", out)
 
 
 def step_pod_proc_net_dev(demo: Demo) -> None:
+    explain("Step 5. The same without `--`: the pod's own /proc/net/dev (its interfaces).")
     out = demo.nsenter(f"--net={demo.pod.netns.path}", "cat", "/proc/net/dev")
     say(f"nsenter --net={demo.pod.netns.path} cat /proc/net/dev", out)
 
 
 def step_linkerd_call(demo: Demo) -> None:
     """Upstream Linkerd's exact call, after a rule is put in the pod with iptables-nft."""
+    explain(
+        "Step 6. Linkerd's own Go plugin runs `nsenter --net=POD -- iptables-nft-save`; on "
+        "Talos that fails for want of nsenter. Faked here: a chain is put into the pod first "
+        "with Debian's iptables-nft (a host tool, used only by this demo) so the call has "
+        "something to print. On a node, linkerd-cni writes the rules itself (step 7)."
+    )
     pod = demo.pod.netns
     pod.exec(["iptables-nft", "-t", "nat", "-N", "PROXY_INIT_REDIRECT"])
     pod.exec(["iptables-nft", "-t", "nat", "-A", "PREROUTING", "-j", "PROXY_INIT_REDIRECT"])
@@ -121,6 +195,13 @@ def step_linkerd_cni(demo: Demo) -> None:
     from tests.support.libcni import Runtime, build_driver, conflist, plugin_dir, primary_plugin
     from tests.support.pki import make_pki
 
+    explain(
+        "Step 7. A pod sandbox as containerd sets it up: the real libcni runs the chain bridge "
+        "+ host-local + linkerd-cni (cnibox). Faked here: the Kubernetes API is a TLS test "
+        "server in the node's namespace serving Linkerd's own injected emojivoto pod; the "
+        "plugin reads it, programs PROXY_INIT_* in the pod's namespace in-process (no "
+        "iptables binary), and logs to the config's log_file as well as to stderr."
+    )
     golden = FIXTURES / "upstream" / "linkerd2" / "inject-goldens"
     meshed = pods_from_golden(golden / "inject_emojivoto_deployment_no_init_container.golden.yml")[
         0
@@ -139,6 +220,8 @@ def step_linkerd_cni(demo: Demo) -> None:
         conf = conflist(
             primary, api.kubeconfig(demo.workdir / "ZZZ-linkerd-cni-kubeconfig"), log_level="info"
         )
+        log_file = demo.workdir / "linkerd-cni.log"
+        conf["plugins"][-1]["log_file"] = str(log_file)
         meshed_ns, plain_ns = demo.rig.pod().netns, demo.rig.pod().netns
         ips = []
         for netns, pod in ((meshed_ns, meshed), (plain_ns, None)):
@@ -162,8 +245,45 @@ def step_linkerd_cni(demo: Demo) -> None:
             _verify(demo, conf, meshed, meshed_ns))  # fmt: skip
         say("TCP through the rules (the answer is the port of the listener that accepted)",
             _traffic(meshed_ns, plain_ns, ips[0], ips[1]))  # fmt: skip
+        say(f"the plugin's log lines ({log_file}, log_level info)", log_file.read_text())
+        _failure(runtime, conf, demo.rig.pod().netns, log_file)
     finally:
         api.stop()
+
+
+def _failure(runtime: object, conf: dict[str, object], netns: Netns, log_file: Path) -> None:
+    """An ADD for a pod the API does not know: what the runtime reports, and the log line."""
+    from tests.support.libcni import Runtime
+
+    assert isinstance(runtime, Runtime)
+    explain(
+        "A failed ADD: a pod the API server does not know. The runtime gets the CNI error "
+        "(kubelet shows it in the pod's events) but libcni drops a failing plugin's stderr, so "
+        "the node's log would not show why: the log_file line does, with the pod's fields."
+    )
+    before = log_file.read_text()
+    proc = runtime.run("add", conf, netns.path, container_id=f"c{netns.name}",
+                       pod=("emojivoto", "ghost-7d4f8c9b5-x2x4q"))  # fmt: skip
+    reported = proc.stderr.strip() or proc.stdout.strip()
+    say("libcni ADD of pod emojivoto/ghost-7d4f8c9b5-x2x4q",
+        f"exit status {proc.returncode}\n{reported}")  # fmt: skip
+    say("the new line in the log file", log_file.read_text().removeprefix(before))
+
+
+def step_next(demo: Demo) -> None:
+    say(
+        "next: a real cluster",
+        "Talos:   docs/talos.md (the chart with talos.extension, or the DaemonSet alone)\n"
+        "Others:  kubectl create namespace linkerd-cni  (label it privileged: docs/helm.md)\n"
+        "         helm install linkerd2-cni packaging/helm/linkerd2-cni -n linkerd-cni \\\n"
+        "             --set image.name=REGISTRY/cnibox-installer \\\n"
+        "             --set logFile=/var/log/linkerd-cni.log\n"
+        "         linkerd install --crds | kubectl apply -f -\n"
+        "         linkerd install --linkerd-cni-enabled | kubectl apply -f -\n"
+        "         linkerd check --linkerd-cni-enabled\n"
+        "Meshed pods then start with linkerd-network-validator instead of linkerd-init: it\n"
+        'fails the pod if the redirect is not in place (README.md, "Quick start").',
+    )
 
 
 def _verify(demo: Demo, conf: dict[str, object], pod: dict[str, object], netns: Netns) -> str:
@@ -214,11 +334,13 @@ def _traffic(meshed: Netns, plain: Netns, meshed_ip: str, plain_ip: str) -> str:
 
 STEPS: list[Callable[[Demo], None]] = [
     step_links,
+    step_installer,
     step_pod_network,
     step_pod_addresses,
     step_pod_proc_net_dev,
     step_linkerd_call,
     step_linkerd_cni,
+    step_next,
 ]
 
 

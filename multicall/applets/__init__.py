@@ -7,7 +7,8 @@ modules, about a tenth of an ADD's CPU time (docs/benchmarks.md).
 
 Adding an applet: a module here whose docstring is its usage text and which defines `main`
 (multicall/applet.py), one loader and one row below, one line in the README's applet table
-(tests check all three agree).
+(tests check all three agree). Its command line follows docs/cli.md, which
+tests/pure/test_cli_convention.py and tests/netns/test_cli_bare.py check for every row.
 """
 
 from __future__ import annotations

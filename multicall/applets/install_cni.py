@@ -1,4 +1,4 @@
-"""usage: install-cni [--once | --uninstall] [--link-nsenter] [-v]
+"""usage: install-cni [--once | --uninstall] [--link-nsenter] [--log-level LEVEL] [--log-format FORMAT]
 
 Install cnibox as Linkerd's chained CNI plugin on this node and keep it installed: put the
 binary into the host's CNI bin dir (or link to the node's own cnibox from the Talos
@@ -11,7 +11,13 @@ token and re-patch / rewrite on change. SIGTERM or SIGINT undoes everything and 
                   from every config, the kubeconfig and the installed binary and links
                   (the DaemonSet's preStop hook; the image has no shell)
   --link-nsenter  also link `nsenter` to cnibox in the bin dir (never done otherwise)
-  -v              log every event
+  --log-level LEVEL
+                  debug (every event), info (the default), warn or error
+  --log-format FORMAT
+                  plain (logrus text, the default) or json, as Linkerd's components
+  -v, --verbose   the same as --log-level debug
+  -h, --help      this text
+  --version       print the version
 
 Environment (empty means unset): DEST_CNI_NET_DIR (/etc/cni/net.d), DEST_CNI_BIN_DIR
 (/opt/cni/bin), CONTAINER_MOUNT_PREFIX (/host), CNI_NETWORK_CONFIG, CNI_NETWORK_CONFIG_FILE,
@@ -20,7 +26,9 @@ KUBERNETES_SERVICE_PORT, KUBE_CA_FILE (ca.crt beside the token), SERVICE_ACCOUNT
 (/var/run/secrets/kubernetes.io/serviceaccount), CNI_CONF_NAME (only this file),
 CNIBOX_HOST_BINARY (/usr/local/lib/cnibox/cnibox), CNIBOX_STATE_DIR (undo journal and pid
 file: DEST_CNI_NET_DIR/.cnibox-install-cni), INSTALL_CNI_PID_FILE (in the state dir).
-"""
+CNI_NETWORK_CONFIG (or the file CNI_NETWORK_CONFIG_FILE names) is required: the linkerd-cni
+entry to chain, as the chart's ConfigMap key cni_network_config holds it.
+"""  # noqa: E501 - the usage line stays one line
 
 from __future__ import annotations
 
@@ -41,7 +49,7 @@ from multicall.core.installer.config import (
     source_names,
 )
 from multicall.effects import fs, pidfile
-from multicall.effects.streams import write_text
+from multicall.effects.log import Logger as Log
 from multicall.errors import EXIT_OK, CniboxError, ConfigError, UsageError
 
 if TYPE_CHECKING:
@@ -63,42 +71,32 @@ JOURNAL_LIMIT = 16 << 20
 class Options:
     mode: str = "watch"  # watch | once | uninstall
     link_nsenter: bool = False
-    verbose: bool = False
+    log_level: str = "info"
+    log_format: str = "plain"
 
 
 def parse_args(args: Sequence[str]) -> Options:
-    mode, link_nsenter, verbose = "watch", False, False
-    for arg in args:
-        if arg in ("--once", "--uninstall"):
-            if mode != "watch":
-                raise UsageError("--once and --uninstall exclude each other")
-            mode = arg[2:]
-        elif arg == "--link-nsenter":
-            link_nsenter = True
-        elif arg == "-v":
-            verbose = True
-        else:
-            raise UsageError(f"unknown argument {arg!r}", hint="see install-cni --help")
-    return Options(mode, link_nsenter, verbose)
+    from multicall.core import logs, usage
+
+    line = usage.parse(args, usage.options(__doc__ or ""))
+    if line.has("--once") and line.has("--uninstall"):
+        raise UsageError("--once and --uninstall exclude each other")
+    mode = "once" if line.has("--once") else "uninstall" if line.has("--uninstall") else "watch"
+    level = "debug" if line.has("--verbose") else line.value("--log-level", "info") or ""
+    try:
+        level = logs.parse_level(level)
+    except ValueError:
+        raise UsageError(f"invalid --log-level '{level}': debug, info, warn or error") from None
+    log_format = line.value("--log-format", "plain") or ""
+    if log_format not in logs.FORMATS:
+        raise UsageError(f"invalid --log-format '{log_format}': plain or json")
+    return Options(mode, line.has("--link-nsenter"), level, log_format)
 
 
 def sha256(data: bytes) -> str:
     import hashlib
 
     return hashlib.sha256(data).hexdigest()
-
-
-class Log:
-    def __init__(self, stream: BinaryIO, verbose: bool) -> None:
-        self.stream = stream
-        self.verbose = verbose
-
-    def info(self, message: str) -> None:
-        write_text(self.stream, f"{PROG}: {message}\n")
-
-    def debug(self, message: str) -> None:
-        if self.verbose:
-            self.info(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -569,12 +567,23 @@ def main(
     stderr: BinaryIO,
 ) -> int:
     options = parse_args(list(argv[1:]))
+    log = Log(stderr, options.log_level, options.log_format)
+    try:
+        return run(options, env, log)
+    except CniboxError as exc:
+        # a daemon's last words belong in its log, in its format (upstream: log.Fatal)
+        log.error(exc.message, **({"hint": exc.hint} if exc.hint else {}))
+        return exc.exit_code
+
+
+def run(options: Options, env: Mapping[str, str], log: Log) -> int:
     config = parse_environment(env)
-    log = Log(stderr, options.verbose)
     try:
         if options.mode == "uninstall":
             return uninstall(config, options, log)
-        installer = Installer(config, options, log, resolve_binary(env))
+        installer = Installer(config, options, log, binary="")
+        installer.load_network_config()  # first: without a config nothing is written
+        installer.binary = resolve_binary(env)
         if options.mode == "once":
             install(installer)
             return EXIT_OK
@@ -590,7 +599,7 @@ def uninstall(config: InstallerConfig, options: Options, log: Log) -> int:
     installer.resume()
     errors = installer.undo()
     for error in errors:
-        log.info(f"undo: {error}")
+        log.error(f"undo: {error}")
     return 1 if errors else EXIT_OK
 
 
@@ -635,5 +644,5 @@ def _message(exc: BaseException) -> str:
 def _undo_and_log(installer: Installer) -> list[str]:
     errors = installer.undo()
     for error in errors:
-        installer.log.info(f"undo: {error}")
+        installer.log.error(f"undo: {error}")
     return errors

@@ -31,8 +31,11 @@ Fetching the pod instead of reading files:
   --kubeconfig FILE      the kubeconfig to use (default: the config's kubernetes.kubeconfig;
                          its `linkerd-cni-context` is used, as the plugin does)
 
+  -h, --help             this text
+  --version              print the version
+
 Exit status: 0 the rules match, 1 they differ, 2 usage or input error.
-"""  # noqa: E501 - the usage line stays one line (the usage hint prints it)
+"""  # noqa: E501 - the usage line stays one line (the issue's exact text)
 
 from __future__ import annotations
 
@@ -59,20 +62,6 @@ if TYPE_CHECKING:
 
 PROG = "iptables-verify"
 JSON_SCHEMA = "cnibox.iptables-verify/v1"
-_VALUED = (
-    "--config",
-    "--pod",
-    "--namespace-object",
-    "--service",
-    "--input",
-    "--netns",
-    "--pid",
-    "--family",
-    "--mode",
-    "--namespace",
-    "--kubeconfig",
-)
-_FLAGS = ("--strict", "--json", "--quiet")
 
 
 class InputError(CniboxError):
@@ -103,45 +92,34 @@ class Options:
 
 
 def parse_args(args: Sequence[str]) -> Options:
-    """`--opt VALUE` / `--opt=VALUE` options and flags; UsageError for anything else."""
+    """The command line (core/usage.py's convention); UsageError for anything wrong."""
+    from multicall.core import usage
+
+    line = usage.parse(args, usage.options(__doc__ or ""))
     values: dict[str, str] = {}
-    flags: set[str] = set()
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        name, eq, inline = arg.partition("=")
-        if name in _VALUED:
-            if not eq:
-                if i + 1 >= len(args):
-                    raise UsageError(f"option {name} needs a value", hint=_usage_hint())
-                i += 1
-                inline = args[i]
-            if name in values:
-                raise UsageError(f"option {name} given twice", hint=_usage_hint())
-            values[name] = inline
-        elif arg in _FLAGS:
-            flags.add(arg)
-        else:
-            raise UsageError(f"unknown argument {arg!r}", hint=_usage_hint())
-        i += 1
-    return _options(values, flags)
+    for name, value in line.given:
+        if name in values and name not in _FLAGS:
+            raise UsageError(f"option '{name}' given twice")
+        values[name] = value
+    return _options(values)
 
 
-def _usage_hint() -> str:
-    return f"usage: {__doc__.splitlines()[0].removeprefix('usage: ')}" if __doc__ else ""
+_FLAGS = ("--strict", "--json", "--quiet")
 
 
-def _options(values: Mapping[str, str], flags: set[str]) -> Options:
+def _options(values: Mapping[str, str]) -> Options:
     if "--config" not in values:
-        raise UsageError("--config NETCONF.json is required", hint=_usage_hint())
+        raise UsageError("--config NETCONF.json is required")
     sources = [s for s in ("--input", "--netns", "--pid") if s in values]
     if len(sources) != 1:
-        raise UsageError("give exactly one of --input, --netns or --pid", hint=_usage_hint())
+        raise UsageError("give exactly one of --input, --netns or --pid")
     files = ("--config", "--pod", "--namespace-object", "--service", "--input")
     if sum(1 for f in files if values.get(f) == "-") > 1:
-        raise UsageError("only one input can come from stdin ('-')", hint=_usage_hint())
+        raise UsageError("only one input can come from stdin ('-')")
     if "--namespace" in values and "--pod" not in values:
-        raise UsageError("--namespace NS needs --pod NAME", hint=_usage_hint())
+        raise UsageError("--namespace NS needs --pod NAME")
+    if "--pod" in values and "--namespace" not in values:
+        _pod_file(values["--pod"])
     pid = values.get("--pid")
     if pid is not None and not (pid.isascii() and pid.isdigit() and 0 < int(pid[:12]) < 2**22):
         raise UsageError(f"--pid: {pid!r} is not a process id")
@@ -157,10 +135,23 @@ def _options(values: Mapping[str, str], flags: set[str]) -> Options:
         pid=pid,
         family=_choice(values, "--family", ("ipv4", "ipv6")) or "ipv4",
         mode=_choice(values, "--mode", ("legacy", "nft")),
-        strict="--strict" in flags,
-        json="--json" in flags,
-        quiet="--quiet" in flags,
+        strict="--strict" in values,
+        json="--json" in values,
+        quiet="--quiet" in values,
     )
+
+
+def _pod_file(value: str) -> None:
+    """Without --namespace, --pod is a file: a bare pod name that is no file is a usage
+    error naming --namespace, not an unreadable file."""
+    import os
+
+    looks_like_name = "/" not in value and not value.endswith((".json", ".yaml", ".yml"))
+    if value != "-" and looks_like_name and not os.path.exists(value):
+        raise UsageError(
+            f"--pod {value}: no such file; to fetch pod {value!r} from the Kubernetes API, "
+            "give its --namespace too"
+        )
 
 
 def _choice(values: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str | None:

@@ -13,9 +13,14 @@ runtime runs it with the CNI_* environment and the plugin's network config on st
   GC       nothing to collect
   VERSION  the supported CNI spec versions
 
-Errors are CNI error JSON on stdout with exit status 1; logs go to stderr only
-(level from the config's `log_level`). CNIBOX_KUBE_TIMEOUT bounds each API request
-(seconds, default 5).
+Errors are CNI error JSON on stdout with exit status 1, each also logged once at error
+level with the pod's ContainerID, Namespace and Pod. Logs go to stderr (level from the
+config's `log_level`) and, with the config's `log_file`, to that file as well.
+CNIBOX_KUBE_TIMEOUT bounds each API request (seconds, default 5); CNIBOX_DEBUG logs at
+debug whatever `log_level` says (docs/linkerd-cni.md).
+
+  -h, --help   this text
+  --version    print the version
 """
 
 from __future__ import annotations
@@ -31,7 +36,11 @@ def main(
     stdout: BinaryIO,
     stderr: BinaryIO,
 ) -> int:
+    from multicall.core import usage
     from multicall.plugin.run import PluginRequest, run_plugin
+
+    if argv[1:]:  # a runtime passes none
+        usage.parse(argv[1:], usage.options(__doc__ or ""))
 
     # VERSION never reads stdin: answered from the environment alone.
     config = b"" if env.get("CNI_COMMAND") == "VERSION" else stdin.read()

@@ -13,7 +13,7 @@ Rules of this module:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO
 
 from multicall.errors import CNI_INTERNAL, CNI_INVALID_NETNS, CNI_NOT_READY, CniError
@@ -23,10 +23,17 @@ if TYPE_CHECKING:
     from multicall.core.cni.result import Result
     from multicall.core.cni.skel import CniEnv, PodIdentity
     from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
+    from multicall.effects.log import Logger
     from multicall.effects.ns import NetnsRef
     from multicall.errors import KubeError
-    from multicall.plugin.logrus import Logger
     from multicall.plugin.ports import Firewall, Log, PluginDeps
+
+
+@dataclass(slots=True)
+class Progress:
+    """What the command is doing, for the one error line `run.run_plugin` logs if it fails."""
+
+    step: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +47,11 @@ class Call:
     process_env: Mapping[str, str]  # the plugin's whole environment (CNIBOX_KUBE_TIMEOUT)
     netns: NetnsRef  # CNI_NETNS, possibly as an fd the caller opened
     deps: PluginDeps
+    progress: Progress = field(default_factory=Progress)
+
+    def step(self, doing: str) -> None:
+        """Name what comes next ("reading pod ns/name from the Kubernetes API")."""
+        self.progress.step = doing
 
 
 # ----------------------------------------------------------------------------- ADD
@@ -49,40 +61,64 @@ def add(call: Call) -> None:
     from multicall.core.cni import result as cni_result
 
     conf = read_config(call)
-    prev = prev_result(conf)
+    prev = prev_result(call, conf)
+    config_parsed(call, conf)
     identity = pod_identity(call)
     if identity.complete:
         configure_pod(call, conf, identity)
     else:
         call.log.debug("linkerd-cni: no Kubernetes namespace or pod name found, skipping.")
     call.log.debug("linkerd-cni: plugin is finished")
+    call.step("printing the result")
     try:
         out = cni_result.print_result(prev or cni_result.empty_result(), conf.cni_version)
     except cni_result.ResultError as exc:
         raise CniError(CNI_INTERNAL, str(exc)) from None
     call.stdout.write(out)
+    call.step("checking CNI_NETNS")
     refuse_own_netns(call)
 
 
 def read_config(call: Call) -> NetConf:
+    """The network config; then the log level and log file it asks for, and (at debug) the
+    config itself, secrets redacted."""
     from multicall.core.cni.netconf import log_level, parse_netconf
+    from multicall.core.logs import loggable_json
 
-    try:
-        conf = parse_netconf(call.stdin)
-    except CniError as exc:
-        call.log.error(f"error parsing config: {exc.message}")
-        raise
-    call.log.set_level(log_level(conf))
+    call.step("parsing the network config")
+    conf = parse_netconf(call.stdin)
+    if not call.process_env.get("CNIBOX_DEBUG"):
+        call.log.set_level(log_level(conf))
+    if conf.log_file:
+        call.log.open_file(conf.log_file)
+    if call.log.enabled("debug"):
+        call.log.debug(f"linkerd-cni: stdin to plugin: {loggable_json(call.stdin)}")
     return conf
 
 
-def prev_result(conf: NetConf) -> Result | None:
+def config_parsed(call: Call, conf: NetConf) -> None:
+    """upstream's "cmdAdd, config parsed" debug line: the version and prevResult fields."""
+    if not call.log.enabled("debug"):
+        return
+    import json
+
+    from multicall.core.logs import redact
+
+    fields = {"version": conf.cni_version}
+    if conf.prev_result is not None:
+        prev = json.dumps(redact(conf.prev_result), separators=(",", ":"), ensure_ascii=False)
+        fields["prevResult"] = prev
+    call.log.debug("linkerd-cni: cmdAdd, config parsed", **fields)
+
+
+def prev_result(call: Call, conf: NetConf) -> Result | None:
     """parseConfig's prevResult handling: parse with the config's version, lift to 1.1.0."""
     from multicall.core.cni import result as cni_result
     from multicall.core.cni.skel import IMPLEMENTED_VERSION
 
     if conf.prev_result is None:
         return None
+    call.step("parsing prevResult")
     try:
         parsed = cni_result.create_result(conf.cni_version, conf.prev_result)
     except cni_result.ResultError as exc:
@@ -98,11 +134,8 @@ def prev_result(conf: NetConf) -> Result | None:
 def pod_identity(call: Call) -> PodIdentity:
     from multicall.core.cni.skel import parse_cni_args
 
-    try:
-        identity = parse_cni_args(call.env.args)
-    except CniError as exc:
-        call.log.error(f"error loading args {exc.message}")
-        raise
+    call.step("parsing CNI_ARGS")
+    identity = parse_cni_args(call.env.args)
     call.log.fields = {
         "ContainerID": call.env.container_id,
         "Pod": identity.name,
@@ -119,6 +152,7 @@ def configure_pod(call: Call, conf: NetConf, identity: PodIdentity) -> None:
     from multicall.core.firewall.model import families
     from multicall.core.firewall.proxy_init import build_run_argv, invalid_ports
 
+    call.step(f"programming the firewall in {call.env.netns}")
     mode = mode_of(conf)
     refuse_own_netns(call)
     for dropped in invalid_ports(options):
@@ -142,7 +176,9 @@ def pod_options(call: Call, conf: NetConf, identity: PodIdentity) -> ProxyInitOp
     def service_error(exc: KubeError) -> None:
         call.log.error(f"linkerd-cni: could not retrieve ports from 'kubernetes' service: {exc}")
 
+    call.step(f"loading the kubeconfig {conf.kubeconfig or '(kubernetes.kubeconfig not set)'}")
     api = call.deps.kube.connect(conf.kubeconfig, call.process_env)
+    call.step(f"reading pod {identity.namespace}/{identity.name} from the Kubernetes API")
     try:
         inputs = read_pod_inputs(
             api, identity.namespace, identity.name, on_service_error=service_error
@@ -153,6 +189,7 @@ def pod_options(call: Call, conf: NetConf, identity: PodIdentity) -> ProxyInitOp
     call.log.debug(decision.message)
     if not decision.meshed:
         return None
+    call.step("applying the pod's config.linkerd.io annotations")
     options = effective_options(
         base_options(conf), inputs.pod, inputs.namespace_annotations, inputs.service
     )
@@ -181,7 +218,7 @@ def refuse_own_netns(call: Call) -> None:
 
 def check(call: Call) -> None:
     conf = read_config(call)
-    prev_result(conf)
+    prev_result(call, conf)
     identity = pod_identity(call)
     if not identity.complete:
         call.log.debug("linkerd-cni: no Kubernetes namespace or pod name found, nothing to check")
@@ -191,6 +228,7 @@ def check(call: Call) -> None:
         return
     problems = diff_pod_rules(call, conf, options)
     if problems:
+        call.step("")
         raise CniError(
             CNI_INTERNAL,
             f"linkerd-cni: the iptables rules in {call.env.netns} differ from the expected ones",
@@ -204,6 +242,7 @@ def diff_pod_rules(call: Call, conf: NetConf, options: ProxyInitOptions) -> list
     from multicall.core.cni.netconf import mode_of
     from multicall.core.firewall.model import families
 
+    call.step(f"reading the nat table in {call.env.netns}")
     mode = mode_of(conf)
     refuse_own_netns(call)
     return rule_differences(
@@ -254,6 +293,7 @@ def status(call: Call) -> None:
     from multicall.errors import KubeError
 
     conf = read_config(call)
+    call.step("checking the kubeconfig")
     try:
         call.deps.kube.check_kubeconfig(conf.kubeconfig)
     except KubeError as exc:

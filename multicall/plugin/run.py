@@ -10,7 +10,10 @@ Rules of this module:
    config's name, the command, the command's version gate, then the handler.
 2. This is the CNI applet's one error boundary: a `CniboxError` becomes CNI error JSON with
    its code (`errors.cni_code_of`), anything else CNI code 999 with its type name; never a
-   traceback on stdout (with CNIBOX_DEBUG set, the traceback goes to the log sink).
+   traceback on stdout (at log level debug, the traceback goes to the log sink).
+3. Every failure is logged here, once, at error level, with the pod's fields (ContainerID,
+   Namespace, Pod) and the step that failed, before the CNI error is returned: the node's
+   log shows why a pod did not start even when the runtime drops the error JSON.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
+from multicall.effects.log import Logger
 from multicall.errors import CNI_INTERNAL, CNI_INVALID_ENV, CniboxError, CniError, cni_code_of
-from multicall.plugin.logrus import Logger
 
 if TYPE_CHECKING:
+    from multicall.plugin.commands import Progress
     from multicall.plugin.ports import PluginDeps
 
 
@@ -33,7 +37,8 @@ class PluginRequest:
 
     env: Mapping[str, str]  # the caller's environment: CNI_* (+ CNIBOX_KUBE_TIMEOUT, ...DEBUG)
     stdin: bytes  # the network config bytes the runtime wrote
-    stderr: BinaryIO  # log sink: logrus text lines (level from the config's log_level)
+    stderr: BinaryIO  # log sink: logrus text lines (level from the config's log_level;
+    # with the config's log_file, the lines also go to that file)
     netns_fd: int | None = None  # the pod netns (CNI_NETNS) already open; None: open CNI_NETNS
     caller_netns_fd: int | None = None  # the caller's own netns; None: this thread's
 
@@ -46,20 +51,42 @@ class PluginResult:
 
 def run_plugin(request: PluginRequest, deps: PluginDeps | None = None) -> PluginResult:
     """Run one CNI command; `deps` None means the real API client and firewall."""
+    from multicall.core.cni.skel import log_fields
+    from multicall.plugin.commands import Progress
+
     stdout = io.BytesIO()
+    # CNIBOX_DEBUG: debug lines whatever the config's log_level (docs/linkerd-cni.md)
+    level = "debug" if request.env.get("CNIBOX_DEBUG") else "info"
+    log = Logger(request.stderr, level, fields=log_fields(request.env))
+    progress = Progress()
     try:
-        _dispatch(request, deps, stdout, Logger(request.stderr))
+        _dispatch(request, deps, stdout, log, progress)
     except CniboxError as exc:
+        _log_failure(log, request, progress, exc.message, exc.details)
         return _failed(stdout, cni_code_of(exc), exc.message, exc.details)
     except Exception as exc:  # noqa: BLE001 - the CNI boundary: no traceback on stdout, ever
-        if request.env.get("CNIBOX_DEBUG"):
+        message = f"{type(exc).__name__}: {exc}"
+        _log_failure(log, request, progress, message)
+        if log.enabled("debug"):
             import traceback
 
-            from multicall.effects.streams import write_text
-
-            write_text(request.stderr, traceback.format_exc())
-        return _failed(stdout, CNI_INTERNAL, f"{type(exc).__name__}: {exc}")
+            log.debug("linkerd-cni: internal error", traceback=traceback.format_exc())
+        return _failed(stdout, CNI_INTERNAL, message)
+    finally:
+        log.close()
     return PluginResult(stdout.getvalue(), 0)
+
+
+def _log_failure(
+    log: Logger, request: PluginRequest, progress: Progress, message: str, details: str = ""
+) -> None:
+    """The one error line of a failed invocation, with the pod's fields, before its CNI
+    error is returned (upstream logs most failures with logrus.Errorf; cnibox logs all)."""
+    command = request.env.get("CNI_COMMAND") or "(no CNI_COMMAND)"
+    step = f" while {progress.step}" if progress.step else ""
+    text = message.removeprefix("linkerd-cni: ")
+    extra = {"details": details} if details else {}
+    log.error(f"linkerd-cni: {command[:32]} failed{step}: {text}", **extra)
 
 
 def _failed(stdout: io.BytesIO, code: int, message: str, details: str = "") -> PluginResult:
@@ -70,7 +97,11 @@ def _failed(stdout: io.BytesIO, code: int, message: str, details: str = "") -> P
 
 
 def _dispatch(
-    request: PluginRequest, deps: PluginDeps | None, stdout: BinaryIO, log: Logger
+    request: PluginRequest,
+    deps: PluginDeps | None,
+    stdout: BinaryIO,
+    log: Logger,
+    progress: Progress,
 ) -> None:
     """skel's PluginMainFuncs: validate in skel's order, then run the command's handler."""
     from multicall.core.cni import skel
@@ -95,5 +126,7 @@ def _dispatch(
         own_fd=request.caller_netns_fd,
         allow_own=cni_env.override_netns_check,
     )
-    call = Call(cni_env, request.stdin, stdout, log, request.env, netns, deps or real_deps())
+    call = Call(
+        cni_env, request.stdin, stdout, log, request.env, netns, deps or real_deps(), progress
+    )
     handler(call)

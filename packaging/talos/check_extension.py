@@ -1,4 +1,5 @@
-"""Talos' system-extension rules, ported: `check_extension.py DIR|OCI_ARCHIVE [TALOS_VERSION]`.
+"""Talos' system-extension rules, ported: `check_extension.py TARGET [TALOS_VERSION]`, where
+TARGET is an extension directory, an OCI image layout directory or an oci-archive.
 
 A port of siderolabs/talos `pkg/machinery/extensions` (`load.go`, `validate.go`,
 `extensions.go`), with Talos' own error texts, so that Talos' test cases (good/bad
@@ -12,20 +13,23 @@ extension directories) can drive it:
    path prefix (a plain string prefix, as Talos compares). Talos tests the permission bits of
    `fs.DirEntry.Type()`, which holds type bits only, so its world-writable test never fires;
    this port tests the real permissions, except on symlinks (always 0777 on Linux).
-An oci-archive is checked on its single layer's members, the way the image would unpack; a
-multi-arch archive (an image index) on each platform's layer.
-Exit status 0 when valid; otherwise the first error on stderr and exit 1.
+An image (an OCI layout directory, as `make images` writes beside each archive, or an
+oci-archive) is checked on its single layer's members, the way the image would unpack; a
+multi-arch image (an image index) on each platform's layer.
+Exit status 0 when valid; otherwise the first error on stderr and exit 1; 2 for a bad
+command line.
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import re
 import stat
 import sys
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,20 +74,39 @@ def items_from_directory(root: Path) -> list[Item]:
     return items
 
 
-def archive_layers(archive: Path) -> list[bytes]:
-    """The single layer of the archive's image, or of each platform's image when its index.json
-    names an image index (a multi-arch extension: each platform must pass on its own)."""
-    with tarfile.open(archive) as outer:
-        index = json.loads(_read(outer, "index.json"))
-        top = index["manifests"][0]
-        blob = json.loads(_read(outer, "blobs/sha256/" + top["digest"].removeprefix("sha256:")))
-        manifests = [blob]
+def image_layers(read: Callable[[str], bytes], where: Path) -> list[bytes]:
+    """The single layer of the image an OCI layout (a directory or an archive) holds, or of
+    each platform's image when its index.json names an image index (a multi-arch extension:
+    each platform must pass on its own)."""
+
+    def blob(digest: str) -> bytes:
+        return read("blobs/sha256/" + digest.removeprefix("sha256:"))
+
+    try:
+        top = json.loads(read("index.json"))["manifests"][0]
+        manifests = [json.loads(blob(top["digest"]))]
         if top.get("mediaType") == INDEX_TYPE:
-            manifests = [
-                json.loads(_read(outer, "blobs/sha256/" + entry["digest"].removeprefix("sha256:")))
-                for entry in blob["manifests"]
-            ]
-        return [_read(outer, "blobs/sha256/" + m["layers"][0]["digest"][7:]) for m in manifests]
+            manifests = [json.loads(blob(entry["digest"])) for entry in manifests[0]["manifests"]]
+        return [blob(manifest["layers"][0]["digest"]) for manifest in manifests]
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        raise ExtensionError(f"{where}: not an OCI image of one layer: {exc!r}") from None
+
+
+def archive_layers(archive: Path) -> list[bytes]:
+    """image_layers of an oci-archive."""
+    try:
+        with tarfile.open(archive) as outer:
+            return image_layers(lambda name: _read(outer, name), archive)
+    except tarfile.TarError as exc:
+        reason = str(exc).splitlines()[0].rstrip(":")
+        raise ExtensionError(
+            f"{archive}: not an extension, OCI layout or oci-archive: {reason}"
+        ) from None
+
+
+def layout_layers(layout: Path) -> list[bytes]:
+    """image_layers of an OCI image layout directory (`oci-layout`, `index.json`, `blobs/`)."""
+    return image_layers(lambda name: (layout / name).read_bytes(), layout)
 
 
 def items_from_archive(archive: Path) -> tuple[list[Item], bytes | None]:
@@ -94,18 +117,24 @@ def items_from_archive(archive: Path) -> tuple[list[Item], bytes | None]:
 
 def items_from_layer(layer: bytes) -> tuple[list[Item], bytes | None]:
     items, manifest_yaml = [], None
-    with tarfile.open(fileobj=io.BytesIO(layer), mode="r:gz") as tar:
-        for member in tar.getmembers():
-            name = member.name.strip("/").removeprefix("./")
-            items.append(Item(name, _tar_mode(member)))
-            if name == "manifest.yaml" and member.isfile():
-                extracted = tar.extractfile(member)
-                manifest_yaml = extracted.read() if extracted else None
+    try:
+        with tarfile.open(fileobj=io.BytesIO(layer), mode="r:gz") as tar:
+            for member in tar.getmembers():
+                name = member.name.strip("/").removeprefix("./")
+                items.append(Item(name, _tar_mode(member)))
+                if name == "manifest.yaml" and member.isfile():
+                    extracted = tar.extractfile(member)
+                    manifest_yaml = extracted.read() if extracted else None
+    except tarfile.TarError as exc:
+        raise ExtensionError(f"the image's layer is not a gzipped tar: {exc}") from None
     return items, manifest_yaml
 
 
 def _read(tar: tarfile.TarFile, name: str) -> bytes:
-    extracted = tar.extractfile(name)
+    try:
+        extracted = tar.extractfile(name)
+    except KeyError:
+        raise ExtensionError(f"{name}: not in the archive") from None
     if extracted is None:
         raise ExtensionError(f"{name}: not a file in the archive")
     return extracted.read()
@@ -213,8 +242,11 @@ def validate_contents(items: Iterable[Item]) -> None:
 
 
 def check(target: Path, talos_version: str = DEFAULT_TALOS_VERSION) -> dict[str, object]:
-    """Load and validate an extension directory or oci-archive; returns its manifest."""
-    if target.is_dir():
+    """Load and validate an extension directory, OCI layout or oci-archive; returns its
+    manifest."""
+    if (target / "oci-layout").is_file():
+        trees = [items_from_layer(layer) for layer in layout_layers(target)]
+    elif target.is_dir():
         manifest_path = target / "manifest.yaml"
         manifest_yaml = manifest_path.read_bytes() if manifest_path.is_file() else None
         trees = [(items_from_directory(target), manifest_yaml)]
@@ -229,16 +261,30 @@ def check(target: Path, talos_version: str = DEFAULT_TALOS_VERSION) -> dict[str,
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) not in (2, 3):
-        sys.stderr.write("usage: check_extension.py DIR|OCI_ARCHIVE [TALOS_VERSION]\n")
-        return 2
+    parser = argparse.ArgumentParser(
+        description="Check a Talos system extension against Talos' own rules (a port of "
+        "siderolabs/talos pkg/machinery/extensions).",
+    )
+    parser.add_argument(
+        "target", type=Path, help="extension directory, OCI image layout directory or oci-archive"
+    )
+    parser.add_argument(
+        "talos_version",
+        nargs="?",
+        default=DEFAULT_TALOS_VERSION,
+        help="the Talos version to check compatibility against (default: %(default)s)",
+    )
+    args = parser.parse_args(argv)
     try:
-        check(Path(argv[1]), *argv[2:])
+        check(args.target, args.talos_version)
     except ExtensionError as exc:
         sys.stderr.write(f"{exc}\n")
+        return 1
+    except OSError as exc:
+        sys.stderr.write(f"{exc.filename or args.target}: {exc.strerror or exc}\n")
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main(sys.argv[1:]))

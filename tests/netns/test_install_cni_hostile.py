@@ -22,6 +22,7 @@ from tests.support.installer_host import (
     put_config,
     snapshot,
 )
+from tests.support.logfmt import records
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.netns
@@ -43,7 +44,8 @@ def start_in_private_mounts(host: Host, log: Path, *, read_only: bool) -> subpro
 
 
 def undo_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.startswith("install-cni: undo: ")]
+    """The messages of the installer's `undo: ...` log lines."""
+    return [r["msg"] for r in records(text) if r.get("msg", "").startswith("undo: ")]
 
 
 def test_net_d_turning_read_only_the_undo_goes_on_and_a_later_uninstall_finishes(
@@ -68,7 +70,7 @@ def test_net_d_turning_read_only_the_undo_goes_on_and_a_later_uninstall_finishes
     assert proc.wait(timeout=30) == 1
     text = log.read_text()
     errors = undo_lines(text)
-    assert f"install-cni: undo: {host.net_dir}/" in text
+    assert any(line.startswith(f"undo: {host.net_dir}/") for line in errors), text
     assert all(line.endswith("Read-only file system") for line in errors), text
     assert len(errors) >= 3, text  # two configs and the kubeconfig at least
     assert os.listdir(host.bin_dir) == []
@@ -89,6 +91,10 @@ def test_read_only_net_d_from_the_start_changes_nothing(tmp_path: Path) -> None:
     proc = start_in_private_mounts(host, log, read_only=True)
     assert proc.wait(timeout=30) == 1
     text = log.read_text()
-    assert text.strip().endswith(f"{host.net_dir}/.cnibox-install-cni: Read-only file system")
+    last = records(text)[-1]
+    assert (last["level"], last["msg"]) == (
+        "error",
+        f"{host.net_dir}/.cnibox-install-cni: Read-only file system",
+    )
     assert "internal error" not in text
     assert snapshot(host.prefix) == before

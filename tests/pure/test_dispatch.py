@@ -16,7 +16,7 @@ import pytest
 from multicall import __version__, applets, dispatch
 from multicall.applet import Applet, AppletModule
 from multicall.core.usage import Show
-from multicall.errors import CniboxError
+from multicall.errors import CniboxError, UsageError
 from tests.support import REPO, cnibox_argv
 
 APPLET_DIR = REPO / "multicall" / "applets"
@@ -72,11 +72,34 @@ class TestMultiplexer:
         assert dispatch.run_multiplexer(["--help"], {}, (i, o, e)) == 0
         assert b"--install" in o.getvalue()
 
-    def test_no_arguments_is_usage(self) -> None:
-        """Bare `cnibox` prints help to stderr and exits 2."""
+    def test_no_arguments_is_help(self) -> None:
+        """Bare `cnibox` prints its usage to stdout and exits 0, as BusyBox does."""
         i, o, e = streams()
-        assert dispatch.run_multiplexer([], {}, (i, o, e)) == 2
-        assert b"usage: cnibox" in e.getvalue()
+        assert dispatch.run_multiplexer([], {}, (i, o, e)) == 0
+        assert o.getvalue().startswith(b"usage: cnibox")
+        assert e.getvalue() == b""
+
+    @pytest.mark.parametrize(
+        ("args", "message"),
+        [
+            (["--list", "extra"], "extra operand 'extra'"),
+            (["--frob"], "unrecognized option '--frob'"),
+            (["--install"], "option '--install' requires an argument"),
+            (["--install", "-s"], "option '--install' requires an argument"),
+            (["--install", "/a", "/b"], "extra operand '/b'"),
+            (["--list", "--install", "/a"], "--list and --install exclude each other"),
+            (["-s"], "-s goes with --install DIR"),
+        ],
+    )
+    def test_usage_errors(self, args: list[str], message: str) -> None:
+        """The multiplexer's own options follow the applets' convention: exit 2, one line,
+        then the Try line."""
+        i, o, e = streams()
+        assert dispatch.run_multiplexer(args, {}, (i, o, e)) == 2
+        assert e.getvalue().decode() == (
+            f"cnibox: {message}\nTry 'cnibox --help' for more information.\n"
+        )
+        assert o.getvalue() == b""
 
 
 class _Module:
@@ -85,7 +108,7 @@ class _Module:
     __name__ = "boom"
 
     def __init__(self, outcome: BaseException | int | Show) -> None:
-        self.__doc__ = "usage: boom [-x]\n\nBoom.\n"
+        self.__doc__ = "usage: boom [-x]\n\nBoom.\n\n  -x   explode\n"
         self.outcome = outcome
 
     def main(
@@ -126,6 +149,22 @@ class TestBoundary:
         i, o, e = streams()
         assert dispatch.run_applet(_failing(exc), ["boom"], {}, (i, o, e)) == code
         assert e.getvalue().decode().strip() == message
+
+
+class TestUsageErrors:
+    def test_convention_adds_the_try_line(self) -> None:
+        """A UsageError of an applet of the convention: `NAME: message`, the Try line, 2."""
+        i, o, e = streams()
+        assert dispatch.run_applet(_failing(UsageError("bad")), ["boom"], {}, (i, o, e)) == 2
+        assert e.getvalue() == b"boom: bad\nTry 'boom --help' for more information.\n"
+
+    def test_foreign_convention_is_printed_whole(self) -> None:
+        """An applet with another program's convention (clap) words its errors whole."""
+        i, o, e = streams()
+        clap = "error: unexpected argument '-x' found\n\nFor more information, try '--help'."
+        applet = _applet(UsageError(clap), parses_help=True)
+        assert dispatch.run_applet(applet, ["boom", "-x"], {}, (i, o, e)) == 2
+        assert e.getvalue().decode() == clap + "\n"
 
 
 class TestCommandLine:
@@ -169,8 +208,8 @@ class TestHelpAndVersion:
     @pytest.mark.parametrize(
         ("args", "out"),
         [
-            (["--help"], "usage: boom [-x]\n\nBoom.\n"),
-            (["-x", "-h"], "usage: boom [-x]\n\nBoom.\n"),
+            (["--help"], "usage: boom [-x]\n\nBoom.\n\n  -x   explode\n"),
+            (["-x", "-h"], "usage: boom [-x]\n\nBoom.\n\n  -x   explode\n"),
             (["--version"], f"boom from cnibox {__version__}\n"),
         ],
     )

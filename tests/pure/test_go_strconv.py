@@ -7,7 +7,7 @@ import io
 import pytest
 
 from multicall.core.go.strconv import NumError, go_atoi, go_quote, go_quote_list
-from multicall.plugin.logrus import Logger
+from multicall.effects.log import Logger
 
 
 class TestGoAtoi:

@@ -17,6 +17,7 @@ from multicall.applets import find_applet, install_cni
 from multicall.core.installer.config import parse_environment
 from multicall.dispatch import run_applet
 from multicall.effects import inotify, pidfile
+from multicall.effects.log import Logger
 from multicall.errors import ConfigError, UsageError
 from tests.support.installer_host import TESTDATA, Host, make_host, put_config
 from tests.support.waiting import wait_for
@@ -27,7 +28,7 @@ def installer_for(root: Path) -> tuple[install_cni.Installer, io.BytesIO, Host]:
     log = io.BytesIO()
     config = parse_environment(host.env())
     inst = install_cni.Installer(
-        config, install_cni.Options(), install_cni.Log(log, verbose=True), str(host.binary)
+        config, install_cni.Options(), Logger(log, "debug"), str(host.binary)
     )
     inst.load_network_config()
     return inst, log, host
@@ -35,12 +36,23 @@ def installer_for(root: Path) -> tuple[install_cni.Installer, io.BytesIO, Host]:
 
 class TestArguments:
     def test_modes_and_flags(self) -> None:
-        """--once / --uninstall / --link-nsenter / -v parse into Options."""
+        """--once / --uninstall / --link-nsenter / -v / --log-* parse into Options."""
         assert install_cni.parse_args([]) == install_cni.Options()
         opts = install_cni.parse_args(["--uninstall", "--link-nsenter", "-v"])
-        assert (opts.mode, opts.link_nsenter, opts.verbose) == ("uninstall", True, True)
+        assert (opts.mode, opts.link_nsenter, opts.log_level) == ("uninstall", True, "debug")
+        opts = install_cni.parse_args(["--log-level=WARN", "--log-format", "json"])
+        assert (opts.log_level, opts.log_format) == ("warning", "json")
 
-    @pytest.mark.parametrize("args", [["--once", "--uninstall"], ["-x"], ["extra"]])
+    @pytest.mark.parametrize(
+        "args",
+        [
+            ["--once", "--uninstall"],
+            ["-x"],
+            ["extra"],
+            ["--log-level", "loud"],
+            ["--log-format", "xml"],
+        ],
+    )
     def test_bad_arguments(self, args: list[str]) -> None:
         """Conflicting modes and unknown words are usage errors."""
         with pytest.raises(UsageError):

@@ -27,6 +27,7 @@ from tests.support.installer_host import (
     put_config,
     snapshot,
 )
+from tests.support.logfmt import records
 from tests.support.waiting import wait_for
 
 STATE = ".cnibox-install-cni"
@@ -168,7 +169,9 @@ class TestOversizedFiles:
             host, "--once", CNI_NETWORK_CONFIG="", CNI_NETWORK_CONFIG_FILE=str(big)
         )
         assert code == 1
-        assert err.strip().endswith(f"{big}: the network config is larger than the 1 MiB limit")
+        assert (
+            records(err)[-1]["msg"] == f"{big}: the network config is larger than the 1 MiB limit"
+        )
         assert_plain(err)
 
 
@@ -334,9 +337,7 @@ class TestUndoJournal:
         (host.kubeconfig / "x").write_text("")
         undo = host.run("--uninstall")
         assert undo.returncode == 1, undo.stderr
-        errors = [
-            line for line in undo.stderr.splitlines() if line.startswith("install-cni: undo: ")
-        ]
+        errors = [r["msg"] for r in records(undo.stderr) if r["msg"].startswith("undo: ")]
         assert len(errors) == 2, undo.stderr
         assert any("20-calico.conf" in e for e in errors)
         assert any(str(host.kubeconfig) in e for e in errors)

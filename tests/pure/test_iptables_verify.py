@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multicall.applets import iptables_verify
+from multicall.core import usage
 from multicall.core.firewall.diff import diff_tables
 from multicall.core.firewall.iptables_save import last_table, parse_save
 from multicall.core.firewall.proxy_init import expected_table
@@ -269,15 +270,18 @@ class TestErrors:
             (["--config", "c", "--pid", "abc"], "is not a process id"),
             (["--config", "c", "--pid", "9" * 5000], "is not a process id"),
             (["--config", "-", "--input", "-"], "only one input can come from stdin"),
-            (["--config", "c", "--input", "-", "--bogus"], "unknown argument '--bogus'"),
-            (["--config"], "option --config needs a value"),
+            (["--config", "c", "--input", "-", "--bogus"], "unrecognized option '--bogus'"),
+            (["--config"], "option '--config' requires an argument"),
+            (["--config", "c", "--input", "-", "--pod", "web-1"], "give its --namespace too"),
         ],
     )
     def test_usage_errors_exit_2(self, args: list[str], message: str) -> None:
-        """Command-line mistakes exit 2 with a message and the usage line."""
+        """Command-line mistakes exit 2 with one message and the short "Try" line."""
         rc, out, err = run_inproc(args)
         assert rc == 2
+        assert err.splitlines()[0].startswith("iptables-verify: ")
         assert message in err
+        assert err.splitlines()[1:] == ["Try 'iptables-verify --help' for more information."]
         assert out == ""
 
     def test_malformed_input_names_the_line(self, tmp_path: Path) -> None:
@@ -337,7 +341,7 @@ def test_render_rule_is_what_reports_print() -> None:
 _ARGS = st.lists(
     st.sampled_from(
         [
-            *iptables_verify._VALUED,
+            *(o.key for o in usage.options(iptables_verify.__doc__ or "")),
             *("--strict", "--json", "--quiet", "-h", "--help", "-", "--config=x", "--pid=0"),
             *("x", "ipv4", "ipv6", "nft", "legacy", "plain", "", "=", "--", "12", "9" * 30),
         ]

@@ -24,7 +24,7 @@ from multicall.core.kube.objects import (
     parse_service,
 )
 from multicall.effects.ns import NetnsRef
-from multicall.errors import KubeError
+from multicall.errors import FirewallError, KubeError
 from multicall.plugin.ports import PluginDeps
 
 
@@ -104,6 +104,7 @@ class MemoryFirewall:
 
     tables: dict[tuple[str, Family], Table] = field(default_factory=dict)
     applied: list[Applied] = field(default_factory=list)
+    refusal: str | None = None  # the kernel's message when it refuses every rule set
 
     def table(self, path: str, family: Family) -> Table:
         return self.tables.get((path, family), empty_table())
@@ -117,6 +118,8 @@ class MemoryFirewall:
         families: tuple[Family, ...],
         log: Callable[[str], None],
     ) -> None:
+        if self.refusal is not None:
+            raise FirewallError(self.refusal, netns=netns.path, table="nat")
         backend = "legacy" if mode is Mode.LEGACY else "nft"
         plans = [
             (family, plan_change(self.table(netns.path, family), options, family, backend=backend))

@@ -126,6 +126,15 @@ class TestImages:
         proc = run_check(images / "cnibox-talos-extension.tar", "1.6.0")
         assert proc.returncode == 0, proc.stderr
 
+    def test_checker_reads_oci_layout_directories(self, images: Path) -> None:
+        """The OCI layout directory beside each archive is checked the same way: the
+        extension passes; the installer image is no extension, in Talos' words."""
+        proc = run_check(images / "cnibox-talos-extension", "1.6.0")
+        assert proc.returncode == 0, proc.stderr
+        proc = run_check(images / "cnibox-installer")
+        assert proc.returncode == 1
+        assert proc.stderr.startswith('unexpected file "')
+
     def test_talos_extension_layout(self, images: Path) -> None:
         """manifest.yaml + rootfs/usr/local only; nothing world-writable; no /opt/cni/bin."""
         members = layer_members(images / "cnibox-talos-extension.tar")

@@ -81,6 +81,7 @@ PLUGIN_CONF = Struct(
         ("cni.dev/valid-attachments", Slice(_ATTACHMENT, "[]types.GCAttachment")),
         ("prevResult", ANYMAP),
         ("log_level", STRING),
+        ("log_file", STRING),  # cnibox's: the plugin's log lines also go to this file
         ("linkerd", _PROXY_INIT),
         ("kubernetes", _KUBERNETES),
     ),
@@ -97,6 +98,7 @@ class NetConf:
     name: str = ""
     type: str = ""
     log_level: str = ""
+    log_file: str = ""
     prev_result: Mapping[str, object] | None = None
     kubeconfig: str = ""
     k8s_api_root: str = ""
@@ -130,6 +132,7 @@ def parse_netconf(data: bytes) -> NetConf:
         name=field_str(fields, "name"),
         type=field_str(fields, "type"),
         log_level=field_str(fields, "log_level"),
+        log_file=field_str(fields, "log_file"),
         prev_result=prev if isinstance(prev, dict) else None,
         kubeconfig=field_str(kube, "kubeconfig"),
         k8s_api_root=field_str(kube, "k8s_api_root"),

@@ -249,6 +249,19 @@ def parse_cni_args(raw: str) -> PodIdentity:
     return PodIdentity(values.get("K8sPodNamespace", ""), values.get("K8sPodName", ""))
 
 
+def log_fields(env: Mapping[str, str]) -> dict[str, str]:
+    """The pod identity fields of upstream's log entries (ContainerID, Namespace, Pod),
+    read leniently from the raw environment so that even a failure to parse CNI_ARGS or
+    the config is logged with them; values are capped (they reach a log line as given)."""
+    pairs = dict(pair.partition("=")[::2] for pair in env.get("CNI_ARGS", "").split(";"))
+    fields = {
+        "ContainerID": env.get("CNI_CONTAINERID", ""),
+        "Namespace": pairs.get("K8S_POD_NAMESPACE", ""),
+        "Pod": pairs.get("K8S_POD_NAME", ""),
+    }
+    return {key: value[:256] for key, value in fields.items()}
+
+
 def _unmarshal_bool(pair: str, value: str) -> bool:
     lowered = value.lower()
     if lowered in ("1", "true"):

@@ -245,7 +245,11 @@ def choose_network_config(reads: Sequence[SourceRead], plugin_kubeconfig_path: s
         data = substitute(read.data, plugin_kubeconfig_path)
         if data:
             return data
-    raise ConfigError("cannot build configuration from any known source")
+    raise ConfigError(
+        "cannot build configuration from any known source",
+        hint="set CNI_NETWORK_CONFIG to the linkerd-cni network config (the chart's "
+        "cni_network_config), or CNI_NETWORK_CONFIG_FILE to a file holding it",
+    )
 
 
 def server_host(host: str) -> str:

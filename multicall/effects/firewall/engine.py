@@ -206,10 +206,16 @@ def apply_proxy_init(
 
 
 def describe(planned: Pass) -> str:
+    """One log line per family: `ipv4 nat via nft: created PROXY_INIT_REDIRECT,
+    PROXY_INIT_OUTPUT; flushed none; appended 7 rules`."""
     change = planned.change
+
+    def names(chains: tuple[str, ...]) -> str:
+        return ", ".join(chains) or "none"
+
     return (
         f"{planned.family.value} nat via {planned.backend.name}: created "
-        f"{list(change.create_chains)}, flushed {list(change.flush_chains)}, "
+        f"{names(tuple(change.create_chains))}; flushed {names(tuple(change.flush_chains))}; "
         f"appended {len(change.append)} rules"
     )
 
