@@ -4,7 +4,6 @@ amd64, tests/arm64/test_sbom.py for arm64)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from types import ModuleType
 from typing import Any
 
 from tests.support.paths import REPO
+from tests.support.scripts import load_script
 
 SBOM = REPO / "packaging" / "sbom.py"
 RECORDS = REPO / "build" / "out"
@@ -25,17 +25,8 @@ DECLARED = {
 
 
 def bundled_module() -> ModuleType:
-    """build/bundled.py (not a package: loaded by path, as build.py loads it)."""
-    name = "cnibox_build_bundled"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "build" / "bundled.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    """build/bundled.py, the build's attribution."""
+    return load_script("build/bundled.py")
 
 
 def dpkg_version(package: str, root: Path = Path("/")) -> str:

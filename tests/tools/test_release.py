@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import os
 import platform
@@ -46,6 +45,7 @@ from tests.support.sbom import (
     run_sbom,
     validate,
 )
+from tests.support.scripts import load_script
 
 PACKAGING = REPO / "packaging"
 RELEASE = PACKAGING / "release.py"
@@ -511,14 +511,7 @@ class TestRelease:
 
 def test_zipapp_writer_is_reproducible(tmp_path: Path) -> None:
     """build/build.py's zipapp: the same tree twice, with other mtimes, gives the same bytes."""
-    spec = importlib.util.spec_from_file_location(
-        "cnibox_build_script", REPO / "build" / "build.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # as importlib's recipe: dataclasses look their module up
-    spec.loader.exec_module(module)
+    module = load_script("build/build.py")
     tree = tmp_path / "tree"
     (tree / "pkg").mkdir(parents=True)
     (tree / "__main__.py").write_text("print('hi')\n")
