@@ -190,12 +190,14 @@ images: dist/cnibox dist/cnibox-arm64
 	$(PY) packaging/build.py --binary amd64=dist/cnibox --binary arm64=dist/cnibox-arm64 \
 		--out dist/images
 
-# Every artifact of one build, reproducibly, with SHA256SUMS (packaging/release.py, docs/release.md).
+# Every artifact of one build of each architecture, reproducibly, with SHA256SUMS: both single
+# files with their SBOMs (from the records pack writes, build/out/bundled-<arch>.json), the
+# images as multi-arch indexes (packaging/release.py, docs/release.md).
 RELEASE_DIR := dist/release
 .PHONY: release
-release: dist/cnibox dist/cnibox.pyz tools
-	$(PY) packaging/release.py --binary dist/cnibox --zipapp dist/cnibox.pyz \
-		--dist build/out/cnibox_main.dist --out $(RELEASE_DIR)
+release: dist/cnibox dist/cnibox-arm64 dist/cnibox.pyz tools
+	$(PY) packaging/release.py --binary amd64=dist/cnibox --binary arm64=dist/cnibox-arm64 \
+		--zipapp dist/cnibox.pyz --out $(RELEASE_DIR)
 
 # packaging/kubernetes/*.yaml: the chart rendered with `helm template` (docs/helm.md).
 manifests: tools

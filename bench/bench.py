@@ -280,15 +280,15 @@ def nat_table(netns: str, mode: str) -> str:
         text=True,
         check=False,
     )
-    return without_comments(proc.stdout)
+    return comparable_save(proc.stdout)
 
 
-def without_comments(text: str) -> str:
+def comparable_save(text: str) -> str:
     return "".join(line + "\n" for line in text.splitlines() if line and line[0] != "#")
 
 
 def golden_table(mode: str) -> str:
-    return without_comments((SCENARIOS / f"default-{mode}.iptables-save.txt").read_text())
+    return comparable_save((SCENARIOS / f"default-{mode}.iptables-save.txt").read_text())
 
 
 # ----------------------------------------------------------------------------- the plugin

@@ -28,7 +28,7 @@ from tests.support.oracles import SAVE
 from tests.support.pki import make_pki
 from tests.support.pods import MESHED
 from tests.support.rig import Rig
-from tests.support.scenarios import fixture_text, without_comments
+from tests.support.scenarios import comparable_save, fixture_text
 
 pytestmark = [pytest.mark.binary, pytest.mark.netns, pytest.mark.slow]
 BOOT_TIMEOUT = 1200
@@ -121,7 +121,7 @@ def test_plugin_add_programs_upstream_rules(boot: vm.Boot, mode: str) -> None:
     assert f"ipv4 nat via {mode}: created" in boot.section(f"add-{mode}.stderr")[0]
     save, rc = boot.section(f"save-{mode}")
     assert rc == 0, save
-    assert without_comments(save) == fixture_text(MODES[mode])
+    assert comparable_save(save) == fixture_text(MODES[mode])
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))

@@ -24,7 +24,7 @@ from tests.support.libcni import conflist, primary_plugin
 from tests.support.pki import Pki
 from tests.support.pods import MESHED, NOT_INJECTED, WITH_INIT
 from tests.support.rig import Rig
-from tests.support.scenarios import fixture_text, without_comments
+from tests.support.scenarios import comparable_save, fixture_text
 
 NETWORK = "cbxnet"
 CHART_LOG_LEVEL = "info"  # the chart's default; DEL is logged at info
@@ -127,7 +127,7 @@ class CriCluster:
 
     def nat(self, sandbox: SandboxInfo, tool: str) -> str:
         """The pod's nat table as Debian's `tool` prints it, comment lines dropped."""
-        return without_comments(self.node.in_pod(sandbox.netns, [tool, "-t", "nat"]))
+        return comparable_save(self.node.in_pod(sandbox.netns, [tool, "-t", "nat"]))
 
     def proxy_init_lines(self, sandbox: SandboxInfo) -> list[str]:
         lines = []

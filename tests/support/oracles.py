@@ -6,7 +6,7 @@ from __future__ import annotations
 from multicall.core.firewall.model import Family, Mode
 from tests.support.policy import require_tool
 from tests.support.rig import Netns
-from tests.support.scenarios import save_body, without_comments
+from tests.support.scenarios import comparable_save, save_body
 
 # The two kernel interfaces the engine programs (`plain` picks one of them).
 MODES = [Mode.LEGACY, Mode.NFT]
@@ -27,7 +27,7 @@ def oracle(ns: Netns, mode: Mode, family: Family) -> list[str]:
 
 def save_text(netns: Netns, tool: str) -> str:
     """`TOOL -t nat` inside the netns, without its timestamped comments."""
-    return without_comments(netns.exec([tool, "-t", "nat"]))
+    return comparable_save(netns.exec([tool, "-t", "nat"]))
 
 
 def proxy_init_lines(netns: Netns) -> list[str]:
