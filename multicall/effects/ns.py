@@ -178,6 +178,19 @@ def opened_netns(path: str) -> Iterator[int | None]:
 
 
 @contextmanager
+def checked_netns(fd: int, path: str) -> Iterator[int | None]:
+    """`opened_netns` for a descriptor the caller opened (a node agent's client, the repair
+    controller): the same check as `open_netns` applies to it (rule 4), and None when it is
+    not a network namespace. Borrowed: never closed here."""
+    try:
+        check_netns_fd(fd, path)
+    except NetnsError:
+        yield None
+        return
+    yield fd
+
+
+@contextmanager
 def entered_netns(
     netns: NetnsRef | str, *, allow_own: bool = False, netlink_only: bool = False
 ) -> Iterator[None]:
