@@ -20,7 +20,7 @@ APT_PACKAGES := iptables nftables util-linux iproute2 containernetworking-plugin
 # qemu for the arm64 test stages. No arm64 package is ever installed on the host itself.
 
 .PHONY: help deps apt venv tools cri-proto lint type unit test test-source test-binary test-cri \
-	test-agent test-arm64 test-arm64-vm build zipapp demo bench clean
+	test-agent test-arm64 test-arm64-vm build zipapp demo bench clean fuzz
 
 # The default target only explains (the others install packages and build for minutes):
 # it prints the `##` lines below.
@@ -35,6 +35,7 @@ APT_PACKAGES := iptables nftables util-linux iproute2 containernetworking-plugin
 ##  make build        dist/cnibox, the single file      make zipapp   dist/cnibox.pyz
 ##  make images       the OCI images                    make release  every artifact
 ##  make bench        pod-start cost against upstream's approach (root)
+##  make fuzz         the parser fuzzing suite, longer and with random inputs
 ##  make deps         apt packages, .venv, pinned helm/kubectl (the targets above do it)
 help:
 	@sed -n 's/^##//p' $(firstword $(MAKEFILE_LIST))
@@ -90,6 +91,13 @@ unit: venv
 
 test-source: deps
 	$(call run_pytest,tests)
+
+# The parser fuzzing suite with random inputs, longer than in `make test` (docs/hardening.md):
+# CNIBOX_FUZZ_EXAMPLES inputs per target; a failure prints its @reproduce_failure line.
+CNIBOX_FUZZ_EXAMPLES ?= 20000
+fuzz: venv
+	export CNIBOX_FUZZ_EXAMPLES=$(CNIBOX_FUZZ_EXAMPLES)
+	$(call run_pytest,tests/pure/test_fuzz_parsers.py -q)
 
 # Every suite again, against the built single file (tests/binary and the containerd suite
 # tests/cri only run in this mode, the zipapp suite with them).
@@ -194,12 +202,14 @@ images: dist/cnibox dist/cnibox-arm64
 	$(PY) packaging/build.py --binary amd64=dist/cnibox --binary arm64=dist/cnibox-arm64 \
 		--out dist/images
 
-# Every artifact of one build, reproducibly, with SHA256SUMS (packaging/release.py, docs/release.md).
+# Every artifact of one build of each architecture, reproducibly, with SHA256SUMS: both single
+# files with their SBOMs (from the records pack writes, build/out/bundled-<arch>.json), the
+# images as multi-arch indexes (packaging/release.py, docs/release.md).
 RELEASE_DIR := dist/release
 .PHONY: release
-release: dist/cnibox dist/cnibox.pyz tools
-	$(PY) packaging/release.py --binary dist/cnibox --zipapp dist/cnibox.pyz \
-		--dist build/out/cnibox_main.dist --out $(RELEASE_DIR)
+release: dist/cnibox dist/cnibox-arm64 dist/cnibox.pyz tools
+	$(PY) packaging/release.py --binary amd64=dist/cnibox --binary arm64=dist/cnibox-arm64 \
+		--zipapp dist/cnibox.pyz --out $(RELEASE_DIR)
 
 # packaging/kubernetes/*.yaml: the chart rendered with `helm template` (docs/helm.md).
 manifests: tools

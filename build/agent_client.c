@@ -32,7 +32,7 @@
 #define AGENT_DEFAULT_SOCKET "/var/run/linkerd-cni/agent.sock"
 #define AGENT_MAGIC "CBXAGNT1"
 #define AGENT_HEADER 48
-#define AGENT_MAX_STDIN (1u << 20)
+#define AGENT_MAX_STDIN (1u << 20) /* core/limits.py NETWORK_CONFIG, the plugin's own bound */
 #define AGENT_MAX_STRINGS (256u << 10)
 #define AGENT_MAX_REPLY (16u << 20)
 #define AGENT_ACCEPT_MS 2000

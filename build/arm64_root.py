@@ -239,24 +239,27 @@ def make_venv() -> None:
     chroot(*pip, "--find-links", f"{wheels}/aarch64", "--only-binary=:all:", "--no-deps",
            "--platform", "manylinux2014_aarch64", "--target", ARM64_SITE,
            pinned("PyYAML"))  # fmt: skip
-    # python-iptables: its pure-Python package into the venv (Nuitka compiles it), and its
-    # libxtwrapper built by its own setup.py for aarch64 (the cross gcc and EXT_SUFFIX of the
-    # aarch64 sysconfig that the arm64 libpython3.11-stdlib ships) into ARM64_SITE. The root
-    # has no amd64 C compiler: nothing here is built for the build machine.
+    # python-iptables: pip builds its aarch64 wheel from the sdist (its libxtwrapper compiled by
+    # the cross gcc with the EXT_SUFFIX of the aarch64 sysconfig that the arm64
+    # libpython3.11-stdlib ships; the root has no amd64 C compiler), and installs it, with its
+    # metadata (the RECORD build/bundled.py attributes files by), into the venv (Nuitka
+    # compiles iptc from there) and into ARM64_SITE (the libxtwrapper the dist bundles).
     site = "/opt/venv/lib/python3.11/site-packages"
-    iptables = pinned("python-iptables").split("==")[1]
-    chroot(
-        "sh",
-        "-ec",
-        f"mkdir /tmp/xt && cd /tmp/xt && tar xzf {wheels}/amd64/python_iptables-{iptables}.tar.gz\n"
-        f"cd python_iptables-{iptables}\n"
-        "/opt/venv/bin/python setup.py -q build_py --build-lib build-py\n"
-        f"cp -r build-py/iptc {site}/\n"
-        "_PYTHON_HOST_PLATFORM=linux-aarch64 "
-        "_PYTHON_SYSCONFIGDATA_NAME=_sysconfigdata__aarch64-linux-gnu "
-        "/opt/venv/bin/python setup.py -q build_ext --build-lib build-aarch64\n"
-        f"mkdir -p {ARM64_SITE} && cp build-aarch64/libxtwrapper*.so {ARM64_SITE}/\n",
-    )
+    cross = {
+        "_PYTHON_HOST_PLATFORM": "linux-aarch64",
+        "_PYTHON_SYSCONFIGDATA_NAME": "_sysconfigdata__aarch64-linux-gnu",
+    }
+    # --use-pep517: the sdist has no pyproject.toml, and without it the root's pip (23.0)
+    # runs `setup.py bdist_wheel` with the venv's setuptools, which has no bdist_wheel; this
+    # way the build backend is the one fetch_wheels downloaded (recorded in
+    # arm64-root.packages), in an isolated environment.
+    chroot("/opt/venv/bin/pip", "wheel", "-q", "--no-index", "--disable-pip-version-check",
+           "--find-links", f"{wheels}/amd64", "--no-deps", "--use-pep517",
+           "--wheel-dir", "/tmp/xt", pinned("python-iptables"), env=cross)  # fmt: skip
+    for target in (site, ARM64_SITE):
+        chroot(*pip, "--no-deps", "--only-binary=:all:", "--platform", "linux_aarch64",
+               "--target", target, "--find-links", "/tmp/xt",
+               pinned("python-iptables"))  # fmt: skip
     chroot("sh", "-c", "rm -rf /tmp/xt")
 
 
@@ -268,7 +271,13 @@ def record_packages() -> None:
         check=True,
     ).stdout
     downloads = sorted(p.name for p in (ROOT / DOWNLOADS.lstrip("/")).glob("*.deb"))
-    PACKAGES_RECORD.write_text(listing + "".join(f"download\t{name}\n" for name in downloads))
+    # The venv's wheels and sdists (the build backend's among them: it builds libxtwrapper).
+    wheels = sorted(p.name for p in WHEELS.rglob("*") if p.is_file())
+    PACKAGES_RECORD.write_text(
+        listing
+        + "".join(f"download\t{name}\n" for name in downloads)
+        + "".join(f"wheel\t{name}\n" for name in wheels)
+    )
 
 
 def ensure() -> None:

@@ -76,6 +76,37 @@ class Target:
     def cross(self) -> bool:
         return self.machine != platform.machine()
 
+    @property
+    def build_root(self) -> Path:
+        """Where the paths the build saw are on this machine: the toolchain root of a cross
+        build (build/arm64_root.py), `/` for the native one."""
+        if not self.cross or in_root():
+            return Path("/")
+        sys.path.insert(0, str(REPO / "build"))
+        import arm64_root
+
+        return arm64_root.ROOT
+
+    @property
+    def unpacked_debs(self) -> dict[str, str]:
+        """Trees the build unpacked from a .deb it did not install -> that .deb (build
+        paths): the toolchain root's libc-bin:arm64, whose C.utf8 locale a cross build
+        bundles (libc-bin is not co-installable across architectures)."""
+        if not self.cross:
+            return {}
+        sys.path.insert(0, str(REPO / "build"))
+        import arm64_root
+
+        debs = sorted(self.build_root.joinpath(arm64_root.DOWNLOADS.lstrip("/")).glob(
+            f"libc-bin_*_{self.arch}.deb"))  # fmt: skip
+        return {arm64_root.LIBC_BIN: f"{arm64_root.DOWNLOADS}/{debs[-1].name}"} if debs else {}
+
+    @property
+    def launcher_libc(self) -> str:
+        """musl's static libc the launcher links (musl-gcc's, or musl-dev's spec file for the
+        cross gcc), as the build sees it."""
+        return f"/usr/lib/{self.machine}-linux-musl/libc.a"
+
 
 TARGETS = {
     "amd64": Target("amd64", "x86_64", "ld-linux-x86-64.so.2", OUT, REPO / "dist" / "cnibox"),
@@ -89,6 +120,13 @@ NATIVE = "amd64"
 # Imported lazily by applets (so Nuitka may not see them yet) or needed at run time anyway.
 INCLUDED_PACKAGES = ("multicall", "yaml", "iptc")
 INCLUDED_MODULES = ("ssl", "json", "_json")
+# Imported by a dependency but kept out of the binary (docs/binary.md, "What is compiled in"):
+# python-iptables' iptc/util.py imports distutils.sysconfig for get_python_lib(), a fallback
+# path it never reaches here (the bundle sets IPTABLES_LIBDIR); Nuitka would take the
+# submodules from the build venv's setuptools (its _distutils copy), whatever version that is.
+# Not followed, the import raises ModuleNotFoundError and iptc uses its own fallback,
+# sysconfig.get_path("purelib") (the one it has for Python 3.12, which has no distutils).
+NOT_FOLLOWED = ("distutils",)
 # Pure-Python dependencies shipped inside the zipapp (C extensions cannot load from a zip).
 ZIPAPP_PACKAGES = ("multicall", "yaml", "iptc")
 
@@ -111,6 +149,7 @@ def nuitka_command(target: Target) -> list[str]:
         f"--jobs={os.cpu_count() or 2}",
         *(f"--include-package={name}" for name in INCLUDED_PACKAGES),
         *(f"--include-module={name}" for name in (*INCLUDED_MODULES, *cross_modules)),
+        *(f"--nofollow-import-to={name}" for name in NOT_FOLLOWED),
         f"--include-data-files={target.dataclass_cache}=dataclasses.marshal",
         f"--report={target.out / 'nuitka-report.xml'}",
         f"--output-dir={target.out}",
@@ -230,8 +269,9 @@ def build_launcher(target: Target) -> None:
     zstd = zstd_inline_dir()
     # A static musl program: musl-gcc natively; the cross gcc with musl-dev's spec file
     # (the arm64 musl-dev of the toolchain root) otherwise.
+    musl_dir = os.path.dirname(target.launcher_libc)
     compiler = (
-        ["aarch64-linux-gnu-gcc", "-specs", f"/usr/lib/{target.machine}-linux-musl/musl-gcc.specs"]
+        ["aarch64-linux-gnu-gcc", "-specs", f"{musl_dir}/musl-gcc.specs"]
         if target.cross
         else ["musl-gcc"]
     )
@@ -267,8 +307,12 @@ def pack(target: Target) -> None:
         target.launcher, target.dist, (MAIN_BINARY, target.loader), target.artifact
     )
     print(f"build: {report}")
-    record = bundled.write_record(target)
-    print(f"build: bundled package versions -> {record}")
+    try:
+        record = bundled.write_record(target)
+    except bundled.AttributionError as exc:
+        target.artifact.unlink()  # a single file whose content nobody can account for
+        raise SystemExit(f"build: {target.artifact.name}: {exc}") from None
+    print(f"build: what it bundles, attributed (packaging/sbom.py's input) -> {record}")
 
 
 def build_zipapp() -> None:

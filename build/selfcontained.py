@@ -16,8 +16,10 @@ Loaded with `--user-plugin=build/selfcontained.py`. When Nuitka has finished the
    library walk reads DT_NEEDED/PT_INTERP with `readelf` instead of running `ldd`, resolving
    in the target's multiarch directories only. Any ELF left for another machine fails the
    build.
-5. writes `bundled.json` beside the dist: each bundled native file and the file it came
-   from, for build/bundled.py (the package-version record).
+5. writes `bundled.json` beside the dist: each file it bundled and the file it came from,
+   and the build's environment as this process sees it (the prefixes of Nuitka's report, the
+   site directories, the standard library, the static libpython linked in), for
+   build/bundled.py, which attributes every file and compiled module to its package.
 
 Why a plugin: Nuitka treats glibc, libz and friends as system libraries and never bundles
 them, and it has no Linux option to do so (docs/binary.md, "Why not stock Nuitka onefile").
@@ -36,6 +38,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import sysconfig
 import types
 
 from nuitka.plugins.PluginBase import NuitkaPluginBase
@@ -108,8 +111,9 @@ class CniboxSelfContained(NuitkaPluginBase):
         foreign = [f for f in _elf_files(dist_dir) if elf_machine(f) != TARGET]
         if foreign:
             self.sysexit(f"not {TARGET} ELF files in the dist: {', '.join(foreign)}")
+        record = {"machine": TARGET, "sources": self.sources, "build": _build_environment()}
         with open(os.path.join(os.path.dirname(dist_dir), "bundled.json"), "w") as f:
-            json.dump({"machine": TARGET, "sources": self.sources}, f, indent=1, sort_keys=True)
+            json.dump(record, f, indent=1, sort_keys=True)
 
     def _copy(self, dist_dir: str, src: str, dst: str) -> None:
         _copy(src, dst, self)
@@ -188,6 +192,36 @@ class CniboxSelfContained(NuitkaPluginBase):
                     continue
                 outside.add(path)
         return outside
+
+
+def _build_environment() -> dict[str, object]:
+    """What build/bundled.py needs to attribute the compiled-in code, as this process sees it
+    (inside the toolchain root for a cross build): the prefixes Nuitka's --report abbreviates
+    paths with, the directories the build's Python distributions are installed in, and the
+    static libpython Nuitka linked cnibox.bin with."""
+    from nuitka.options.Options import shallUsePythonDebug, shallUseStaticLibPython
+    from nuitka.PythonVersions import getLaunchingSystemPrefixPath
+    from nuitka.reports.Reports import _getReportPathPrefixes  # the report's own table
+    from nuitka.utils.StaticLibraries import getSystemStaticLibPythonPath
+
+    libpython = None
+    if shallUseStaticLibPython():
+        libpython = getSystemStaticLibPythonPath(python_debug=shallUsePythonDebug())
+    paths = sysconfig.get_paths()
+    # Nuitka runs on the base interpreter; the venv that launched it holds the distributions
+    # (the "venv" scheme: Debian's default one names /usr/local-style dist-packages).
+    venv = getLaunchingSystemPrefixPath()
+    venv_paths = (
+        sysconfig.get_paths(scheme="venv", vars={"base": venv, "platbase": venv}) if venv else paths
+    )
+    site_dirs = [venv_paths["purelib"], venv_paths["platlib"], *([TARGET_SITE] if CROSS else [])]
+    return {
+        "cwd": os.getcwd(),
+        "report_prefixes": [*_getReportPathPrefixes(), ("~", os.path.expanduser("~"))],
+        "site_dirs": sorted(set(site_dirs)),
+        "stdlib": paths["stdlib"],
+        "static_libpython": os.path.realpath(libpython) if libpython else None,
+    }
 
 
 def _copy(src: str, dst: str, plugin: NuitkaPluginBase) -> None:

@@ -122,9 +122,21 @@ def cnibox_modules() -> list[str]:
     return sorted(found)
 
 
-if __name__ == "__main__":
-    # python -m multicall.dataclass_cache OUT: what the build stores next to the binary
+def _main() -> None:
+    """python -m multicall.dataclass_cache OUT: what the build stores next to the binary."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m multicall.dataclass_cache",
+        description="Record the dataclass methods of every multicall module into OUT.",
+    )
+    parser.add_argument("out", metavar="OUT", help="the marshal file to write")
+    target = parser.parse_args().out
     data = record()
-    with open(sys.argv[1], "wb") as out:
+    with open(target, "wb") as out:
         out.write(data)
-    print(f"dataclass_cache: {len(data)} bytes -> {sys.argv[1]}")
+    print(f"dataclass_cache: {len(data)} bytes -> {target}")
+
+
+if __name__ == "__main__":
+    _main()

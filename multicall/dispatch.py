@@ -272,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     argv0 = invocation_name()
     env = os.environ
-    streams = (sys.stdin.buffer, sys.stdout.buffer, sys.stderr.buffer)
+    streams = standard_streams()
     try:
         name = applet_name(argv0)
         if is_multiplexer(name):
@@ -286,6 +286,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+def standard_streams() -> tuple[BinaryIO, BinaryIO, BinaryIO]:
+    """stdin, stdout and stderr as binary streams. One the caller closed (`<&-`) is opened
+    on /dev/null first: Python leaves it None, and a later open(2) (a netns, a file) would
+    otherwise take its number and be read or written as that stream by children."""
+    streams: list[BinaryIO] = []
+    for fd, stream in enumerate((sys.stdin, sys.stdout, sys.stderr)):
+        if stream is not None:
+            streams.append(stream.buffer)
+            continue
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if null != fd:  # pragma: no cover - open(2) takes the lowest free number
+                os.dup2(null, fd)
+                os.close(null)
+        streams.append(os.fdopen(fd, "rb" if fd == 0 else "wb", closefd=False))
+    return streams[0], streams[1], streams[2]
+
+
 def exit_now(code: int) -> NoReturn:
     """End the process without interpreter teardown, after flushing the standard streams.
 
@@ -297,5 +317,6 @@ def exit_now(code: int) -> NoReturn:
 
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # closed or broken: the status tells
-            stream.flush()
+            if stream is not None:  # None: the caller closed it (standard_streams)
+                stream.flush()
     os._exit(code)

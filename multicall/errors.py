@@ -16,6 +16,8 @@ Rules of this module:
      ├── FirewallError               exit 1   the kernel refused a rule set
      │    └── FirewallConflict                the table changed under a change: plan again
      ├── KubeError                   exit 1   the Kubernetes API failed or refused
+     ├── UnreadableInput             exit 1   an input is missing, not a regular file, or
+     │                                        over its limit (core/limits.py); CNI code 5
      ├── RulesetMismatch             exit 1   verifier: actual differs from expected
      ├── CommandFailed               exit 1   a child process failed (argv, rc, stderr)
      ├── ExecFailed                  exit 126 a program could not be executed
@@ -111,6 +113,13 @@ class FirewallConflict(FirewallError):
 
 class KubeError(CniboxError):
     """The Kubernetes API could not be reached, timed out, or answered with an error."""
+
+
+class UnreadableInput(CniboxError):
+    """A file or stream could not be read within bounds: missing, unreadable, not a regular
+    file (a FIFO, device, directory), or larger than its limit (effects/inputs.py)."""
+
+    cni_code = CNI_IO_FAILURE
 
 
 class RulesetMismatch(CniboxError):

@@ -7,12 +7,12 @@
   applet (packaging/image/layout.json), entrypoint `cnibox install-cni`.
 Each is written as an OCI layout directory and as an oci-archive tar, tagged with the
 version, labelled with its provenance (provenance.py: source, revision, version, licenses,
-created) and, given `--sbom FILE`, with the SBOM attached as an OCI artifact referring to the
-image. With one `--binary` (release.py's per-architecture images) each is one image; with
-`--binary amd64=FILE --binary arm64=FILE` (`make images`: dist/cnibox and dist/cnibox-arm64)
-each is a multi-arch image index, each platform's image also tagged `<version>-<arch>`
-(packaging/oci.py "multi-arch index"; docs/arm64.md). A FILE without ARCH= is amd64. Any file
-serves as a binary (tests use stand-ins).
+created) and, given `--sbom [ARCH=]FILE` for each binary, with that binary's SBOM attached as
+an OCI artifact referring to its image. With one `--binary` each is one image; with
+`--binary amd64=FILE --binary arm64=FILE` (`make images`, `make release`) each is a
+multi-arch image index, each platform's image also tagged `<version>-<arch>` (packaging/oci.py
+"multi-arch index"; docs/arm64.md). A FILE without ARCH= is amd64. Any file serves as a
+binary (tests use stand-ins).
 """
 
 from __future__ import annotations
@@ -124,37 +124,48 @@ ARCHITECTURES = ("amd64", "arm64")
 
 
 def build_multiarch(
-    binaries: Mapping[str, Path], out: Path, version: str = __version__
+    binaries: Mapping[str, Path],
+    out: Path,
+    version: str = __version__,
+    sboms: Mapping[str, bytes] | None = None,
 ) -> dict[str, Path]:
     """Write both images under `out`, each a multi-arch index of the labelled images of the
-    `binaries` (architecture -> binary file); returns the archive path of each."""
+    `binaries` (architecture -> binary file), each platform's image with its SBOM attached
+    when `sboms` (architecture -> SBOM) is given; returns the archive path of each."""
     info = provenance.build_info(version)
     per_arch: dict[str, dict[str, oci.Image]] = {TALOS_NAME: {}, IMAGE_NAME: {}}
-    for arch, binary_path in binaries.items():
-        for name, image in images(binary_path.read_bytes(), info, arch).items():
+    referrers: dict[str, list[dict[str, object]]] = {TALOS_NAME: [], IMAGE_NAME: []}
+    for arch, binary_path in sorted(binaries.items()):
+        for name, built in images(binary_path.read_bytes(), info, arch).items():
+            image = built
+            if sboms is not None:
+                filename = provenance.sbom_filename(version, arch)
+                image, descriptor = provenance.sbom_artifact(built, sboms[arch], filename, info)
+                referrers[name].append(descriptor)
             per_arch[name][arch] = image
     out.mkdir(parents=True, exist_ok=True)
     written = {}
     for name, platforms in per_arch.items():
         index = oci.build_index(platforms)
-        oci.write_index_layout(out / name, index, version)
-        oci.write_index_archive(out / f"{name}.tar", index, version)
+        oci.write_index_layout(out / name, index, version, referrers[name])
+        oci.write_index_archive(out / f"{name}.tar", index, version, referrers[name])
         written[name] = out / f"{name}.tar"
     check_extension.check(written[TALOS_NAME])
     return written
 
 
-def parse_binaries(values: list[str]) -> dict[str, Path]:
-    """`--binary` values ("arm64=dist/cnibox-arm64", or a bare path for amd64) by arch."""
+def parse_binaries(values: list[str], option: str = "--binary") -> dict[str, Path]:
+    """`--binary` (or `option`) values ("arm64=dist/cnibox-arm64", or a bare path for amd64)
+    by arch."""
     binaries: dict[str, Path] = {}
     for value in values:
         arch, sep, path = value.partition("=")
         if not sep:
             arch, path = "amd64", value
         if arch not in ARCHITECTURES:
-            raise SystemExit(f"--binary {value}: architecture must be one of {ARCHITECTURES}")
+            raise SystemExit(f"{option} {value}: architecture must be one of {ARCHITECTURES}")
         if arch in binaries:
-            raise SystemExit(f"--binary: {arch} given twice")
+            raise SystemExit(f"{option}: {arch} given twice")
         binaries[arch] = Path(path)
     return binaries
 
@@ -164,18 +175,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--binary", action="append", required=True, metavar="[ARCH=]FILE")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--version", default=__version__)
-    parser.add_argument("--sbom", type=Path, help="CycloneDX SBOM to attach (packaging/sbom.py)")
+    parser.add_argument(
+        "--sbom",
+        action="append",
+        metavar="[ARCH=]FILE",
+        help="CycloneDX SBOM of that architecture's binary to attach (packaging/sbom.py)",
+    )
     args = parser.parse_args(argv)
     try:
-        sbom = args.sbom.read_bytes() if args.sbom else None
         binaries = parse_binaries(args.binary)
+        sbom_files = parse_binaries(args.sbom or [], "--sbom")
+        if args.sbom and sbom_files.keys() != binaries.keys():
+            raise SystemExit("--sbom: one per --binary architecture, or none")
+        sboms = {arch: path.read_bytes() for arch, path in sbom_files.items()} or None
         if len(binaries) == 1:
             ((arch, binary),) = binaries.items()
-            written = build(binary, args.out, args.version, sbom, arch)
-        elif sbom is not None:
-            raise SystemExit("--sbom goes with one --binary (release.py: one release per arch)")
+            written = build(binary, args.out, args.version, sboms[arch] if sboms else None, arch)
         else:
-            written = build_multiarch(binaries, args.out, args.version)
+            written = build_multiarch(binaries, args.out, args.version, sboms)
     except check_extension.ExtensionError as exc:
         sys.stderr.write(f"the Talos extension breaks Talos' rules: {exc}\n")
         return 1

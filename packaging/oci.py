@@ -288,9 +288,13 @@ def build_index(images: Mapping[str, Image]) -> Index:
     return Index(blobs, sha256_digest(index), len(index), dict(images))
 
 
-def index_layout_files(index: Index, ref: str) -> dict[str, bytes]:
-    """The files of an OCI image layout holding `index` as `ref`, each platform as ref-<arch>."""
-    entries: list[dict[str, object]] = [
+def index_layout_files(
+    index: Index, ref: str, extra: Sequence[Mapping[str, object]] = ()
+) -> dict[str, bytes]:
+    """The files of an OCI image layout holding `index` as `ref`, each platform as ref-<arch>,
+    plus `extra` untagged manifests (each platform's SBOM artifact) whose blobs are in
+    `index.blobs`."""
+    entries: list[Mapping[str, object]] = [
         {
             "mediaType": INDEX_TYPE,
             "digest": index.index_digest,
@@ -308,17 +312,22 @@ def index_layout_files(index: Index, ref: str) -> dict[str, bytes]:
         }
         for arch, image in sorted(index.images.items())
     ]
+    entries += extra
     return _layout({"schemaVersion": 2, "manifests": entries}, index.blobs)
 
 
-def write_index_layout(directory_path: Path, index: Index, ref: str) -> None:
+def write_index_layout(
+    directory_path: Path, index: Index, ref: str, extra: Sequence[Mapping[str, object]] = ()
+) -> None:
     """Write the layout directory of `index` (replacing index.json)."""
-    write_layout_files(directory_path, index_layout_files(index, ref))
+    write_layout_files(directory_path, index_layout_files(index, ref, extra))
 
 
-def write_index_archive(path: Path, index: Index, ref: str) -> None:
+def write_index_archive(
+    path: Path, index: Index, ref: str, extra: Sequence[Mapping[str, object]] = ()
+) -> None:
     """The index's layout as one reproducible tar (skopeo's `oci-archive:` transport)."""
-    write_archive_files(path, index_layout_files(index, ref))
+    write_archive_files(path, index_layout_files(index, ref, extra))
 
 
 def platform_manifests(read: Callable[[str], bytes]) -> dict[str, dict[str, Any]]:

@@ -1,15 +1,21 @@
-"""Assemble a release directory from one build (`make release`, docs/release.md):
+"""Assemble a release directory from one build of each architecture (`make release`,
+docs/release.md):
 
-    release.py --binary FILE --zipapp FILE --dist DIR [--arch amd64] [--helm PATH] --out DIR
+    release.py --binary [ARCH=]FILE… [--record ARCH=FILE…] --zipapp FILE [--helm PATH] --out DIR
 
-Writes, for version V and architecture A:
+Writes, for version V and each architecture A given (amd64, arm64):
 
     cnibox-V-linux-A                    the single executable
+    cnibox-V-linux-A.cdx.json           its CycloneDX SBOM (sbom.py, from the build's record
+                                        build/out/bundled-A.json unless --record says)
+    cnibox-talos-extension-V-linux-A.rootfs.tar   the extension's filesystem (imager's
+                                        profile `tarballPath`)
+and once:
     cnibox-V.pyz                        the zipapp (hosts with Python 3.11)
-    cnibox-V-linux-A.cdx.json           CycloneDX SBOM of the executable (sbom.py)
     cnibox-installer-V.oci.tar          the DaemonSet image (oci-archive), SBOM attached
     cnibox-talos-extension-V.oci.tar    the Talos system extension (oci-archive), SBOM attached
-    cnibox-talos-extension-V.rootfs.tar its filesystem (imager's profile `tarballPath`)
+                                        (both: a multi-arch index when more than one A, each
+                                        platform's image with its own SBOM)
     linkerd2-cni-V.tgz                  the Helm chart (`helm package`, made reproducible)
     linkerd-cni.yaml, linkerd-cni-talos.yaml   the chart rendered (packaging/kubernetes/)
     LICENSE, NOTICE
@@ -27,7 +33,6 @@ import argparse
 import hashlib
 import io
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -49,23 +54,29 @@ import sbom  # noqa: E402
 import build  # noqa: E402  # packaging/ and packaging/helm/ are on the path set just above
 from multicall import __version__  # noqa: E402
 
-ARCHES = {"x86_64": "amd64", "aarch64": "arm64"}
 CHART_NAME = "linkerd2-cni"
+RECORDS = REPO / "build" / "out"  # the build's records, bundled-<arch>.json (build/bundled.py)
 
 
 class ReleaseError(Exception):
     """A step failed; the message says which and why."""
 
 
-def names(version: str, arch: str) -> dict[str, str]:
-    """Role -> file name in the release directory."""
+def arch_names(version: str, arch: str) -> dict[str, str]:
+    """Role -> file name in the release directory, for one architecture's build."""
     return {
         "binary": f"cnibox-{version}-linux-{arch}",
-        "zipapp": f"cnibox-{version}.pyz",
         "sbom": provenance.sbom_filename(version, arch),
+        "extension-rootfs": f"cnibox-talos-extension-{version}-linux-{arch}.rootfs.tar",
+    }
+
+
+def names(version: str) -> dict[str, str]:
+    """Role -> file name in the release directory, for what all architectures share."""
+    return {
+        "zipapp": f"cnibox-{version}.pyz",
         build.IMAGE_NAME: f"cnibox-installer-{version}.oci.tar",
         build.TALOS_NAME: f"cnibox-talos-extension-{version}.oci.tar",
-        "extension-rootfs": f"cnibox-talos-extension-{version}.rootfs.tar",
         "chart": f"{CHART_NAME}-{version}.tgz",
     }
 
@@ -119,44 +130,52 @@ def sha256sums(directory: Path) -> str:
 
 
 def assemble(
-    binary: Path,
+    binaries: Mapping[str, Path],
     zipapp: Path,
-    dist: Path,
     out: Path,
     *,
-    arch: str,
     helm: str,
-    root: Path = Path("/"),
+    records: Mapping[str, Path] | None = None,
     env: Mapping[str, str] = os.environ,
-) -> dict[str, Path]:
-    """Write the release into `out` (replaced as a whole); returns role -> path."""
+) -> list[Path]:
+    """Write the release of the `binaries` (architecture -> single file) into `out` (replaced
+    as a whole); returns the files written."""
     info = provenance.build_info(__version__, env)
     # Every tool below reads the one clock the whole release uses.
     os.environ["SOURCE_DATE_EPOCH"] = str(info.epoch)
-    files = names(__version__, arch)
+    records = records or {}
+    shared = names(__version__)
+    executables = {shared["zipapp"]}
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        shutil.copyfile(binary, staging / files["binary"])
-        shutil.copyfile(zipapp, staging / files["zipapp"])
-        for name in (files["binary"], files["zipapp"]):
-            (staging / name).chmod(0o755)
-        launcher_libc = sbom.default_launcher_libc(root, arch)
-        sbom_text = sbom.generate(dist, arch, root, launcher_libc)
-        (staging / files["sbom"]).write_text(sbom_text)
+        sboms: dict[str, bytes] = {}
+        for arch, binary in sorted(binaries.items()):
+            files = arch_names(__version__, arch)
+            record = records.get(arch, RECORDS / f"bundled-{arch}.json")
+            sbom_text = sbom.generate(record, binary, arch)
+            sboms[arch] = sbom_text.encode()
+            (staging / files["sbom"]).write_text(sbom_text)
+            shutil.copyfile(binary, staging / files["binary"])
+            executables.add(files["binary"])
+            rootfs = oci.build_tar(build.talos_entries(binary.read_bytes()))
+            (staging / files["extension-rootfs"]).write_bytes(rootfs)
+        shutil.copyfile(zipapp, staging / shared["zipapp"])
         with tempfile.TemporaryDirectory(prefix="cnibox-images-") as tmp:
-            archives = build.build(binary, Path(tmp), __version__, sbom_text.encode(), arch)
+            if len(binaries) == 1:
+                ((arch, binary),) = binaries.items()
+                archives = build.build(binary, Path(tmp), __version__, sboms[arch], arch)
+            else:
+                archives = build.build_multiarch(binaries, Path(tmp), __version__, sboms)
             for role, archive in archives.items():
-                shutil.copyfile(archive, staging / files[role])
-        rootfs = oci.build_tar(build.talos_entries(binary.read_bytes()))
-        (staging / files["extension-rootfs"]).write_bytes(rootfs)
-        package_chart(helm, staging / files["chart"], info.epoch)
+                shutil.copyfile(archive, staging / shared[role])
+        package_chart(helm, staging / shared["chart"], info.epoch)
         for manifest in manifests.MANIFESTS:
             shutil.copyfile(manifests.OUT_DIR / manifest, staging / manifest)
         for notice in ("LICENSE", "NOTICE"):
             shutil.copyfile(REPO / notice, staging / notice)
         for path in staging.iterdir():
-            path.chmod(0o755 if path.name in (files["binary"], files["zipapp"]) else 0o644)
+            path.chmod(0o755 if path.name in executables else 0o644)
         (staging / "SHA256SUMS").write_text(sha256sums(staging))
         staging.chmod(0o755)
         if out.exists():
@@ -165,29 +184,26 @@ def assemble(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return {role: out / name for role, name in files.items()}
+    return sorted(out.iterdir())
 
 
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--binary", type=Path, required=True)
+    parser.add_argument("--binary", action="append", required=True, metavar="[ARCH=]FILE")
+    parser.add_argument(
+        "--record",
+        action="append",
+        metavar="ARCH=FILE",
+        help="the build's record of that binary (default: build/out/bundled-ARCH.json)",
+    )
     parser.add_argument("--zipapp", type=Path, required=True)
-    parser.add_argument("--dist", type=Path, required=True, help="the Nuitka dist it packs")
-    parser.add_argument("--arch", default=ARCHES.get(platform.machine(), platform.machine()))
-    parser.add_argument("--root", type=Path, default=Path("/"), help="dpkg root (sbom.py)")
     parser.add_argument("--helm", default=manifests.default_helm())
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
-        assemble(
-            args.binary,
-            args.zipapp,
-            args.dist,
-            args.out,
-            arch=args.arch,
-            helm=args.helm,
-            root=args.root,
-        )
+        binaries = build.parse_binaries(args.binary)
+        records = build.parse_binaries(args.record or [], "--record")
+        assemble(binaries, args.zipapp, args.out, helm=args.helm, records=records)
     except (ReleaseError, sbom.SbomError, OSError, ValueError) as exc:
         sys.stderr.write(f"release.py: {exc}\n")
         return 1

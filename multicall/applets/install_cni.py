@@ -50,6 +50,7 @@ from multicall.core.installer.config import (
     render_kubeconfig,
     source_names,
 )
+from multicall.core.limits import INSTALLER_FILE, UNDO_JOURNAL
 from multicall.effects import fs, pidfile
 from multicall.effects.log import Logger as Log
 from multicall.errors import EXIT_OK, CniboxError, ConfigError, UsageError
@@ -63,10 +64,8 @@ PLUGIN_LINK = "linkerd-cni"
 NSENTER_LINK = "nsenter"
 KUBECONFIG_MODE = 0o600
 UNINSTALL_WAIT_SECONDS = 30.0
-# Read limits: a CNI config, the network config, the service-account token and CA and the
-# kubeconfig are a few KiB; the journal holds the original bytes of every patched config.
-CONFIG_LIMIT = 1 << 20
-JOURNAL_LIMIT = 16 << 20
+CONFIG_LIMIT = INSTALLER_FILE  # read limits: core/limits.py
+JOURNAL_LIMIT = UNDO_JOURNAL
 
 
 @dataclass(frozen=True, slots=True)

@@ -164,14 +164,15 @@ def _choice(values: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> s
 # ----------------------------------------------------------------------------- inputs
 
 
-def read_bytes(path: str, stdin: BinaryIO) -> bytes:
+def read_bytes(path: str, stdin: BinaryIO, option: str) -> bytes:
+    """The file an option names (or stdin for '-'): a regular file of at most OBJECT_FILE
+    bytes, opened without blocking (effects/inputs.py); errors name the option."""
+    from multicall.core.limits import OBJECT_FILE
+    from multicall.effects.inputs import read_file, read_stream
+
     if path == "-":
-        return stdin.read()
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except OSError as exc:
-        raise InputError(f"{path}: {exc.strerror or exc}", path=path) from exc
+        return read_stream(stdin, limit=OBJECT_FILE, what=f"{option} - (standard input)")
+    return read_file(path, limit=OBJECT_FILE, what=option)
 
 
 def plugin_config(data: bytes, path: str) -> bytes:
@@ -192,11 +193,11 @@ def plugin_config(data: bytes, path: str) -> bytes:
     return json.dumps(merged).encode()
 
 
-def load_object(path: str, stdin: BinaryIO) -> Mapping[str, object]:
+def load_object(path: str, stdin: BinaryIO, option: str) -> Mapping[str, object]:
     """A Kubernetes object from a JSON or YAML file."""
     import json
 
-    data = read_bytes(path, stdin)
+    data = read_bytes(path, stdin, option)
     try:
         doc: object = json.loads(data)
     except (ValueError, RecursionError):
@@ -212,7 +213,9 @@ def _load_yaml(data: bytes, path: str) -> object:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         return yaml.load(data, Loader=loader)  # noqa: S506 - a safe loader, chosen above
-    except (yaml.YAMLError, RecursionError) as exc:
+    except RecursionError:
+        raise ConfigError(f"{path}: neither JSON nor YAML: nested too deeply") from None
+    except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: neither JSON nor YAML: {exc}") from None
 
 
@@ -231,7 +234,7 @@ def expected(opts: Options, stdin: BinaryIO, env: Mapping[str, str]) -> Expectat
     from multicall.core.firewall.model import Family, Mode
     from multicall.core.firewall.proxy_init import empty_table, expected_table
 
-    netconf = parse_netconf(plugin_config(read_bytes(opts.config, stdin), opts.config))
+    netconf = parse_netconf(plugin_config(read_bytes(opts.config, stdin, "--config"), opts.config))
     mode = Mode(opts.mode) if opts.mode else mode_of(netconf)
     family = Family(opts.family)
     options: ProxyInitOptions | None = base_options(netconf)
@@ -258,11 +261,13 @@ def _pod_inputs(
     assert opts.pod is not None
     namespace = service = None
     if opts.namespace_object is not None:
-        namespace = parse_namespace(load_object(opts.namespace_object, stdin)).annotations
+        namespace = parse_namespace(
+            load_object(opts.namespace_object, stdin, "--namespace-object")
+        ).annotations
     if opts.service is not None:
-        service = parse_service(load_object(opts.service, stdin))
+        service = parse_service(load_object(opts.service, stdin, "--service"))
     if opts.namespace is None:
-        return PodInputs(parse_pod(load_object(opts.pod, stdin)), namespace, service)
+        return PodInputs(parse_pod(load_object(opts.pod, stdin, "--pod")), namespace, service)
     return _fetch(opts, env, kubeconfig, namespace, service)
 
 
@@ -282,7 +287,8 @@ def _fetch(
     path = opts.kubeconfig or kubeconfig
     if not path:
         raise UsageError("--namespace needs --kubeconfig (the config names no kubeconfig)")
-    client = KubeClient(read_kubeconfig(path), timeout=timeout_from_env(env))
+    timeout = timeout_from_env(env)
+    client = KubeClient(read_kubeconfig(path), timeout=timeout)
     try:
         return read_pod_inputs(
             client, opts.namespace, opts.pod, namespace_annotations=namespace, service=service
@@ -314,16 +320,8 @@ class Actual:
 
 def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> Actual:
     """The nat table to check, and where it came from."""
-    from multicall.core.firewall.iptables_save import last_table, parse_save
-    from multicall.core.firewall.proxy_init import empty_table
-
     if opts.input is not None:
-        source = "<stdin>" if opts.input == "-" else opts.input
-        text = read_bytes(opts.input, stdin).decode("utf-8", "surrogateescape")
-        ruleset = parse_save(text, source=source)
-        found = last_table(ruleset, "nat")
-        # iptables-save prints no *nat block when the table was never instantiated.
-        return Actual(found or empty_table(), source, ruleset.warnings)
+        return read_save_input(opts.input, stdin, strict=opts.strict)
     path = opts.netns if opts.netns is not None else f"/proc/{opts.pid}/ns/net"
     from multicall.core.firewall.model import Family
     from multicall.effects.firewall.engine import dump_nat
@@ -332,6 +330,35 @@ def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> Actual:
     # Reading is harmless, so the verifier's own namespace may be inspected too.
     table = dump_nat(NetnsRef(path, allow_own=True), mode=mode, family=Family(opts.family))
     return Actual(table, path)
+
+
+def read_save_input(path: str, stdin: BinaryIO, *, strict: bool) -> Actual:
+    """The last nat table of a save text, streamed: one line in memory at a time, and of the
+    table only what the comparison looks at (all of it with --strict)."""
+    from functools import partial
+
+    from multicall.core.firewall.diff import may_matter
+    from multicall.core.firewall.iptables_save import read_last_table
+    from multicall.core.firewall.proxy_init import empty_table
+    from multicall.core.limits import SAVE_LINE, SAVE_TOTAL
+    from multicall.effects.inputs import lines, open_input
+
+    source = "<stdin>" if path == "-" else path
+    what = "--input - (standard input)" if path == "-" else f"--input {path}"
+    stream = stdin if path == "-" else open_input(path, "--input")
+    try:
+        numbered = lines(stream, max_line=SAVE_LINE, max_total=SAVE_TOTAL, what=what)
+        found, warnings = read_last_table(
+            ((n, line.decode("utf-8", "surrogateescape")) for n, line in numbered),
+            "nat",
+            source=source,
+            keep_rule=partial(may_matter, strict=strict),
+        )
+    finally:
+        if stream is not stdin:
+            stream.close()
+    # iptables-save prints no *nat block when the table was never instantiated.
+    return Actual(found or empty_table(), source, warnings)
 
 
 # ----------------------------------------------------------------------------- output

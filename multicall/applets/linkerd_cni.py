@@ -16,8 +16,9 @@ runtime runs it with the CNI_* environment and the plugin's network config on st
 Errors are CNI error JSON on stdout with exit status 1, each also logged once at error
 level with the pod's ContainerID, Namespace and Pod. Logs go to stderr (level from the
 config's `log_level`) and, with the config's `log_file`, to that file as well.
-CNIBOX_KUBE_TIMEOUT bounds each API request (seconds, default 5); CNIBOX_DEBUG logs at
-debug whatever `log_level` says (docs/linkerd-cni.md).
+CNIBOX_KUBE_TIMEOUT bounds all API requests of one invocation together (seconds, default 5,
+at most 600); CNIBOX_DEBUG logs at debug whatever `log_level` says (docs/linkerd-cni.md).
+The config on stdin may be at most 1 MiB.
 
   -h, --help   this text
   --version    print the version
@@ -37,13 +38,13 @@ def main(
     stderr: BinaryIO,
 ) -> int:
     from multicall.core import usage
-    from multicall.plugin.run import PluginRequest, run_plugin
+    from multicall.plugin.run import PluginRequest, read_config_stream, run_plugin
 
     if argv[1:]:  # a runtime passes none
         usage.parse(argv[1:], usage.options(__doc__ or ""))
 
     # VERSION never reads stdin: answered from the environment alone.
-    config = b"" if env.get("CNI_COMMAND") == "VERSION" else stdin.read()
+    config = b"" if env.get("CNI_COMMAND") == "VERSION" else read_config_stream(stdin)
     result = run_plugin(PluginRequest(env=env, stdin=config, stderr=stderr))
     stdout.write(result.stdout)
     stdout.flush()

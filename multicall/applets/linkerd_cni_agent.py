@@ -228,6 +228,7 @@ def run_request(request: Request, own_netns: tuple[int, int]) -> tuple[int, byte
     from multicall.effects import caller, ns
     from multicall.effects.firewall import legacy
     from multicall.effects.firewall.locks import XtablesLock
+    from multicall.errors import NetnsError
     from multicall.plugin.ports import PluginDeps, RealFirewall, RealKube
     from multicall.plugin.run import PluginRequest, run_plugin
 
@@ -236,8 +237,18 @@ def run_request(request: Request, own_netns: tuple[int, int]) -> tuple[int, byte
     target = fds.get(proto.FD_TARGET_NETNS)
     if root is None or home is None:
         raise _Fallback("caller sent no root or netns")
-    if target is not None and _identity(f"/proc/self/fd/{target}") == own_netns:
-        raise _Fallback("CNI_NETNS is the agent's own netns")
+    netns_path = request.env.get("CNI_NETNS", "")
+    if target is None and netns_path and request.command in ("ADD", "CHECK", "DEL"):
+        # Never look the caller's path up here: it names a file of the caller's mount
+        # namespace (the launcher sends the descriptor, or runs one-shot itself).
+        raise _Fallback("CNI_NETNS not handed over")
+    if target is not None:
+        try:
+            ns.check_netns_fd(target, netns_path)  # what run_plugin checks, before anything
+        except NetnsError:
+            raise _Fallback("CNI_NETNS is not a network namespace") from None
+        if _identity(f"/proc/self/fd/{target}") == own_netns:
+            raise _Fallback("CNI_NETNS is the agent's own netns")
     if _identity(f"/proc/self/fd/{home}") != _identity("/proc/thread-self/ns/net"):
         # The API is reached from the caller's netns, as the one-shot plugin does. In a
         # DaemonSet with hostNetwork (or a Talos service) they are the same: no setns.
@@ -252,7 +263,7 @@ def run_request(request: Request, own_netns: tuple[int, int]) -> tuple[int, byte
         caller.CallerContext(
             root_fd=root,
             cwd=request.cwd or "/",
-            netns_path=request.env.get("CNI_NETNS", ""),
+            netns_path=netns_path,
             netns_fd=target,
             netlink_fd=fds.get(proto.FD_NETLINK),
         )

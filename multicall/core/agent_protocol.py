@@ -17,6 +17,8 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from multicall.core.limits import NETWORK_CONFIG
+
 MAGIC = b"CBXAGNT1"
 HEADER = struct.Struct("<8s16sIIIIII")
 FRAME = struct.Struct("<II")
@@ -41,7 +43,7 @@ FD_ORDER = (FD_ROOT, FD_CALLER_NETNS, FD_TARGET_NETNS, FD_NETLINK)
 MAX_ARGS = 256
 MAX_ENV = 4096
 MAX_STRINGS = 256 << 10
-MAX_STDIN = 1 << 20
+MAX_STDIN = NETWORK_CONFIG  # the plugin's own bound on its stdin (run_plugin checks it too)
 MAX_OUTPUT = 8 << 20
 
 

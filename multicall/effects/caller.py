@@ -7,7 +7,8 @@ stand in for paths:
 - files named by the caller (the kubeconfig, its token and CA files, the xtables lock file,
   the config's log_file and its rotation) are opened through the caller's root with
   openat2(RESOLVE_IN_ROOT), so they resolve as in the caller's mount namespace even though
-  the agent's pod has another filesystem;
+  the agent's pod has another filesystem. `open_fd` is only the opener: reading is
+  effects/inputs.py's (bounded, non-blocking, regular files only), which opens with it;
 - `CNI_NETNS` resolves to the descriptor the caller opened (`/proc/self/fd/N` reopens an
   nsfs file), so nothing looks the path up in the agent's mount namespace;
 - the nf_tables backend uses the netlink socket the caller created inside the pod's netns
@@ -22,9 +23,10 @@ Rules of this module:
 
 from __future__ import annotations
 
-import ctypes
 import os
 from dataclasses import dataclass
+from functools import cache
+from typing import Any
 
 SYS_OPENAT2 = 437  # the same number on x86_64 and aarch64
 RESOLVE_NO_MAGICLINKS = 0x02
@@ -91,12 +93,6 @@ def has_netlink(path: str) -> bool:
     return ctx is not None and ctx.netlink_fd is not None and path == ctx.netns_path
 
 
-def read_bytes(path: str) -> bytes:
-    """The file at `path` as the caller sees it; OSError as open() raises it."""
-    with os.fdopen(open_fd(path, os.O_RDONLY), "rb") as f:
-        return f.read()
-
-
 def open_fd(path: str, flags: int, mode: int = 0o666) -> int:
     """os.open(path, flags | O_CLOEXEC, mode) as the caller would do it; OSError as os.open
     raises it."""
@@ -131,19 +127,29 @@ def lexists(path: str) -> bool:
     return True
 
 
-class _OpenHow(ctypes.Structure):
-    _fields_ = (
-        ("flags", ctypes.c_uint64),
-        ("mode", ctypes.c_uint64),
-        ("resolve", ctypes.c_uint64),
-    )
+@cache
+def _open_how() -> Any:
+    """struct open_how (linux/openat2.h). ctypes is loaded only here, in a worker: every
+    process's file reads go through `open_fd` (effects/inputs.py), most never need it."""
+    import ctypes
+
+    class OpenHow(ctypes.Structure):
+        _fields_ = (
+            ("flags", ctypes.c_uint64),
+            ("mode", ctypes.c_uint64),
+            ("resolve", ctypes.c_uint64),
+        )
+
+    return OpenHow
 
 
 def _openat2_in_root(root_fd: int, path: str, flags: int, mode: int) -> int:
     """open(path, flags, mode) with `root_fd` as "/" for every component, `..` and symlink
     included."""
+    import ctypes
+
     mode = mode if flags & os.O_CREAT else 0  # openat2 refuses a mode without O_CREAT
-    how = _OpenHow(flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+    how = _open_how()(flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
     # The already-loaded libc, as effects.ns opens it (which imports this module).
     syscall = ctypes.CDLL(None, use_errno=True).syscall
     syscall.restype = ctypes.c_long

@@ -22,8 +22,10 @@ import contextlib
 import errno as errno_mod
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
+from multicall.core.limits import describe_size
+from multicall.effects.inputs import NotRegularFile, file_kind, opened_regular, read_upto
 from multicall.errors import ConfigError
 
 TEMP_SUFFIX = ".cnibox-tmp"
@@ -114,54 +116,10 @@ def _discard(tmp: str) -> None:
 
 
 _MISSING = (errno_mod.ENOENT, errno_mod.ENOTDIR)
-KIND_NAMES = {
-    stat.S_IFDIR: "a directory",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFIFO: "a FIFO",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFLNK: "a symlink",
-}
 
 
 class NotAFile(ConfigError):
     """The path exists but is not a regular file (or is a symlink where none is allowed)."""
-
-
-def kind_of(mode: int) -> str:
-    return KIND_NAMES.get(stat.S_IFMT(mode), "not a regular file")
-
-
-def size_text(limit: int) -> str:
-    """1 MiB, 64 KiB, 100 bytes: how a limit is named in messages."""
-    for unit, name in ((1 << 20, "MiB"), (1 << 10, "KiB")):
-        if limit >= unit and limit % unit == 0:
-            return f"{limit // unit} {name}"
-    return f"{limit} bytes"
-
-
-@contextlib.contextmanager
-def _open_regular(path: str, *, follow: bool) -> Iterator[int | None]:
-    """An fd on the regular file at `path`, None when nothing is there (rule 4)."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags if follow else flags | os.O_NOFOLLOW)
-    except OSError as exc:
-        if exc.errno in _MISSING:
-            yield None
-            return
-        if exc.errno == errno_mod.ELOOP and not follow:
-            raise NotAFile(f"{path}: a symlink", path=path) from None
-        if exc.errno == errno_mod.ENXIO:  # a socket
-            raise NotAFile(f"{path}: not a regular file", path=path) from None
-        raise
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotAFile(f"{path}: {kind_of(mode)}, not a regular file", path=path)
-        yield fd
-    finally:
-        os.close(fd)
 
 
 def read_file(path: str, limit: int, *, what: str = "file", follow: bool = True) -> bytes | None:
@@ -169,20 +127,28 @@ def read_file(path: str, limit: int, *, what: str = "file", follow: bool = True)
 
     NotAFile for a FIFO, device, directory, socket (or a symlink with follow=False);
     ConfigError when it holds more than `limit` bytes (`what` names it in the message).
+    Opened and read by effects/inputs.py (rule 4), worded here for the installer.
     """
-    with _open_regular(path, follow=follow) as fd:
-        if fd is None:
+    try:
+        with opened_regular(path, follow=follow) as fd:
+            data = read_upto(fd, limit)
+    except NotRegularFile as exc:
+        raise _not_a_file(path, exc.kind) from None
+    except OSError as exc:
+        if exc.errno in _MISSING:
             return None
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := os.read(fd, min(_CHUNK, limit + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise ConfigError(
-                    f"{path}: the {what} is larger than the {size_text(limit)} limit", path=path
-                )
-        return b"".join(chunks)
+        raise
+    if len(data) > limit:
+        raise ConfigError(
+            f"{path}: the {what} is larger than the {describe_size(limit)} limit", path=path
+        )
+    return data
+
+
+def _not_a_file(path: str, kind: str) -> NotAFile:
+    if kind == "a symlink":
+        return NotAFile(f"{path}: a symlink", path=path)
+    return NotAFile(f"{path}: {kind}, not a regular file", path=path)
 
 
 def private_dir(path: str, *, create: bool) -> bool:
@@ -198,7 +164,7 @@ def private_dir(path: str, *, create: bool) -> bool:
     except FileNotFoundError:
         return False
     if not stat.S_ISDIR(st.st_mode):
-        raise NotAFile(f"{path}: {kind_of(st.st_mode)}, not a directory", path=path)
+        raise NotAFile(f"{path}: {file_kind(st.st_mode)}, not a directory", path=path)
     if st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise ConfigError(
             f"{path}: others may write to it (owner uid {st.st_uid}, mode "
@@ -229,13 +195,15 @@ def sha256_file(path: str) -> str | None:
 
     digest = hashlib.sha256()
     try:
-        with _open_regular(path, follow=True) as fd:
-            if fd is None:
-                return None
+        with opened_regular(path) as fd:
             while chunk := os.read(fd, _CHUNK):
                 digest.update(chunk)
-    except NotAFile:
+    except NotRegularFile:
         return None
+    except OSError as exc:
+        if exc.errno in _MISSING:
+            return None
+        raise
     return digest.hexdigest()
 
 

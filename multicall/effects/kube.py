@@ -1,24 +1,46 @@
-"""A minimal Kubernetes API client on `socket` + `ssl`: three GETs, bounded in time.
+"""A minimal Kubernetes API client on `socket` + `ssl`: three GETs, bounded in time and
+memory, and the HTTP/1.1 primitives other API clients of cnibox share.
 
 Rules of this module:
-1. Every request has one deadline (`timeout` seconds for connect + TLS + response); a server
-   that never answers costs at most that, never client-go's unbounded wait (linkerd2 #2875).
-2. Errors read like client-go's: the API's `Status.message` (`Unauthorized`,
+1. One deadline per client (`timeout` seconds from its creation, CNIBOX_KUBE_TIMEOUT) covers
+   everything: name resolution, connect, TLS, every read of every head and body of every
+   GET. A server that never answers, or answers one byte at a time, costs at most that,
+   never client-go's unbounded wait (linkerd2 #2875). `_Connection` says how.
+2. Memory: a response head is at most API_HEAD, a body (chunked: all chunks together) at
+   most the caller's limit (API_OBJECT for the plugin's GETs), refused with the limit named.
+3. What goes on the wire is checked first: the server URL and the token
+   (core/kube/kubeconfig.py `parse_server`, `check_token`) cannot inject headers.
+4. Errors read like client-go's: the API's `Status.message` (`Unauthorized`,
    `pods "x" not found`), or `Get "URL": dial tcp ...: connect: connection refused`.
-3. One keep-alive connection serves all GETs of an invocation; `ssl` and `socket` are
-   imported on first use only (start-up time of DEL/VERSION/skipped pods stays low).
+5. One keep-alive connection serves all GETs of an invocation; if the server closed it while
+   idle (nothing of a response arrives), a GET is retried once on a new connection, as Go's
+   transport retries idempotent requests. `ssl` and `socket` are imported on first use only
+   (start-up time of DEL/VERSION/skipped pods stays low).
+6. In a node agent's worker only (never in a one-shot process) the connection may have been
+   made before the request arrived (`warm_up`, "warm connections" below): adopted only for
+   the same server and trust settings, young and still open, and treated as a reused
+   keep-alive connection (rule 5: retried once if the server closed it, never after a
+   timeout). Files the client reads (kubeconfig, token, CA) are read by effects/inputs.py,
+   which a worker points at the caller's root (effects/caller.py).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
-from multicall.core.kube.kubeconfig import KubeConfig, parse_kubeconfig
+from multicall.core.kube.kubeconfig import (
+    TOKEN_FIELD,
+    KubeConfig,
+    check_token,
+    parse_kubeconfig,
+    parse_server,
+)
 from multicall.core.kube.objects import (
     Namespace,
     Pod,
@@ -27,23 +49,46 @@ from multicall.core.kube.objects import (
     parse_pod,
     parse_service,
 )
-from multicall.errors import ConfigError, KubeError
+from multicall.core.limits import (
+    API_HEAD,
+    API_OBJECT,
+    CA_FILE,
+    KUBE_TIMEOUT_DEFAULT,
+    KUBE_TIMEOUT_MAX,
+    KUBECONFIG,
+    TOKEN_FILE,
+    describe_size,
+)
+from multicall.errors import CNI_INVALID_ENV, CniError, ConfigError, KubeError, UnreadableInput
 
 if TYPE_CHECKING:
     import socket
     import ssl
 
-DEFAULT_TIMEOUT = 5.0
+DEFAULT_TIMEOUT = KUBE_TIMEOUT_DEFAULT
 TIMEOUT_ENV = "CNIBOX_KUBE_TIMEOUT"
 
 
 def timeout_from_env(env: Mapping[str, str]) -> float:
-    """`CNIBOX_KUBE_TIMEOUT` seconds (positive number), else the default."""
-    try:
-        value = float(env.get(TIMEOUT_ENV, ""))
-    except ValueError:
+    """`CNIBOX_KUBE_TIMEOUT`: the seconds all API requests of one invocation may take
+    together; the default when unset or empty, clamped to KUBE_TIMEOUT_MAX (`inf` too);
+    CniError (invalid environment) for anything that is not a positive number."""
+    import math
+
+    raw = env.get(TIMEOUT_ENV, "").strip()
+    if not raw:
         return DEFAULT_TIMEOUT
-    return value if value > 0 else DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if math.isnan(value) or value <= 0:
+        raise CniError(
+            CNI_INVALID_ENV,
+            f"{TIMEOUT_ENV}={raw[:40]!r} is not a number of seconds above 0 "
+            f"(the default is {DEFAULT_TIMEOUT:g}, at most {KUBE_TIMEOUT_MAX:g} is used)",
+        )
+    return min(value, KUBE_TIMEOUT_MAX)
 
 
 def read_kubeconfig(path: str) -> KubeConfig:
@@ -53,19 +98,40 @@ def read_kubeconfig(path: str) -> KubeConfig:
             "invalid configuration: no configuration has been provided, try setting "
             "KUBERNETES_MASTER environment variable"
         )
-    from multicall.effects.caller import read_bytes
-
-    try:
-        # open()'s text mode: universal newlines
-        text = read_bytes(path).decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
-    except FileNotFoundError:
-        raise KubeError(f"stat {path}: no such file or directory", path=path) from None
-    except OSError as exc:
-        raise KubeError(f"open {path}: {(exc.strerror or '').lower()}", path=path) from None
+    # client-go stats an explicit kubeconfig path before opening it.
+    text = read_text_file(path, limit=KUBECONFIG, what="kubeconfig", missing_verb="stat")
     try:
         return parse_kubeconfig(text)
     except ConfigError as exc:
         raise KubeError(exc.message, path=path) from None
+
+
+def read_text_file(path: str, *, limit: int, what: str, missing_verb: str = "open") -> str:
+    """A UTF-8 file the client reads (kubeconfig, token), bounded and checked to be a regular
+    file (effects/inputs.py); KubeError with client-go's wording of open failures."""
+    import errno
+    import os
+
+    from multicall.effects.inputs import read_file
+
+    try:
+        data = read_file(path, limit=limit, what=what)
+    except UnreadableInput as exc:
+        if exc.errno == errno.ENOENT:
+            raise KubeError(
+                f"{missing_verb} {path}: no such file or directory", path=path
+            ) from None
+        if exc.errno is not None:
+            reason = os.strerror(exc.errno).lower()
+            raise KubeError(f"open {path}: {reason}", path=path) from None
+        raise KubeError(exc.message, path=path) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise KubeError(
+            f"{what} {path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+            path=path,
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,23 +148,31 @@ class _Endpoint:
 
 
 def _endpoint(server: str) -> _Endpoint:
-    parts = urlsplit(server)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise KubeError(f"invalid configuration: host must be a URL, got {server!r}")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return _Endpoint(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+    try:
+        url = parse_server(server)
+    except ConfigError as exc:
+        raise KubeError(exc.message) from None
+    return _Endpoint(url.scheme, url.host, url.port, url.prefix)
+
+
+MAX_BODY = 64 * 1024 * 1024  # what any caller may ask for (a LIST page); GETs ask API_OBJECT
+READ_SIZE = 64 * 1024
 
 
 class KubeClient:
-    """GET pods, namespaces and services with a bearer token; one connection, one deadline."""
+    """GET pods, namespaces and services with a bearer token: one connection, and one
+    deadline for everything the client does (rule 1), from its creation on."""
 
     def __init__(self, config: KubeConfig, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.config = config
         self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
         self.endpoint = _endpoint(config.server)
         self._token = _token(config)
+        # The CA is read now: a file that cannot be one fails before any connection.
+        self._tls = _tls_context(config) if self.endpoint.scheme == "https" else None
         self._conn: _Connection | None = None
-        _last_config[:] = [config]
+        _last_config[:] = [config]  # for an agent worker's `warm_hint`
 
     def close(self) -> None:
         if self._conn is not None:
@@ -123,40 +197,26 @@ class KubeClient:
 
     def _get(self, path: str, what: tuple[str, str]) -> Mapping[str, object]:
         url = self._url(path)
-        deadline = time.monotonic() + self.timeout
-        status, body = self._request(self.endpoint.prefix + path, url, deadline)
+        status, body = self._request(self.endpoint.prefix + path, url, self.deadline)
         if status >= 400:
             raise KubeError(_status_message(status, body, what))
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            raise KubeError(f"{url}: the server answered with invalid JSON") from None
-        if not isinstance(doc, dict):
-            raise KubeError(f"{url}: the server answered with a non-object")
-        return doc
+        return decode_object(body, url)
 
     def _request(self, path: str, url: str, deadline: float) -> tuple[int, bytes]:
-        conn = self._conn or _Connection(self.endpoint)
-        self._conn = conn
-        try:
-            conn.open(self.config, deadline)
+        for attempt in (1, 2):
+            conn = self._conn or _Connection(self.endpoint)
+            self._conn = conn
             try:
-                return conn.get(path, self._headers(), deadline)
-            except TimeoutError:
-                raise  # the request's deadline is spent: the one-shot path's error
-            except (OSError, ValueError):
-                if not conn.warm:
-                    raise
-                # A connection made ahead of time that the server closed meanwhile: GET is
-                # idempotent, so once more on a new one (as Go's transport does). Never after
-                # a timeout: the server got the request, and no time would be left.
+                conn.open(self.config, deadline, self._tls)
+                return conn.get(path, self._headers(), deadline, max_body=API_OBJECT)
+            except StaleConnection:
+                self.close()  # closed by the server while idle: once more, on a new one
+                if attempt == 2:
+                    raise KubeError(f'Get "{url}": EOF') from None
+            except (OSError, ValueError) as exc:
                 self.close()
-                conn = self._conn = _Connection(self.endpoint)
-                conn.open(self.config, deadline)
-                return conn.get(path, self._headers(), deadline)
-        except (OSError, ValueError) as exc:
-            self.close()
-            raise transport_error(exc, "Get", url, conn) from None
+                raise transport_error(exc, "Get", url, conn) from None
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _headers(self) -> str:
         lines = [
@@ -171,27 +231,70 @@ class KubeClient:
 
 def transport_error(exc: OSError | ValueError, verb: str, url: str, conn: _Connection) -> KubeError:
     """A failed request's error in client-go's words: `Get "URL": dial tcp ...: connection
-    refused`, `... TLS handshake timeout`, `... x509: certificate signed by unknown authority`.
-    Shared with the controller's requests and watches (effects/kube_stream.py)."""
+    refused`, `... TLS handshake timeout`, `... x509: certificate signed by unknown authority`,
+    `... (Client.Timeout exceeded while reading body)`. Shared by every request and watch."""
+    return KubeError(f'{verb} "{url}": {_failure(exc, conn)}')
+
+
+def _failure(exc: OSError | ValueError, conn: _Connection) -> str:
     import ssl
 
     if isinstance(exc, ssl.SSLCertVerificationError):
-        return KubeError(f'{verb} "{url}": tls: failed to verify certificate: x509: {_x509(exc)}')
+        return f"tls: failed to verify certificate: x509: {_x509(exc)}"
     if isinstance(exc, TimeoutError):
-        return KubeError(f'{verb} "{url}": {conn.timeout_detail()}')
+        return conn.timeout_detail()
     if isinstance(exc, ConnectionRefusedError):
-        return KubeError(
-            f'{verb} "{url}": dial tcp {conn.endpoint.hostport}: connect: connection refused'
-        )
-    reason = (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).lower()
-    return KubeError(f'{verb} "{url}": {reason}')
+        return f"dial tcp {conn.endpoint.hostport}: connect: connection refused"
+    if isinstance(exc, HttpProtocolError):
+        return str(exc)
+    if isinstance(exc, _NothingReceived | StaleConnection | _UnexpectedEof):
+        return "unexpected EOF" if isinstance(exc, _UnexpectedEof) else "EOF"
+    return (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).lower()
+
+
+def decode_object(body: bytes, url: str) -> Mapping[str, object]:
+    """An API response body as a JSON object; KubeError naming the URL otherwise."""
+    try:
+        doc = json.loads(body)
+    except RecursionError:
+        raise KubeError(f"{url}: the server answered with JSON nested too deeply") from None
+    except ValueError:  # UnicodeDecodeError included
+        raise KubeError(f"{url}: the server answered with invalid JSON") from None
+    if not isinstance(doc, dict):
+        raise KubeError(f"{url}: the server answered with a non-object")
+    return doc
+
+
+class HttpProtocolError(ValueError):
+    """The server's answer is not HTTP/1.1 as cnibox reads it, or is over a limit; `str()`
+    says what, naming the limit (core/limits.py)."""
+
+
+class StaleConnection(ConnectionError):
+    """A reused keep-alive connection that the server had closed: nothing of a response
+    arrived. An idempotent request is retried once on a new connection (Go's transport)."""
+
+
+class _NothingReceived(ConnectionResetError):
+    """The connection ended before the first byte of a response."""
+
+
+class _UnexpectedEof(ConnectionError):
+    """The connection ended inside a response."""
 
 
 class _Connection:
-    """One HTTP/1.1 keep-alive connection: just GET, Content-Length or chunked bodies.
+    """One HTTP/1.1 keep-alive connection: requests, Content-Length or chunked bodies.
 
     http.client is not used: it imports the email package, about as costly as ssl itself,
     on a path every meshed pod start pays.
+
+    Time: `deadline` (monotonic) bounds everything. Name resolution runs in a helper thread
+    joined with the time left; each connect gets the time left; the TLS handshake and
+    `sendall` get it as a whole (CPython applies one deadline per call); every read of the
+    buffered `reader` sets the socket timeout to the time left first (`_DeadlineReader`), so a
+    server sending one byte at a time cannot stretch a request past its deadline. Callers
+    that stream (a watch) move `deadline` as their own semantics require.
     """
 
     def __init__(self, endpoint: _Endpoint) -> None:
@@ -199,55 +302,103 @@ class _Connection:
         self.stage = "dial"
         self.sock: socket.socket | None = None
         self.reader: BinaryIO | None = None
-        self.warm = False  # adopted from `warm_up`, not dialled for this request
+        self.deadline = 0.0
+        self.completed = 0  # responses read in full on this connection
+        self.warm = False  # adopted from `warm_up` (rule 6): reused, as a kept-alive one is
 
-    def open(self, config: KubeConfig, deadline: float) -> None:
+    def open(self, config: KubeConfig, deadline: float, tls: ssl.SSLContext | None = None) -> None:
+        """Connect (and TLS: with `tls`, else a context made from `config`) by `deadline`."""
         if self.sock is not None:
             return
+        self.deadline = deadline
         if (adopted := _adopt_warm(self.endpoint, config)) is not None:
-            self.sock, self.reader, self.warm = adopted.sock, adopted.reader, True
+            # A new reader: every read is bounded by this connection's deadline, not the
+            # warm-up's. Nothing was read on it yet (`_still_open`), so nothing is lost.
+            self.sock, self.warm = adopted, True
+            self.reader = io.BufferedReader(_DeadlineReader(self), READ_SIZE)
             self.stage = "request"
             return
         import socket
 
-        self.stage = "dial"
         host = _wire_host(self.endpoint.host)
-        raw = socket.create_connection(
-            (host, self.endpoint.port),  # type: ignore[arg-type]  # getaddrinfo takes bytes
-            timeout=_remaining(deadline),
-        )
+        self.stage = "resolve"
+        addresses = _resolve(host, self.endpoint.port, deadline)
+        self.stage = "dial"
+        raw = _dial(addresses, deadline)
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = raw
         if self.endpoint.scheme == "https":
             self.stage = "tls"
             raw.settimeout(_remaining(deadline))
-            self.sock = _tls_context(config).wrap_socket(raw, server_hostname=host)
-        self.reader = self.sock.makefile("rb")
+            context = tls or _tls_context(config)
+            self.sock = context.wrap_socket(raw, server_hostname=host)
+        self.reader = io.BufferedReader(_DeadlineReader(self), READ_SIZE)
         self.stage = "request"
-
-    def get(self, path: str, headers: str, deadline: float) -> tuple[int, bytes]:
-        status, fields = self.request("GET", path, headers, b"", deadline)
-        assert self.reader is not None
-        body = _read_body(self.reader, fields)
-        if fields.get("connection", "").lower() == "close":
-            self.close()
-        return status, body
 
     def request(
         self, method: str, path: str, headers: str, body: bytes, deadline: float
     ) -> tuple[int, dict[str, str]]:
-        """Send one request and read the response head; the body is the caller's to read."""
+        """Send one request and read the response head; the body is the caller's to read.
+
+        StaleConnection when a reused connection turns out closed before any response byte.
+        """
         assert self.sock is not None
         assert self.reader is not None
-        self.sock.settimeout(_remaining(deadline))
-        self.sock.sendall(f"{method} {path} HTTP/1.1\r\n{headers}\r\n".encode("latin-1") + body)
-        return _read_head(self.reader)
+        self.deadline = deadline
+        self.stage = "request"
+        reused = self.completed > 0 or self.warm
+        try:
+            self.sock.settimeout(_remaining(deadline))
+            self.sock.sendall(f"{method} {path} HTTP/1.1\r\n{headers}\r\n".encode("latin-1") + body)
+        except (BrokenPipeError, ConnectionResetError):
+            if reused:
+                raise StaleConnection from None
+            raise
+        try:
+            return _read_head(self.reader)
+        except _NothingReceived:
+            if reused:
+                raise StaleConnection from None
+            raise
+
+    def exchange(
+        self,
+        method: str,
+        path: str,
+        headers: str,
+        body: bytes,
+        deadline: float,
+        *,
+        body_deadline: float | None = None,
+        max_body: int = MAX_BODY,
+    ) -> tuple[int, bytes]:
+        """One request and its whole response: the head by `deadline`, the body (at most
+        `max_body`) by `body_deadline` (default: the same). Closes the connection when the
+        server says so; StaleConnection as `request`."""
+        status, fields = self.request(method, path, headers, body, deadline)
+        assert self.reader is not None
+        self.stage = "body"
+        self.deadline = deadline if body_deadline is None else body_deadline
+        data = _read_body(self.reader, fields, max_body)
+        self.completed += 1
+        if fields.get("connection", "").lower() == "close":
+            self.close()
+        return status, data
+
+    def get(
+        self, path: str, headers: str, deadline: float, *, max_body: int = MAX_BODY
+    ) -> tuple[int, bytes]:
+        return self.exchange("GET", path, headers, b"", deadline, max_body=max_body)
 
     def timeout_detail(self) -> str:
+        if self.stage == "body":
+            return "context deadline exceeded (Client.Timeout exceeded while reading body)"
         if self.stage == "request":
             return "context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
         if self.stage == "tls":
             return "net/http: TLS handshake timeout"
+        if self.stage == "resolve":
+            return f"dial tcp: lookup {self.endpoint.host}: i/o timeout"
         return f"dial tcp {self.endpoint.hostport}: i/o timeout"
 
     def close(self) -> None:
@@ -263,16 +414,17 @@ class _Connection:
 # A node agent's idle worker dials the API server (TCP + TLS) before its request arrives
 # (`warm_up`, with the endpoint and CA of the previous request, `warm_hint`); the request's
 # KubeClient adopts that connection when endpoint and TLS settings are the same, so the
-# handshake is off the pod's critical path. Never in a one-shot process.
+# handshake is off the pod's critical path. Never in a one-shot process (rule 6).
 WARM_MAX_AGE = 60.0  # older: not trusted to be alive (idle-connection reapers in between)
 MAX_HINT_CA = 16 * 1024
+
+_WarmKey = tuple[str, str, int, bytes, str, bool]
 
 
 @dataclass
 class _Warm:
-    key: tuple[str, str, int, bytes, bool]
+    key: _WarmKey
     sock: socket.socket
-    reader: BinaryIO
     made: float
 
 
@@ -280,14 +432,17 @@ _warm: list[_Warm] = []
 _last_config: list[KubeConfig] = []
 
 
-def _warm_key(endpoint: _Endpoint, config: KubeConfig) -> tuple[str, str, int, bytes, bool]:
-    return (endpoint.scheme, endpoint.host, endpoint.port, config.ca_data,
+def _warm_key(endpoint: _Endpoint, config: KubeConfig) -> _WarmKey:
+    # ca_file is part of the key: a warm connection (always made from CA data or the system
+    # roots) must not serve a request that trusts a CA file instead.
+    return (endpoint.scheme, endpoint.host, endpoint.port, config.ca_data, config.ca_file,
             config.insecure_skip_tls_verify)  # fmt: skip
 
 
 def warm_hint() -> dict[str, object] | None:
     """What `warm_up` needs to reach the API server of this process's last request (not its
-    token: a warm connection sends nothing); None when it used a CA file or none at all."""
+    token: a warm connection sends nothing); None when it used a CA file (read per request,
+    through the caller's root) or CA data over MAX_HINT_CA."""
     if not _last_config:
         return None
     config = _last_config[0]
@@ -302,30 +457,35 @@ def warm_up(hint: Mapping[str, object], timeout: float = 2.0) -> None:
     server, ca_data = hint.get("server"), hint.get("ca_data")
     if not isinstance(server, str) or not isinstance(ca_data, str):
         return
-    config = KubeConfig(server=server, ca_data=ca_data.encode("ascii"),
+    config = KubeConfig(server=server, ca_data=ca_data.encode("ascii", "replace"),
                         insecure_skip_tls_verify=hint.get("insecure") is True)  # fmt: skip
+    drop_warm()  # one at a time; and `open` below must dial, not adopt
     try:
         endpoint = _endpoint(server)
         conn = _Connection(endpoint)
-        conn.open(config, time.monotonic() + timeout)
+        tls = _tls_context(config) if endpoint.scheme == "https" else None
+        conn.open(config, time.monotonic() + timeout, tls)
     except (KubeError, OSError, ValueError):
         return
+    finally:
+        if not _spare:  # the warm-up took it: the request's own context is made now, not then
+            keep_spare_tls_context()
     assert conn.sock is not None
-    assert conn.reader is not None
-    _warm[:] = [_Warm(_warm_key(endpoint, config), conn.sock, conn.reader, time.monotonic())]
+    sock, conn.sock = conn.sock, None
+    conn.close()  # its reader only: the socket goes to the request that adopts it
+    _warm[:] = [_Warm(_warm_key(endpoint, config), sock, time.monotonic())]
 
 
 def drop_warm() -> None:
     """Forget the warm connection (the request runs from another netns than it was made in)."""
     for warm in _warm:
-        warm.reader.close()
         warm.sock.close()
     _warm.clear()
 
 
 def _still_open(sock: socket.socket) -> bool:
     """Nothing but TLS housekeeping (TLS 1.3 session tickets) arrived since the handshake:
-    no EOF, no unexpected bytes."""
+    no EOF, no unexpected bytes. (Its timeout is set again by every use: rule 1.)"""
     import select
     import ssl
 
@@ -341,21 +501,92 @@ def _still_open(sock: socket.socket) -> bool:
     return False
 
 
-def _adopt_warm(endpoint: _Endpoint, config: KubeConfig) -> _Warm | None:
+def _adopt_warm(endpoint: _Endpoint, config: KubeConfig) -> socket.socket | None:
+    """The warm connection's socket if this request may use it; else it is closed."""
     if not _warm:
         return None
     warm = _warm.pop()
-
     fresh = time.monotonic() - warm.made < WARM_MAX_AGE
     if warm.key == _warm_key(endpoint, config) and fresh and _still_open(warm.sock):
-        return warm
-    warm.reader.close()
+        return warm.sock
     warm.sock.close()
     return None
 
 
-MAX_HEAD = 64 * 1024
-MAX_BODY = 64 * 1024 * 1024
+class _DeadlineReader(io.RawIOBase):
+    """The connection's socket as a raw stream whose every read is bounded by the time left
+    until the connection's deadline (TimeoutError once it has passed)."""
+
+    def __init__(self, conn: _Connection) -> None:
+        super().__init__()
+        self.conn = conn
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        sock = self.conn.sock
+        assert sock is not None
+        sock.settimeout(_remaining(self.conn.deadline))
+        return sock.recv_into(buffer)
+
+
+def _resolve(host: str | bytes, port: int, deadline: float) -> list[tuple[object, ...]]:
+    """getaddrinfo within the deadline: numeric hosts at once, names in a helper thread
+    joined with the time left (a resolver that never answers costs the deadline, not glibc's
+    retries). The thread is a daemon: one stuck in the resolver does not keep us alive."""
+    import socket
+
+    try:
+        return list(
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+        )
+    except socket.gaierror:
+        pass  # a name, not an address
+    import threading
+
+    outcome: list[object] = []
+
+    def lookup() -> None:
+        try:
+            outcome.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=lookup, name="cnibox-resolve", daemon=True)
+    worker.start()
+    worker.join(_remaining(deadline))
+    if not outcome:
+        raise TimeoutError
+    found = outcome[0]
+    if isinstance(found, socket.gaierror):
+        name = host.decode() if isinstance(host, bytes) else host
+        reason = "no such host" if found.errno == socket.EAI_NONAME else found.strerror
+        raise HttpProtocolError(f"dial tcp: lookup {name}: {reason}")
+    if isinstance(found, OSError):
+        raise found
+    assert isinstance(found, list)
+    return found
+
+
+def _dial(addresses: list[tuple[object, ...]], deadline: float) -> socket.socket:
+    """Connect to the first address that answers, each try bounded by the time left."""
+    import socket
+
+    error: OSError = ConnectionRefusedError(111, "connection refused")
+    for family, kind, proto, _, address in addresses:
+        sock = socket.socket(family, kind, proto)  # type: ignore[arg-type]
+        try:
+            sock.settimeout(_remaining(deadline))
+            sock.connect(address)  # type: ignore[arg-type]
+        except OSError as exc:
+            sock.close()
+            if isinstance(exc, TimeoutError):
+                raise
+            error = exc
+            continue
+        return sock
+    raise error
 
 
 def _remaining(deadline: float) -> float:
@@ -365,62 +596,105 @@ def _remaining(deadline: float) -> float:
     return remaining
 
 
-def _line(reader: BinaryIO) -> bytes:
-    line = reader.readline(MAX_HEAD)
-    if not line:
-        raise ConnectionResetError(104, "EOF")
-    return line
-
-
-def _read_head(reader: BinaryIO) -> tuple[int, dict[str, str]]:
-    status_line = _line(reader).decode("latin-1")
+def _read_head(reader: BinaryIO, limit: int = API_HEAD) -> tuple[int, dict[str, str]]:
+    """The status and header fields (lower-case names) of a response, at most `limit` bytes
+    in all. _NothingReceived when the connection ends before the first byte."""
+    budget = [limit - 1]
+    try:
+        first = reader.read(1)
+    except ConnectionResetError:
+        first = b""
+    if not first:
+        raise _NothingReceived(104, "EOF")
+    status_line = (first + _line(reader, budget, "response head")).decode("latin-1")
     parts = status_line.split(None, 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-        raise ValueError(f"malformed HTTP response {status_line.strip()!r}")
+        raise HttpProtocolError(f"malformed HTTP response {status_line.strip()[:80]!r}")
     fields: dict[str, str] = {}
     while True:
-        line = _line(reader).decode("latin-1").rstrip("\r\n")
+        line = _line(reader, budget, "response head").decode("latin-1").rstrip("\r\n")
         if not line:
-            return int(parts[1]), fields
+            return int(parts[1][:3]), fields
         name, _, value = line.partition(":")
         fields[name.strip().lower()] = value.strip()
 
 
-def _read_body(reader: BinaryIO, fields: Mapping[str, str]) -> bytes:
+def _line(reader: BinaryIO, budget: list[int], what: str) -> bytes:
+    """One line, charged to `budget` (bytes left for all lines of `what`)."""
+    line = reader.readline(budget[0] + 1)
+    budget[0] -= len(line)
+    if budget[0] < 0:
+        raise HttpProtocolError(f"the {what} is larger than {_limit(API_HEAD)}")
+    if not line.endswith(b"\n"):
+        raise _UnexpectedEof
+    return line
+
+
+def _read_body(reader: BinaryIO, fields: Mapping[str, str], limit: int = MAX_BODY) -> bytes:
+    """A response body: chunked (the chunks in total, not each, within `limit`), of a
+    Content-Length (refused up front when over `limit`), or up to the end of the connection."""
     if "chunked" in fields.get("transfer-encoding", "").lower():
-        chunks: list[bytes] = []
-        while True:
-            size = int(_line(reader).split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                while _line(reader).strip():
-                    pass  # trailers
-                return b"".join(chunks)
-            chunks.append(_exactly(reader, size))
-            _line(reader)
+        return _read_chunked(reader, limit)
     length = fields.get("content-length")
-    if length is not None and length.isdigit():
+    if length is not None:
+        if not length.isdigit():
+            raise HttpProtocolError(f"bad Content-Length {length[:40]!r}")
+        if int(length) > limit:
+            raise HttpProtocolError(f"the response body is larger than {_limit(limit)}")
         return _exactly(reader, int(length))
-    return reader.read(MAX_BODY)
-
-
-def _exactly(reader: BinaryIO, size: int) -> bytes:
-    if size > MAX_BODY:
-        raise ValueError("response body too large")
-    data = reader.read(size)
-    if len(data) != size:
-        raise ConnectionResetError(104, "short body")
+    data = reader.read(limit + 1)
+    if len(data) > limit:
+        raise HttpProtocolError(f"the response body is larger than {_limit(limit)}")
     return data
 
 
-def _token(config: KubeConfig) -> str:
-    if config.token or not config.token_file:
-        return config.token.strip()
-    from multicall.effects.caller import read_bytes
+def _read_chunked(reader: BinaryIO, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    budget = [API_HEAD]  # chunk-size lines and trailers: framing, charged like a head
+    while True:
+        size_text = _line(reader, budget, "chunked framing").split(b";")[0].strip()
+        if not size_text or len(size_text) > 16 or not all(c in _HEX for c in size_text):
+            raise HttpProtocolError(f"malformed chunked encoding {size_text[:20]!r}")
+        size = int(size_text, 16)
+        if size == 0:
+            while _line(reader, budget, "chunked framing").strip():
+                pass  # trailers
+            return b"".join(chunks)
+        total += size
+        if total > limit:
+            raise HttpProtocolError(f"the response body is larger than {_limit(limit)}")
+        chunks.append(_exactly(reader, size))
+        if _line(reader, budget, "chunked framing").strip():
+            raise HttpProtocolError("malformed chunked encoding: no CRLF after a chunk")
 
+
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def _exactly(reader: BinaryIO, size: int) -> bytes:
+    data = reader.read(size)
+    if len(data) != size:
+        raise _UnexpectedEof
+    return data
+
+
+def _limit(size: int) -> str:
+    return f"{describe_size(size)}, the limit for it (docs/hardening.md)"
+
+
+def _token(config: KubeConfig) -> str:
+    """The bearer token: inline, or read from tokenFile (trimmed, as client-go does); refused
+    when it could not be sent as one header value (core/kube/kubeconfig.check_token)."""
+    if config.token or not config.token_file:
+        token, field = config.token.strip(), TOKEN_FIELD
+    else:
+        token = read_text_file(config.token_file, limit=TOKEN_FILE, what="token file").strip()
+        field = f"the token file {config.token_file} (users[].user.tokenFile)"
     try:
-        return read_bytes(config.token_file).decode("utf-8").strip()
-    except OSError as exc:
-        raise KubeError(f"open {config.token_file}: {(exc.strerror or '').lower()}") from None
+        return check_token(token, field)
+    except ConfigError as exc:
+        raise KubeError(exc.message) from None
 
 
 def _wire_host(host: str) -> str | bytes:
@@ -430,6 +704,8 @@ def _wire_host(host: str) -> str | bytes:
 
 
 def _tls_context(config: KubeConfig) -> ssl.SSLContext:
+    """ssl.create_default_context()'s client context for `config`'s trust settings, on the
+    spare context when there is one (`keep_spare_tls_context`)."""
     import ssl
 
     if config.insecure_skip_tls_verify:
@@ -437,15 +713,25 @@ def _tls_context(config: KubeConfig) -> ssl.SSLContext:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
         return ctx
-    try:
-        if config.ca_data:
-            return _with_ca(cadata=config.ca_data.decode("ascii", "replace"))
-        if config.ca_file:
-            return _ca_file_context(config.ca_file)
-    except (ssl.SSLError, OSError, ValueError) as exc:
-        raise KubeError(f"unable to load root certificates: {exc}") from None
+    if config.ca_data:
+        pem = config.ca_data.decode("ascii", "replace")
+    elif config.ca_file:
+        # Read as every input is (bounded, a regular file, no blocking open; in an agent's
+        # worker through the caller's root): OpenSSL's own fopen would wait forever on a
+        # FIFO and read /dev/zero without end.
+        pem = read_text_file(config.ca_file, limit=CA_FILE, what="certificate-authority file")
+    else:
+        ctx = _new_client_context()
+        ctx.load_default_certs()
+        return ctx
     ctx = _new_client_context()
-    ctx.load_default_certs()
+    try:
+        ctx.load_verify_locations(cadata=pem)
+    except (ssl.SSLError, ValueError):
+        # Go's x509.CertPool.AppendCertsFromPEM wording, not OpenSSL's error codes.
+        raise KubeError(
+            "unable to load root certificates: unable to parse bytes as PEM block"
+        ) from None
     return ctx
 
 
@@ -473,29 +759,6 @@ def _new_client_context() -> ssl.SSLContext:
     return ctx
 
 
-def _with_ca(*, cadata: str) -> ssl.SSLContext:
-    """create_default_context(cadata=...), on the spare context when there is one."""
-    ctx = _new_client_context()
-    ctx.load_verify_locations(cadata=cadata)
-    return ctx
-
-
-def _ca_file_context(path: str) -> ssl.SSLContext:
-    """`certificate-authority` as the caller sees it (an agent worker reads it through the
-    caller's root, `effects.caller`)."""
-    import ssl
-
-    from multicall.effects import caller
-
-    if not caller.active():
-        return ssl.create_default_context(cafile=path)
-    try:
-        data = caller.read_bytes(path)
-    except OSError as exc:
-        raise OSError(exc.errno, exc.strerror) from None  # as ssl words it: no file name
-    return _with_ca(cadata=data.decode("ascii", "replace"))
-
-
 def _x509(exc: ssl.SSLCertVerificationError) -> str:
     if exc.verify_code in (18, 19, 20, 21):
         return "certificate signed by unknown authority"
@@ -506,7 +769,7 @@ def _status_message(status: int, body: bytes, what: tuple[str, str], verb: str =
     """client-go's error text: the Status object's message, else its generic wording."""
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         doc = None
     if isinstance(doc, dict) and doc.get("kind") == "Status":
         message = doc.get("message")

@@ -13,6 +13,11 @@ Rules of this module:
    a peer that vanished long before that.
 3. Memory is bounded: a response body by MAX_BODY (LIST pages are `limit`ed too), a watch by
    one event (core/kube_watch.BodyLines). A watch is read in 64 KiB slices and never buffered.
+   Every read is bounded by the connection's deadline (effects/kube.py `_Connection`): a
+   request moves it from the head's to the body's, a watch to its own end; a server that
+   drips bytes cannot stretch either. Kubeconfig, token and CA files are read bounded and
+   non-blocking (effects/inputs.py), and a GET on a connection the server closed while idle
+   is retried once, as Go's transport does.
 4. The bearer token is re-read whenever its file changes (kubelet rotates projected service
    account tokens), so a long-running controller never goes `Unauthorized`.
 """
@@ -32,13 +37,17 @@ from urllib.parse import quote
 from multicall.core.installer.config import server_host
 from multicall.core.kube.kubeconfig import KubeConfig, parse_kubeconfig
 from multicall.core.kube.watch import BodyLines
+from multicall.core.limits import KUBECONFIG
 from multicall.effects.kube import (
     MAX_BODY,
+    StaleConnection,
     _Connection,
     _endpoint,
     _read_body,
     _status_message,
     _token,
+    decode_object,
+    read_text_file,
     transport_error,
 )
 from multicall.errors import ConfigError, KubeError
@@ -107,11 +116,10 @@ def load_config(options: ClientOptions, env: Mapping[str, str]) -> KubeConfig:
     first_error: KubeError | None = None
     for path in paths:
         try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as exc:
+            text = read_text_file(path, limit=KUBECONFIG, what="kubeconfig")
+        except KubeError as exc:  # bounded, regular files only (effects/inputs.py)
             first_error = first_error or KubeError(
-                f"failed to read kubeconfig {path}: {(exc.strerror or str(exc)).lower()}", path=path
+                f"failed to read kubeconfig {path}: {exc.message}", path=path
             )
             continue
         try:
@@ -143,7 +151,9 @@ class Token:
         self.config = config
         self._lock = threading.Lock()
         self._stamp: tuple[int, int, int] | None = None
-        self._value = config.token.strip()
+        # An inline token is checked at once (core/kube/kubeconfig.check_token); a file's
+        # on each read.
+        self._value = _token(config) if config.token or not config.token_file else ""
 
     def value(self) -> str:
         if self.config.token or not self.config.token_file:
@@ -168,15 +178,10 @@ class Token:
 class Response:
     status: int
     body: bytes
+    url: str = ""
 
     def json(self) -> Mapping[str, object]:
-        try:
-            doc = json.loads(self.body)
-        except ValueError:
-            raise KubeError("the server answered with invalid JSON") from None
-        if not isinstance(doc, dict):
-            raise KubeError("the server answered with a non-object")
-        return doc
+        return decode_object(self.body, self.url or "the API")
 
 
 class Session:
@@ -226,23 +231,31 @@ class Session:
         head_deadline = time.monotonic() + (timeout or self.options.headers_timeout)
         verb = method.capitalize()
         payload = _encode(body)
-        conn = self._connect(head_deadline, verb, path)
-        try:
-            status, fields = conn.request(
-                method, self._wire(path), self._headers(payload), payload, head_deadline
-            )
-            assert conn.reader is not None
-            assert conn.sock is not None
-            body_deadline = head_deadline if timeout else time.monotonic() + LIST_BODY_TIMEOUT
-            conn.sock.settimeout(max(body_deadline - time.monotonic(), 0.001))
-            data = _read_body(conn.reader, fields)
-        except (OSError, ValueError) as exc:
-            self.close()
-            raise transport_error(exc, verb, self.url(path), conn) from None
-        if fields.get("connection", "").lower() == "close":
-            self.close()
-        self._used = time.monotonic()
-        return Response(status, data)
+        # Go's transport retries an idempotent request once when a reused connection turns
+        # out closed before any of the response (StaleConnection); DELETE and POST are not.
+        attempts = 2 if method in ("GET", "HEAD") else 1
+        for attempt in range(1, attempts + 1):
+            conn = self._connect(head_deadline, verb, path)
+            try:
+                status, data = conn.exchange(
+                    method,
+                    self._wire(path),
+                    self._headers(payload),
+                    payload,
+                    head_deadline,
+                    body_deadline=None if timeout else time.monotonic() + LIST_BODY_TIMEOUT,
+                )
+            except StaleConnection as exc:
+                self.close()
+                if attempt < attempts:
+                    continue
+                raise transport_error(exc, verb, self.url(path), conn) from None
+            except (OSError, ValueError) as exc:
+                self.close()
+                raise transport_error(exc, verb, self.url(path), conn) from None
+            self._used = time.monotonic()
+            return Response(status, data, self.url(path))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def watch_lines(self, path: str, timeout_seconds: float) -> Iterator[bytes | None]:
         """The lines of a WATCH response as they arrive (None: a dropped oversized line);
@@ -259,14 +272,14 @@ class Session:
                 "GET", self._wire(path), self._headers(b""), b"", head_deadline
             )
             assert conn.reader is not None
-            assert conn.sock is not None
-            if status != 200:
-                conn.sock.settimeout(max(head_deadline - time.monotonic(), 0.001))
+            if status != 200:  # its body is read by the head's deadline
                 raise StatusError(status, _read_body(conn.reader, fields), path)
             lines = BodyLines(chunked="chunked" in fields.get("transfer-encoding", "").lower())
             streaming = True
+            # The stream's own deadline from here on; every read stays bounded by it.
+            conn.deadline = deadline
+            conn.stage = "body"
             while not lines.done:
-                conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
                 data = cast("BufferedReader", conn.reader).read1(READ_SIZE)
                 if not data:
                     yield from lines.finish()

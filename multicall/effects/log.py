@@ -137,8 +137,6 @@ class LogFile:
             self.dir_fd = None
 
     def _locate(self) -> None:
-        # Imported here: effects/caller.py loads ctypes, which a plugin start without a
-        # log file must not pay for.
         from multicall.effects.caller import directory_of
 
         self.dir_fd, self.name = directory_of(self.path)

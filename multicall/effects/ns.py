@@ -8,6 +8,11 @@ Rules of this module:
    hand work to other threads. It refuses the caller's own netns unless told.
 3. A namespace is named by a `NetnsRef`: a path, or an fd the caller already opened (the node
    agent receives them from its clients); borrowed fds are never closed here.
+4. A namespace path is opened non-blocking (a FIFO must not hang the open) and the opened fd
+   is checked before use: an nsfs file (statfs magic NSFS_MAGIC) of a network namespace
+   (NS_GET_NSTYPE). The own-namespace refusal compares that same fd with the caller's
+   namespace (no stat of the path that a rename could swap). O_NOFOLLOW is not used: the
+   usual names, /proc/PID/ns/net, are symbolic links of procfs.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import errno as errno_mod
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -83,14 +89,105 @@ def is_own_netns(netns: NetnsRef | str) -> bool:
     return target == ns_identity(ref.own_fd if ref.own_fd is not None else OWN_NETNS)
 
 
+NSFS_MAGIC = 0x6E736673  # linux/magic.h
+NS_GET_NSTYPE = 0xB703  # linux/nsfs.h: _IO(0xb7, 0x3)
+_NS_NAMES = {
+    CLONE_NEWNS: "mount",
+    CLONE_NEWCGROUP: "cgroup",
+    CLONE_NEWUTS: "uts",
+    CLONE_NEWIPC: "ipc",
+    CLONE_NEWUSER: "user",
+    CLONE_NEWPID: "pid",
+    CLONE_NEWTIME: "time",
+}
+
+
 def open_netns(path: str) -> int:
-    """An O_RDONLY fd on a netns path, with NetnsNotFound / NetnsError for the two failures."""
+    """An fd on the network namespace file `path` (rule 4): NetnsNotFound when the path does
+    not exist, NetnsError when it cannot be opened or is not a network namespace."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except FileNotFoundError as exc:
         raise NetnsNotFound(f"{path}: no such network namespace", netns=path) from exc
     except OSError as exc:
         raise NetnsError(f"{path}: {exc.strerror}", netns=path, errno=exc.errno) from exc
+    try:
+        check_netns_fd(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_netns_fd(fd: int, path: str) -> None:
+    """NetnsError unless `fd` is open on a network namespace (an nsfs file of type net)."""
+    try:
+        magic = fs_magic(fd)
+    except OSError as exc:  # pragma: no cover - fstatfs of an open fd does not fail
+        raise NetnsError(f"{path}: {exc.strerror}", netns=path, errno=exc.errno) from None
+    if magic != NSFS_MAGIC:
+        from multicall.effects.inputs import file_kind
+
+        mode = os.fstat(fd).st_mode
+        kind = "a regular file" if stat.S_ISREG(mode) else file_kind(mode)
+        raise NetnsError(
+            f"{path} is {kind}, not a network namespace",
+            netns=path,
+            hint="give a namespace file such as /var/run/netns/NAME or /proc/PID/ns/net",
+        )
+    nstype = ns_type(fd)
+    if nstype is not None and nstype != CLONE_NEWNET:
+        name = _NS_NAMES.get(nstype, f"type {nstype:#x}")
+        raise NetnsError(f"{path} is a {name} namespace, not a network namespace", netns=path)
+
+
+def fs_magic(fd: int) -> int:
+    """fstatfs(2)'s f_type of an open fd (Python has no os.fstatfs)."""
+    # struct statfs is 120 bytes on 64-bit Linux (glibc and musl) and starts with f_type.
+    buf = ctypes.create_string_buffer(256)
+    if libc().fstatfs(fd, buf) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return ctypes.c_ulong.from_buffer(buf).value & 0xFFFFFFFF
+
+
+def ns_type(fd: int) -> int | None:
+    """The CLONE_NEW* type of an nsfs fd (NS_GET_NSTYPE, Linux 4.11); None if unknown."""
+    import fcntl
+
+    try:
+        return fcntl.ioctl(fd, NS_GET_NSTYPE)
+    except OSError:
+        return None
+
+
+@contextmanager
+def opened_netns(path: str) -> Iterator[int | None]:
+    """An fd on the network namespace `path` for the body (closed after it), or None when it
+    cannot be opened as one: skel's CheckNetNS ignores such a path, and the code that needs
+    the namespace opens it again to report why."""
+    try:
+        fd = open_netns(path)
+    except NetnsError:
+        yield None
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def checked_netns(fd: int, path: str) -> Iterator[int | None]:
+    """`opened_netns` for a descriptor the caller opened (a node agent's client, the repair
+    controller): the same check as `open_netns` applies to it (rule 4), and None when it is
+    not a network namespace. Borrowed: never closed here."""
+    try:
+        check_netns_fd(fd, path)
+    except NetnsError:
+        yield None
+        return
+    yield fd
 
 
 @contextmanager

@@ -22,10 +22,11 @@ import select
 import signal
 from dataclasses import asdict, dataclass
 
+from multicall.core.limits import PID_FILE
 from multicall.effects import fs
 from multicall.errors import ConfigError
 
-LIMIT = 64 << 10  # a pid file or a /proc entry; far beyond any real one
+LIMIT = PID_FILE  # core/limits.py
 
 
 @dataclass(frozen=True, slots=True)

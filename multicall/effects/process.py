@@ -26,7 +26,9 @@ _TRY_NEXT = frozenset({errno.ENOENT, errno.ESTALE, errno.ENOTDIR, errno.ENODEV, 
 
 
 def open_readonly(path: str) -> int:
-    return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    # Non-blocking: a FIFO given as a namespace, root or directory must not hang the open
+    # (util-linux waits forever there); setns or fchdir then refuses it with its errno.
+    return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
 
 
 def close(fd: int) -> None:

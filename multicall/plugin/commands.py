@@ -203,10 +203,12 @@ def refuse_own_netns(call: Call) -> None:
 
     if call.env.override_netns_check or not call.env.netns:
         return
+    if call.netns.fd is None:
+        return  # not openable as a network namespace: accepted, as skel's CheckNetNS does
     try:
         own = is_own_netns(call.netns)
     except OSError:
-        return  # unopenable paths are accepted, as skel's CheckNetNS does
+        return
     if own:
         raise CniError(
             CNI_INVALID_NETNS, "plugin's netns and netns from CNI_NETNS should not be the same"

@@ -83,7 +83,8 @@ class RealKube:
     def connect(self, kubeconfig: str, env: Mapping[str, str]) -> PodApi:
         from multicall.effects.kube import KubeClient, read_kubeconfig, timeout_from_env
 
-        return KubeClient(read_kubeconfig(kubeconfig), timeout=timeout_from_env(env))
+        timeout = timeout_from_env(env)  # an invalid environment first, as skel orders it
+        return KubeClient(read_kubeconfig(kubeconfig), timeout=timeout)
 
 
 class RealFirewall:

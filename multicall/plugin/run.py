@@ -77,6 +77,14 @@ def run_plugin(request: PluginRequest, deps: PluginDeps | None = None) -> Plugin
     return PluginResult(stdout.getvalue(), 0)
 
 
+def read_config_stream(stdin: BinaryIO) -> bytes:
+    """The network config from the runtime's stdin: at most one byte more than the limit is
+    read, so an endless or huge stream costs bounded memory (run_plugin refuses it)."""
+    from multicall.core.limits import NETWORK_CONFIG
+
+    return stdin.read(NETWORK_CONFIG + 1)
+
+
 def _log_failure(
     log: Logger, request: PluginRequest, progress: Progress, message: str, details: str = ""
 ) -> None:
@@ -110,6 +118,7 @@ def _dispatch(
     if cni_env.command == "VERSION":
         stdout.write(skel.VERSION_REPLY)
         return
+    skel.check_config_size(request.stdin)
     skel.validate_config(request.stdin)
     from multicall.plugin.commands import HANDLERS, Call
 
@@ -117,16 +126,30 @@ def _dispatch(
     if handler is None:
         raise CniError(CNI_INVALID_ENV, f"unknown CNI_COMMAND: {cni_env.command}")
     skel.check_version(cni_env.command, skel.decode_version(request.stdin))
-    from multicall.effects.ns import NetnsRef
+    from contextlib import AbstractContextManager, nullcontext
+
+    from multicall.effects.ns import NetnsRef, checked_netns, opened_netns
     from multicall.plugin.ports import real_deps
 
-    netns = NetnsRef(
-        cni_env.netns,
-        fd=request.netns_fd,
-        own_fd=request.caller_netns_fd,
-        allow_own=cni_env.override_netns_check,
-    )
-    call = Call(
-        cni_env, request.stdin, stdout, log, request.env, netns, deps or real_deps(), progress
-    )
-    handler(call)
+    # CNI_NETNS is opened once, here: the own-netns refusal and the firewall then use the
+    # same fd, so the path cannot be swapped between the check and setns. A descriptor the
+    # caller opened (the node agent's client) gets the same nsfs check and is not reopened.
+    uses_netns = cni_env.netns and cni_env.command in ("ADD", "CHECK", "DEL")
+    opening: AbstractContextManager[int | None]
+    if request.netns_fd is not None:
+        opening = checked_netns(request.netns_fd, cni_env.netns)
+    elif uses_netns:
+        opening = opened_netns(cni_env.netns)
+    else:
+        opening = nullcontext(None)
+    with opening as netns_fd:
+        netns = NetnsRef(
+            cni_env.netns,
+            fd=netns_fd,
+            own_fd=request.caller_netns_fd,
+            allow_own=cni_env.override_netns_check,
+        )
+        call = Call(
+            cni_env, request.stdin, stdout, log, request.env, netns, deps or real_deps(), progress
+        )
+        handler(call)

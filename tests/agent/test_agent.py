@@ -206,6 +206,9 @@ CASES: dict[str, tuple[str, dict[str, Any] | None, dict[str, Any]]] = {
     "missing kubeconfig": ("ADD", MESHED, {"kubeconfig": "/nonexistent/kubeconfig"}),
     "relative kubeconfig": ("ADD", MESHED, {"kubeconfig": "kubeconfig"}),
     "bad netns": ("ADD", MESHED, {"netns": "/proc/self/status"}),
+    # Read through the caller's root with effects/inputs.py's checks (docs/hardening.md):
+    "kubeconfig is a FIFO": ("ADD", MESHED, {"kubeconfig": "fifo", "fifo": True}),
+    "kubeconfig is a device": ("ADD", MESHED, {"kubeconfig": "/dev/zero"}),
 }
 
 
@@ -221,6 +224,8 @@ def test_results_match_one_shot(node: Node, agent: AgentProcess, case: str) -> N
         if "netns" in special:
             env["CNI_NETNS"] = special["netns"]
         stdin = special.get("stdin") or node.stdin()
+        if special.get("fifo") and not (node.tmp / "fifo").exists():
+            os.mkfifo(node.tmp / "fifo")  # nobody writes it: a blocking open would hang
         if "kubeconfig" in special:
             conf = json.loads(stdin)
             conf["kubernetes"]["kubeconfig"] = special["kubeconfig"]
@@ -353,6 +358,46 @@ def test_agent_in_the_callers_netns_uses_warm_api_connections(node: Node, tmp_pa
         _wait(lambda: near.served("ADD") == 6, "all served")
     assert not unpacked(node)
     assert node.api.connections <= 6 + 4 + 1  # requests, the pool's warm-ups, one spare
+
+
+def test_an_api_that_stops_answering_costs_one_deadline_through_the_agent(
+    node: Node, tmp_path: Path
+) -> None:
+    """The one-shot path's API deadline (one per invocation, CNIBOX_KUBE_TIMEOUT, from the
+    client's creation) holds in a worker, with warm connections in play (one worker, in the
+    caller's netns, warmed up to the API server by the previous request): a GET the server
+    takes and never answers fails after the deadline with the one-shot path's error and
+    bytes, and is not sent again after it (a retry would show as a second GET)."""
+    near = built_agent(
+        tmp_path, tmp_path / "near" / "agent.sock", netns=node.node.path, extra=["--workers", "1"]
+    )
+    meta = MESHED["metadata"]
+    pod_path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+    results = []
+    with near:
+        first = node.rig.pod().netns
+        result = node.run(node.env(first, MESHED, **via(near)), node.stdin())
+        assert result.returncode == 0, result.stdout + result.stderr
+        time.sleep(1)  # the next worker dials and handshakes with the API server meanwhile
+        node.api.mode = "hang"
+        for socket_path in (near.socket, ""):
+            pod_ns = node.rig.pod().netns
+            env = node.env(pod_ns, MESHED, CNIBOX_AGENT_SOCKET=socket_path, CNIBOX_KUBE_TIMEOUT="1")
+            env["CNI_CONTAINERID"] = "cbxsame"
+            before = len(node.api.requests)
+            started = time.monotonic()
+            result = node.run(env, node.stdin())
+            assert time.monotonic() - started < 15
+            assert node.api.requests[before:] == [pod_path]
+            lines = [
+                STAMP.sub("time=T", line).replace(pod_ns.name, "POD")
+                for line in result.stderr.splitlines()
+            ]
+            results.append((result.returncode, result.stdout, lines))
+        _wait(lambda: near.served("ADD", "error", "999") == 1, "the agent served the failure")
+    assert results[0] == results[1]
+    assert results[0][0] == 1
+    assert "(Client.Timeout exceeded while awaiting headers)" in results[0][1]
 
 
 def test_legacy_through_the_agent_takes_the_callers_xtables_lock(

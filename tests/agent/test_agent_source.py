@@ -177,3 +177,60 @@ def test_concurrent_requests_are_all_served(
     assert metrics[key] == 60
     assert metrics["cnibox_agent_worker_crashes_total"] == 0
     assert not [k for k in metrics if k.startswith("cnibox_agent_fallbacks_total")]
+
+
+@pytest.mark.parametrize(
+    ("target", "reason"),
+    [
+        ("regular file", "CNI_NETNS is not a network namespace"),
+        ("none", "CNI_NETNS not handed over"),
+    ],
+)
+def test_a_pod_netns_the_worker_cannot_trust_is_handed_back(
+    setup: tuple[Rig, Netns, Path, AgentProcess], tmp_path: Path, target: str, reason: str
+) -> None:
+    """The worker checks the handed CNI_NETNS descriptor as run_plugin checks what it opens
+    (nsfs, type net) and never looks CNI_NETNS up by path in its own mount namespace: either
+    problem is handed back before anything runs, for the one-shot path to word."""
+    import os
+    import socket
+
+    from multicall.core import agent_protocol as proto
+    from tests.support import agent_client
+
+    rig, _node, kubeconfig, agent = setup
+    env = env_for(rig.pod().netns, MESHED)
+    flags, fds = (
+        proto.FD_ROOT | proto.FD_CALLER_NETNS,
+        [
+            os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
+            os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC),
+        ],
+    )
+    if target == "regular file":
+        plain = tmp_path / "not-a-netns"
+        plain.write_bytes(b"")
+        env["CNI_NETNS"] = str(plain)
+        flags |= proto.FD_TARGET_NETNS
+        fds.append(os.open(plain, os.O_RDONLY | os.O_CLOEXEC))
+    data = proto.encode_request(
+        SOURCE_BUILD, ("linkerd-cni",), env, "/", conf(kubeconfig, "nft").encode(), flags
+    )
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    call = agent_client.Call(sock, fds)
+    try:
+        sock.settimeout(30)
+        sock.connect(agent.socket)
+        socket.send_fds(sock, [data[: proto.HEADER.size]], fds)
+        sock.sendall(data[proto.HEADER.size :])
+        kinds = []
+        while (reply := agent_client.read_reply(sock)) is not None:
+            kinds.append(reply.kind)
+            if reply.kind != proto.FRAME_ACCEPT:
+                break
+    finally:
+        call.close()
+    assert kinds == [proto.FRAME_ACCEPT, proto.FRAME_FALLBACK]
+    assert reply is not None
+    assert reply.reason == reason
+    assert agent.fallbacks(reason) == 1

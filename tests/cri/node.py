@@ -23,14 +23,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import importlib.util
 import itertools
 import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -43,6 +41,7 @@ from tests.cri.client import CriClient
 from tests.support import REPO, require_tool
 from tests.support.libcni import REFERENCE_PLUGINS
 from tests.support.rig import Netns, Rig
+from tests.support.scripts import load_script
 
 PAUSE_SOURCE = Path(__file__).with_name("pause.c")
 PAUSE_IMAGE = "localhost/cnibox/pause:test"
@@ -91,16 +90,7 @@ def build_pause() -> Path:
 def _packaging_oci() -> ModuleType:
     """packaging/oci.py (a directory of build scripts, not a package): the project's own
     reproducible OCI writer, also used for the released images."""
-    name = "cnibox_packaging_oci"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "packaging" / "oci.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+    return load_script("packaging/oci.py")
 
 
 def write_pause_archive(pause: Path, archive: Path) -> None:

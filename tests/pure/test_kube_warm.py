@@ -22,8 +22,6 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     ours, theirs = socket.socketpair()
     yield ours, theirs
     kube.drop_warm()
-    for warm in adopted:
-        warm.reader.close()
     adopted.clear()
     ours.close()
     theirs.close()
@@ -31,14 +29,10 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
 
 def install(sock: socket.socket, config: KubeConfig = CONFIG, age: float = 0.0) -> None:
     endpoint = kube._endpoint(config.server)
-    kube._warm[:] = [
-        kube._Warm(
-            kube._warm_key(endpoint, config), sock, sock.makefile("rb"), time.monotonic() - age
-        )
-    ]
+    kube._warm[:] = [kube._Warm(kube._warm_key(endpoint, config), sock, time.monotonic() - age)]
 
 
-adopted: list[kube._Warm] = []
+adopted: list[socket.socket] = []
 
 
 def adopt(config: KubeConfig = CONFIG) -> bool:
@@ -61,6 +55,7 @@ def test_adopted_when_same_server_and_ca(pair: tuple[socket.socket, socket.socke
         KubeConfig(server="https://10.96.0.1:6443", ca_data=b"PEM"),
         KubeConfig(server="https://10.96.0.1:443", ca_data=b"OTHER"),
         KubeConfig(server="https://10.96.0.1:443", ca_data=b"PEM", insecure_skip_tls_verify=True),
+        KubeConfig(server="https://10.96.0.1:443", ca_data=b"PEM", ca_file="/ca.crt"),
     ],
 )
 def test_not_adopted_for_another_server_or_trust(
@@ -138,3 +133,46 @@ def test_a_warm_connection_the_server_closed_meanwhile_is_retried(
     with pytest.raises(KubeError, match="connect: connection refused"):
         client.get_pod("ns", "web")
     closer.join()
+
+
+def test_an_adopted_connection_reads_by_the_requests_deadline() -> None:
+    """A real warm-up, whose own deadline has long passed when the request comes: the
+    adopted connection is bounded by the request's deadline (it gets its own reader), and
+    the request is served on it without a second dial."""
+    import json
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    server = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    accepted: list[socket.socket] = []
+    body = json.dumps({"kind": "Namespace", "metadata": {"name": "ns"}}).encode()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        accepted.append(conn)
+        request = b""
+        while b"\r\n\r\n" not in request:
+            request += conn.recv(4096)
+        head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        conn.sendall(head + body)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        kube.warm_up({"server": server, "ca_data": "", "insecure": False}, timeout=0.2)
+        assert len(kube._warm) == 1
+        time.sleep(0.3)  # the warm-up's deadline is over
+        client = kube.KubeClient(KubeConfig(server=server, token="t"), timeout=5)
+        try:
+            assert client.get_namespace("ns").name == "ns"
+            assert client._conn is not None
+            assert client._conn.warm  # adopted, not dialled
+        finally:
+            client.close()
+        thread.join(5)
+        assert len(accepted) == 1
+    finally:
+        kube.drop_warm()
+        for conn in accepted:
+            conn.close()
+        listener.close()

@@ -4,7 +4,6 @@ never a traceback (docs/cli.md). Every file with a `__main__` block is picked up
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO
+from tests.support.scripts import load_script
 
 # cnibox's own entry point: its command line is the applets' (test_cli_convention.py).
 NOT_HELPERS = {"build/cnibox_main.py"}
@@ -91,12 +91,7 @@ def test_check_extension_refuses_what_is_no_image(tmp_path: Path) -> None:
 def test_bench_binary_becomes_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`bench.py --binary dist/cnibox` from the repository links plugin names to the
     absolute path (a relative target dangled); a missing file is a usage error."""
-    spec = importlib.util.spec_from_file_location("bench_script", REPO / "bench" / "bench.py")
-    assert spec is not None
-    assert spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_script", bench)  # its dataclasses look it up
-    spec.loader.exec_module(bench)
+    bench = load_script("bench/bench.py")
     exe = tmp_path / "dist" / "cnibox"
     exe.parent.mkdir()
     exe.write_text("#!/bin/sh\n")

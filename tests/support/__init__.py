@@ -20,6 +20,11 @@ The everyday names are here; the rest by module:
     validator.py       linkerd-network-validator's check, run inside a pod netns
     waiting.py         wait_for: poll a condition with a bound
     helm.py            the pinned helm and packaging/helm/manifests.py (chart, release)
+    sbom.py            build/bundled.py's attribution and the SBOM checks of a real build
+    scripts.py         load_script: a script of build/, packaging/ or bench/ as a module
+    hostile.py         large hostile inputs, and peak RSS of a command (GNU time)
+    hostile_api.py     an API stand-in that misbehaves on purpose (slow, endless, broken)
+    fuzzing.py         the fuzz harness's settings and input strategies
 """
 
 from tests.support.cnibox import cnibox_argv, cnibox_executable

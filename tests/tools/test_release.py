@@ -1,17 +1,22 @@
-"""The release: SBOM (packaging/sbom.py), provenance (packaging/provenance.py), assembly with
-SHA256SUMS (packaging/release.py), reproducibility.
+"""The release: the build's attribution (build/bundled.py), the SBOM made from it
+(packaging/sbom.py), provenance (packaging/provenance.py), assembly with SHA256SUMS
+(packaging/release.py), reproducibility.
 
-The assembly runs twice from the same inputs (a stand-in binary and a stand-in dist made of
-real host libraries, one of them patched the way Nuitka patches the copies it makes), which
-proves byte-identical output in seconds instead of two builds. Under `make test-binary`
-(CNIBOX set) the real dist the single file packs gets its SBOM too, and every bundled shared
-library must be named with its Debian package version.
+The stand-in build is made of real host files, so the attribution is the real one (dpkg, the
+venv's RECORDs, the interpreter's standard library): a dist of Debian libraries (identical
+copies, and one patched the way Nuitka patches its copies), a CPython extension module,
+PyYAML's extension, the locale; the plugin's `bundled.json` and a Nuitka report naming their
+sources and a few compiled modules. The release is assembled twice from it (an amd64 and an
+arm64 stand-in: the arm64 record is the amd64 one relabelled, since only the assembly is
+tested there), which proves byte-identical output in seconds instead of two builds of each
+architecture. Under `make test-binary` (CNIBOX set) the real build's record and SBOM are
+checked (tests/support/sbom.py; arm64's in tests/arm64/test_sbom.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import importlib.util
 import json
 import os
 import platform
@@ -21,54 +26,95 @@ import sys
 import sysconfig
 import tarfile
 from datetime import UTC, datetime
+from importlib.metadata import distribution
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from multicall import __version__
-from tests.support import REPO, require_tool, skip_or_fail
+from tests.support import REPO, require_tool
+from tests.support.artifact import artifact_path
 from tests.support.helm import manifests, pinned_helm
+from tests.support.sbom import (
+    bundled_module,
+    check_real_sbom,
+    dpkg_version,
+    modules,
+    owners,
+    run_sbom,
+    validate,
+)
+from tests.support.scripts import load_script
 
 PACKAGING = REPO / "packaging"
-SBOM = PACKAGING / "sbom.py"
 RELEASE = PACKAGING / "release.py"
-REAL_DIST = REPO / "build" / "out" / "cnibox_main.dist"
 ARCH = {"x86_64": "amd64", "aarch64": "arm64"}[platform.machine()]
+ARCHES = ("amd64", "arm64")
 LIBDIR = Path("/usr/lib") / str(sysconfig.get_config_var("MULTIARCH"))
 EPOCH = 1_700_000_000
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 ENV = {**os.environ, "SOURCE_DATE_EPOCH": str(EPOCH), "CNIBOX_REVISION": REVISION}
+SITE = sysconfig.get_paths()["purelib"]
+STDLIB = sysconfig.get_paths()["stdlib"]
 
 
 def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, check=False, env=ENV, **kwargs)
 
 
-def dpkg_version(package: str) -> str:
-    proc = subprocess.run(
-        ["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True, check=True
-    )
-    return proc.stdout
-
-
 def python_extension() -> tuple[str, Path]:
     """An extension module of the build's Python, and its name as Nuitka copies it."""
-    module = min((Path(sysconfig.get_paths()["stdlib"]) / "lib-dynload").glob("*.so"))
+    module = min((Path(STDLIB) / "lib-dynload").glob("*.so"))
     return module.name.split(".", 1)[0] + ".so", module
+
+
+def static_libpython() -> str | None:
+    """The static libpython Nuitka links this interpreter with (pyenv's, or Debian's)."""
+    libpl = Path(str(sysconfig.get_config_var("LIBPL")))
+    found = [p for p in (libpl / "libpython3.11.a", libpl / "libpython3.11-pic.a") if p.is_file()]
+    return str(found[0].resolve()) if found else None
+
+
+def prefix_table() -> list[tuple[str, str]]:
+    """The path abbreviations of Nuitka's report, for this interpreter."""
+    return [("${sys.real_prefix}", sys.base_prefix), ("${sys.prefix}", sys.prefix),
+            ("${cwd}", str(REPO)), ("~", os.path.expanduser("~"))]  # fmt: skip
+
+
+def report_xml(report_modules: dict[str, str], copies: dict[str, str]) -> str:
+    """A Nuitka --report with the modules (name -> source) and copied files (dest -> source)."""
+    lines = ['<nuitka-compilation-report nuitka_version="4.3.3" completion="yes">']
+    for name, source in report_modules.items():
+        lines.append(f'<module name="{name}" kind="CompiledPythonModule" source_path="{source}"/>')
+    for dest, source in copies.items():
+        tag = "included_extension" if "cpython-" in source else "included_dll"
+        lines.append(f'<{tag} name="{dest}" dest_path="{dest}" source_path="{source}"/>')
+    lines.append(f'<python python_version="{platform.python_version()}"/>')
+    lines.append("</nuitka-compilation-report>")
+    return "\n".join(lines) + "\n"
+
+
+def reported(path: Path | str) -> str:
+    """A path as Nuitka's report abbreviates it."""
+    text = str(path)
+    for name, prefix in prefix_table():
+        if text.startswith(prefix + "/"):
+            return name + text[len(prefix) :]
+    return text
 
 
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A dist like Nuitka's, from real files: Debian libraries (identical copies, and one with
-    an RPATH added as Nuitka does), a CPython extension module, PyYAML's extension, the
-    locale, and stand-ins for cnibox's own files; plus a stand-in binary and zipapp."""
+    """A build like `make build`'s, from real files (see the module docstring): base/dist,
+    base/bundled.json (the plugin's), base/nuitka-report.xml, base/cnibox (a stand-in single
+    file)."""
     patchelf = require_tool("patchelf")
     base = tmp_path_factory.mktemp("standin")
     dist = base / "dist"
     for sub in ("iptlibs", "xtables", "locale/C.utf8", "yaml"):
         (dist / sub).mkdir(parents=True)
-    copies = {
+    plugin_copies = {
         "libc.so.6": LIBDIR / "libc.so.6",
         "libz.so.1": LIBDIR / "libz.so.1",
         "libssl.so.3": LIBDIR / "libssl.so.3",
@@ -77,157 +123,239 @@ def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "locale/C.utf8/LC_CTYPE": Path("/usr/lib/locale/C.utf8/LC_CTYPE"),
     }
     name, module = python_extension()
-    copies[name] = module
     import yaml
 
-    copies["yaml/_yaml.so"] = next(Path(yaml.__file__).parent.glob("_yaml.*.so"))
-    for name, source in copies.items():
-        shutil.copyfile(source.resolve(), dist / name)
+    nuitka_copies = {
+        name: module,
+        "yaml/_yaml.so": next(Path(yaml.__file__).parent.glob("_yaml.*.so")),
+        # A file of the repository stands in for the dataclass cache the build writes there.
+        "dataclasses.marshal": REPO / "build" / "cnibox_main.py",
+    }
+    for rel, source in {**plugin_copies, **nuitka_copies}.items():
+        shutil.copyfile(source.resolve(), dist / rel)
     for patched in ("libssl.so.3", name):
         subprocess.run([patchelf, "--set-rpath", "$ORIGIN", str(dist / patched)], check=True)
     (dist / "cnibox.bin").write_bytes(b"\x7fELF stand-in for cnibox.bin\n")
-    (dist / "dataclasses.marshal").write_bytes(b"stand-in")
-    (base / "cnibox").write_bytes(b"\x7fELF stand-in for the single file\n")
+    compiled = {
+        "__main__": REPO / "build" / "cnibox_main.py",
+        "multicall.dispatch": REPO / "multicall" / "dispatch.py",
+        "json": Path(STDLIB) / "json" / "__init__.py",
+        "yaml": Path(yaml.__file__),
+        "iptc.util": Path(SITE) / "iptc" / "util.py",
+    }
+    (base / "nuitka-report.xml").write_text(
+        report_xml(
+            {n: reported(p) for n, p in compiled.items()},
+            {d: reported(s.resolve()) for d, s in nuitka_copies.items()},
+        )
+    )
+    build = {
+        "cwd": str(REPO),
+        "report_prefixes": prefix_table(),
+        "site_dirs": [SITE],
+        "stdlib": STDLIB,
+        "static_libpython": static_libpython(),
+    }
+    sources = {rel: str(source.resolve()) for rel, source in plugin_copies.items()}
+    plugin = {"machine": platform.machine(), "sources": sources, "build": build}
+    (base / "bundled.json").write_text(json.dumps(plugin))
+    (base / "cnibox-amd64").write_bytes(b"\x7fELF stand-in for the amd64 single file\n")
+    (base / "cnibox-arm64").write_bytes(b"\x7fELF stand-in for the arm64 single file\n")
     (base / "cnibox.pyz").write_bytes(b"#!/usr/bin/env python3\nstand-in zipapp\n")
     return base
 
 
-def sbom_of(dist: Path, out: Path) -> dict[str, Any]:
-    proc = run([sys.executable, str(SBOM), "--dist", str(dist), "--arch", ARCH, "--out", str(out)])
-    assert proc.returncode == 0, proc.stderr
-    document: dict[str, Any] = json.loads(out.read_text())
-    return document
+def make_record(base: Path, **changes: Any) -> dict[str, Any]:
+    """build/bundled.py's record of the stand-in build (raises its AttributionError)."""
+    bundled = bundled_module()
+    inputs = bundled.Inputs(
+        arch="amd64",
+        machine="x86_64",
+        dist=base / "dist",
+        plugin_record=base / "bundled.json",
+        report=base / "nuitka-report.xml",
+        root=Path("/"),
+        launcher_libc="/usr/lib/x86_64-linux-musl/libc.a",
+        artifact=base / "cnibox-amd64",
+        version=__version__,
+    )
+    record: dict[str, Any] = bundled.make_record(dataclasses.replace(inputs, **changes))
+    return record
 
 
-def owners(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """File inside the single file -> the component listing it."""
-    found: dict[str, dict[str, Any]] = {}
-    for component in [document["metadata"]["component"], *document["components"]]:
-        for prop in component.get("properties", []):
-            if prop["name"] == "cnibox:file":
-                path = prop["value"].split(" sha256:")[0]
-                assert path not in found, f"{path} listed twice"
-                found[path] = component
-    return found
+@pytest.fixture(scope="module")
+def records(standin: Path) -> dict[str, Path]:
+    """The stand-in build's record per architecture (arm64: the amd64 one relabelled)."""
+    record = make_record(standin)
+    arm64 = {**record, "arch": "arm64", "machine": "aarch64"}
+    arm64["artifact_sha256"] = hashlib.sha256((standin / "cnibox-arm64").read_bytes()).hexdigest()
+    paths = {}
+    for arch, content in (("amd64", record), ("arm64", arm64)):
+        paths[arch] = standin / f"bundled-{arch}.json"
+        paths[arch].write_text(json.dumps(content, indent=1, sort_keys=True))
+    return paths
 
 
-def validate(text: str) -> None:
-    from cyclonedx.schema import SchemaVersion
-    from cyclonedx.validation.json import JsonStrictValidator
+def mutated(standin: Path, tmp_path: Path) -> Path:
+    """A copy of the stand-in build to break."""
+    copy = tmp_path / "build"
+    shutil.copytree(standin, copy, symlinks=True)
+    return copy
 
-    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(text) is None
 
-
-class TestSbom:
-    def test_validates_and_names_every_file(self, standin: Path, releases: list[Path]) -> None:
-        """CycloneDX 1.6 (strict schema); each file owned once; Debian files by package+version
-        (the SBOM the release wrote for the stand-in dist; twice the same bytes, see below)."""
-        text = (releases[0] / f"cnibox-{__version__}-linux-{ARCH}.cdx.json").read_text()
-        validate(text)
-        document = json.loads(text)
-        assert document["specVersion"] == "1.6"
-        assert document["metadata"]["timestamp"] == "2023-11-14T22:13:20+00:00"
-        files = owners(document)
-        dist_files = {
-            f"dist/{p.relative_to(standin / 'dist').as_posix()}"
-            for p in (standin / "dist").rglob("*")
-            if p.is_file()
-        }
-        assert dist_files <= set(files)
-        expected_packages = {
+class TestAttribution:
+    def test_every_file_and_module_has_its_owner(self, records: dict[str, Path]) -> None:
+        """Each dist file with its verified source and owner (Debian package and version,
+        Python distribution, CPython, cnibox); modules likewise; the linked libraries."""
+        record = json.loads(records["amd64"].read_text())
+        components = record["components"]
+        by_path = {f["path"]: f for f in record["files"]}
+        expected = {
             "dist/libc.so.6": "libc6",
             "dist/libz.so.1": "zlib1g",
-            "dist/libssl.so.3": "libssl3",  # patched like Nuitka's copies: found by build-id
+            "dist/libssl.so.3": "libssl3",
             "dist/iptlibs/libip4tc.so": "libip4tc2",
             "dist/xtables/libxt_comment.so": "iptables",
             "dist/locale/C.utf8/LC_CTYPE": "libc-bin",
         }
-        for path, package in expected_packages.items():
+        for path, package in expected.items():
+            component = components[by_path[path]["component"]]
+            assert (component["type"], component["name"]) == ("deb", package)
+            assert component["version"] == dpkg_version(package)
+        assert by_path["dist/libssl.so.3"]["match"] == "build-id"  # patched like Nuitka's copies
+        assert by_path["dist/libz.so.1"]["match"] == "identical"
+        assert components[by_path["dist/yaml/_yaml.so"]["component"]]["name"] == "PyYAML"
+        assert by_path["dist/cnibox.bin"]["component"] == "cnibox"
+        assert by_path["dist/dataclasses.marshal"]["component"] == "cnibox"
+        # The build's Python: pyenv's here (cpython), or Debian's (a libpython3.X package).
+        owner = components[by_path[f"dist/{python_extension()[0]}"]["component"]]
+        assert owner["name"] == "cpython" or owner["name"].startswith("libpython3")
+        by_module = {m["name"]: components[m["component"]]["name"] for m in record["modules"]}
+        assert by_module["__main__"] == by_module["multicall.dispatch"] == "cnibox"
+        assert by_module["yaml"] == "PyYAML"
+        assert by_module["iptc.util"] == "python-iptables"
+        assert by_module["json"] == "cpython" or by_module["json"].startswith("libpython3")
+        linked = {link["into"]: components[link["component"]]["name"] for link in record["linked"]}
+        assert linked["launcher"] == "musl-dev"
+        assert (
+            record["artifact_sha256"]
+            == hashlib.sha256((records["amd64"].parent / "cnibox-amd64").read_bytes()).hexdigest()
+        )
+
+    def test_an_undeclared_distribution_compiled_in_fails(
+        self, standin: Path, tmp_path: Path
+    ) -> None:
+        """setuptools' distutils compiled in (what python-iptables' `import distutils` did
+        before the build kept it out): the build fails, naming setuptools and its modules."""
+        build = mutated(standin, tmp_path)
+        setuptools = distribution("setuptools")
+        sysconfig_py = next(f for f in setuptools.files or [] if str(f).endswith(
+            "_distutils/sysconfig.py"))  # fmt: skip
+        report = (build / "nuitka-report.xml").read_text()
+        extra = '<module name="distutils.sysconfig" kind="UncompiledPythonModule" '
+        extra += f'source_path="{reported(Path(str(setuptools.locate_file(sysconfig_py))))}"/>'
+        (build / "nuitka-report.xml").write_text(report.replace("</nuitka", extra + "\n</nuitka"))
+        bundled = bundled_module()
+        with pytest.raises(bundled.AttributionError) as failure:
+            make_record(build, dist=build / "dist", plugin_record=build / "bundled.json",
+                        report=build / "nuitka-report.xml")  # fmt: skip
+        assert f"setuptools {setuptools.version} (distutils.sysconfig)" in str(failure.value)
+        assert "does not declare" in str(failure.value)
+
+    def test_a_file_without_a_source_fails(self, standin: Path, tmp_path: Path) -> None:
+        """Completeness is enforced: an unknown file is named and no record is made."""
+        build = mutated(standin, tmp_path)
+        (build / "dist" / "mystery.so").write_bytes(b"\x7fELF not from anywhere")
+        bundled = bundled_module()
+        with pytest.raises(bundled.AttributionError, match=r"dist/mystery\.so: the build recorded"):
+            make_record(build, dist=build / "dist", plugin_record=build / "bundled.json")
+
+    def test_a_copy_unlike_its_source_fails(self, standin: Path, tmp_path: Path) -> None:
+        """A dist file that is not its recorded source (nor a patched copy of that ELF)."""
+        build = mutated(standin, tmp_path)
+        locale = build / "dist" / "locale" / "C.utf8" / "LC_CTYPE"
+        locale.write_bytes(locale.read_bytes() + b"\0")
+        bundled = bundled_module()
+        with pytest.raises(bundled.AttributionError, match="LC_CTYPE: differs from its recorded"):
+            make_record(build, dist=build / "dist", plugin_record=build / "bundled.json")
+
+    def test_a_source_nobody_owns_fails(self, standin: Path, tmp_path: Path) -> None:
+        """A file copied from somewhere no package, distribution or CPython installed."""
+        build = mutated(standin, tmp_path)
+        stray = tmp_path / "libstray.so"
+        stray.write_bytes(b"\x7fELF stray")
+        shutil.copyfile(stray, build / "dist" / "libstray.so")
+        plugin = json.loads((build / "bundled.json").read_text())
+        plugin["sources"]["libstray.so"] = str(stray)
+        (build / "bundled.json").write_text(json.dumps(plugin))
+        bundled = bundled_module()
+        with pytest.raises(bundled.AttributionError, match=r"dist/libstray\.so .* no package"):
+            make_record(build, dist=build / "dist", plugin_record=build / "bundled.json")
+
+
+class TestSbom:
+    @pytest.mark.parametrize("arch", ARCHES)
+    def test_validates_and_lists_every_file(
+        self, records: dict[str, Path], releases: list[Path], arch: str
+    ) -> None:
+        """CycloneDX 1.6 (strict schema); each file of the record listed once, each module,
+        each component with its purl (the SBOM the release wrote; twice the same bytes)."""
+        text = (releases[0] / f"cnibox-{__version__}-linux-{arch}.cdx.json").read_text()
+        validate(text)
+        document = json.loads(text)
+        record = json.loads(records[arch].read_text())
+        assert document["specVersion"] == "1.6"
+        assert document["metadata"]["timestamp"] == "2023-11-14T22:13:20+00:00"
+        files = owners(document)
+        assert set(files) == {f["path"] for f in record["files"]}
+        for path, package in (("dist/libssl.so.3", "libssl3"), ("dist/libc.so.6", "libc6")):
             component = files[path]
             assert component["name"] == package
             assert component["version"] == dpkg_version(package)
             assert component["purl"].startswith(f"pkg:deb/debian/{package}@")
-            assert f"arch={ARCH}" in component["purl"]
-        assert files["dist/yaml/_yaml.so"]["name"] == "PyYAML"
+            assert "distro=debian-12" in component["purl"]
+        assert files["dist/yaml/_yaml.so"]["purl"] == "pkg:pypi/pyyaml@6.0.4"
         assert files["dist/cnibox.bin"]["name"] == "cnibox"
-        # The build's Python: pyenv's here (cpython), or Debian's (a libpython3.X package).
-        owner = files[f"dist/{python_extension()[0]}"]["name"]
-        assert owner == "cpython" or owner.startswith("libpython3")
+        assert modules(document) == {
+            m["name"]: record["components"][m["component"]]["name"] for m in record["modules"]
+        }
         names = {c["name"] for c in document["components"]}
         assert {"python-iptables", "PyYAML", "Nuitka", "zstd", "musl-dev"} <= names
+        properties = document["metadata"]["component"]["properties"]
+        assert {"name": "cnibox:architecture", "value": arch} in properties
 
-    def test_a_file_nobody_owns_fails_the_sbom(self, standin: Path, tmp_path: Path) -> None:
-        """Completeness is enforced: an unknown file is named and nothing is written."""
-        dist = tmp_path / "dist"
-        shutil.copytree(standin / "dist", dist)
-        (dist / "mystery.so").write_bytes(b"\x7fELF not from anywhere")
+    def test_the_record_of_another_binary_is_refused(
+        self, records: dict[str, Path], standin: Path, tmp_path: Path
+    ) -> None:
+        """The SBOM describes the binary given or nothing: a stale record fails, named."""
         out = tmp_path / "sbom.json"
-        proc = run(
-            [sys.executable, str(SBOM), "--dist", str(dist), "--arch", ARCH, "--out", str(out)]
-        )
+        proc = run_sbom(records["amd64"], standin / "cnibox-arm64", out)
         assert proc.returncode == 1
-        assert "dist/mystery.so" in proc.stderr
+        assert "describes another build" in proc.stderr
         assert "Traceback" not in proc.stderr
         assert not out.exists()
 
-    def test_real_dist_names_every_bundled_library(self, tmp_path: Path) -> None:
-        """The dist dist/cnibox packs: every shared library with its Debian package version,
-        and NOTICE lists every bundled Debian source package and Python distribution."""
-        if not os.environ.get("CNIBOX"):
-            pytest.skip("runs against the built dist (make test-binary)")
-        if not REAL_DIST.is_dir():
-            skip_or_fail(f"{REAL_DIST} missing: build the binary first")
-        document = sbom_of(REAL_DIST, tmp_path / "sbom.json")
-        validate((tmp_path / "sbom.json").read_text())
-        files = owners(document)
-        libraries = [
-            p
-            for p in REAL_DIST.rglob("*")
-            if p.is_file() and (".so" in p.name or p.name.startswith("ld-linux"))
-        ]
-        assert len(libraries) > 150
-        debian = {}
-        for library in libraries:
-            component = files[f"dist/{library.relative_to(REAL_DIST).as_posix()}"]
-            if component["purl"].startswith("pkg:deb/"):
-                debian[component["name"]] = component
-        assert {"libc6", "libssl3", "zlib1g", "libxtables12", "iptables"} <= set(debian)
-        for name, component in debian.items():
-            assert component["version"] == dpkg_version(name), name
-        notice = (REPO / "NOTICE").read_text()
-        for component in document["components"]:
-            for prop in component.get("properties", []):
-                if prop["name"] == "cnibox:debian-source-package":
-                    assert f"- {prop['value']}:" in notice, prop["value"]
-            if component["purl"].startswith("pkg:pypi/"):
-                assert component["name"] in notice, component["name"]
+    def test_real_build(self, tmp_path: Path) -> None:
+        """The record `make build` wrote for dist/cnibox, and its SBOM (tests/support/sbom.py:
+        every shared library with its Debian version, PyPI extensions with their
+        distribution's, exactly the declared Python distributions compiled in)."""
+        check_real_sbom(artifact_path(), "amd64", tmp_path)
 
 
 @pytest.fixture(scope="module")
-def releases(standin: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """The release assembled twice from the same stand-in build."""
+def releases(
+    standin: Path, records: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> list[Path]:
+    """The release of both architectures assembled twice from the same stand-in builds."""
     out = tmp_path_factory.mktemp("releases")
     dirs = []
     for name in ("first", "second"):
         target = out / name
-        proc = run(
-            [
-                sys.executable,
-                str(RELEASE),
-                "--binary",
-                str(standin / "cnibox"),
-                "--zipapp",
-                str(standin / "cnibox.pyz"),
-                "--dist",
-                str(standin / "dist"),
-                "--arch",
-                ARCH,
-                "--helm",
-                pinned_helm(),
-                "--out",
-                str(target),
-            ]
-        )
+        argv = [sys.executable, str(RELEASE), "--zipapp", str(standin / "cnibox.pyz")]
+        for arch in ARCHES:
+            argv += ["--binary", f"{arch}={standin / f'cnibox-{arch}'}"]
+            argv += ["--record", f"{arch}={records[arch]}"]
+        proc = run([*argv, "--helm", pinned_helm(), "--out", str(target)])
         assert proc.returncode == 0, proc.stderr
         dirs.append(target)
     return dirs
@@ -235,13 +363,19 @@ def releases(standin: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Pa
 
 def release_names() -> set[str]:
     v = __version__
-    return {
-        f"cnibox-{v}-linux-{ARCH}",
+    per_arch = {
+        name
+        for arch in ARCHES
+        for name in (
+            f"cnibox-{v}-linux-{arch}",
+            f"cnibox-{v}-linux-{arch}.cdx.json",
+            f"cnibox-talos-extension-{v}-linux-{arch}.rootfs.tar",
+        )
+    }
+    return per_arch | {
         f"cnibox-{v}.pyz",
-        f"cnibox-{v}-linux-{ARCH}.cdx.json",
         f"cnibox-installer-{v}.oci.tar",
         f"cnibox-talos-extension-{v}.oci.tar",
-        f"cnibox-talos-extension-{v}.rootfs.tar",
         f"linkerd2-cni-{v}.tgz",
         "linkerd-cni.yaml",
         "linkerd-cni-talos.yaml",
@@ -272,12 +406,14 @@ class TestRelease:
         assert listed == {f"{name}: OK" for name in release_names() - {"SHA256SUMS"}}
 
     @pytest.mark.parametrize("image", ["cnibox-installer", "cnibox-talos-extension"])
-    def test_skopeo_shows_the_labels(self, releases: list[Path], image: str) -> None:
-        """source, revision, version, licenses, created (from SOURCE_DATE_EPOCH)."""
+    @pytest.mark.parametrize("arch", ARCHES)
+    def test_skopeo_shows_the_labels(self, releases: list[Path], image: str, arch: str) -> None:
+        """source, revision, version, licenses, created (from SOURCE_DATE_EPOCH), on each
+        platform's image of the index."""
         skopeo = require_tool("skopeo")
         archive = releases[0] / f"{image}-{__version__}.oci.tar"
         proc = subprocess.run(
-            [skopeo, "inspect", f"oci-archive:{archive}:{__version__}"],
+            [skopeo, "inspect", f"oci-archive:{archive}:{__version__}-{arch}"],
             capture_output=True,
             text=True,
             check=True,
@@ -292,12 +428,27 @@ class TestRelease:
         assert labels["org.opencontainers.image.created"] == created
         assert labels["org.opencontainers.image.title"] == image
         assert inspected["Created"] == created
+        assert inspected["Architecture"] == arch
 
     @pytest.mark.parametrize("image", ["cnibox-installer", "cnibox-talos-extension"])
-    def test_sbom_is_attached_to_the_image(self, releases: list[Path], image: str) -> None:
-        """An OCI artifact in the layout whose subject is the image and whose layer is the SBOM."""
+    def test_each_platform_has_its_sbom_attached(self, releases: list[Path], image: str) -> None:
+        """The archive's index.json: the multi-arch index (tagged V), each platform's image
+        (V-ARCH), and per platform an OCI artifact whose subject is that image and whose
+        layer is that architecture's SBOM, byte for byte the release's file."""
         release = releases[0]
-        with tarfile.open(release / f"{image}-{__version__}.oci.tar") as tar:
+        skopeo = require_tool("skopeo")
+        archive = release / f"{image}-{__version__}.oci.tar"
+        raw = subprocess.run(
+            [skopeo, "inspect", "--raw", f"oci-archive:{archive}:{__version__}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        platforms = {
+            m["platform"]["architecture"]: m["digest"] for m in json.loads(raw)["manifests"]
+        }
+        assert set(platforms) == set(ARCHES)
+        with tarfile.open(archive) as tar:
 
             def blob(digest: str) -> bytes:
                 member = tar.extractfile(f"blobs/sha256/{digest.removeprefix('sha256:')}")
@@ -306,15 +457,22 @@ class TestRelease:
 
             index_file = tar.extractfile("index.json")
             assert index_file is not None
-            index = json.load(index_file)
-            tagged, artifact = index["manifests"]
-            assert artifact["artifactType"] == "application/vnd.cyclonedx+json"
-            manifest = json.loads(blob(artifact["digest"]))
-            assert manifest["subject"]["digest"] == tagged["digest"]
-            (layer,) = manifest["layers"]
-            sbom = blob(layer["digest"])
-        assert sbom == (release / f"cnibox-{__version__}-linux-{ARCH}.cdx.json").read_bytes()
-        assert hashlib.sha256(sbom).hexdigest() == layer["digest"].removeprefix("sha256:")
+            entries = json.load(index_file)["manifests"]
+            artifacts = [
+                e for e in entries if e.get("artifactType") == "application/vnd.cyclonedx+json"
+            ]
+            assert len(entries) == 1 + len(ARCHES) + len(artifacts)
+            attached = {}
+            for artifact in artifacts:
+                manifest = json.loads(blob(artifact["digest"]))
+                (layer,) = manifest["layers"]
+                attached[manifest["subject"]["digest"]] = (layer, blob(layer["digest"]))
+        for arch, digest in platforms.items():
+            layer, sbom = attached[digest]
+            name = f"cnibox-{__version__}-linux-{arch}.cdx.json"
+            assert layer["annotations"]["org.opencontainers.image.title"] == name
+            assert sbom == (release / name).read_bytes()
+            assert hashlib.sha256(sbom).hexdigest() == layer["digest"].removeprefix("sha256:")
 
     def test_chart_package_is_helm_readable_and_dated(self, releases: list[Path]) -> None:
         package = releases[0] / f"linkerd2-cni-{__version__}.tgz"
@@ -336,23 +494,24 @@ class TestRelease:
         assert f"version: {__version__}" in shown.stdout
         assert "name: linkerd-cni-config" in rendered.stdout
 
-    def test_extension_rootfs_is_the_extension_layer(self, releases: list[Path]) -> None:
-        """The rootfs tar (imager's tarballPath input) holds manifest.yaml and rootfs/ only."""
-        with tarfile.open(releases[0] / f"cnibox-talos-extension-{__version__}.rootfs.tar") as t:
-            tops = {m.name.split("/", 1)[0] for m in t.getmembers()}
+    @pytest.mark.parametrize("arch", ARCHES)
+    def test_extension_rootfs_is_the_extension_layer(self, releases: list[Path], arch: str) -> None:
+        """Each rootfs tar (imager's tarballPath input) holds manifest.yaml and rootfs/ only,
+        with that architecture's binary."""
+        release = releases[0]
+        name = f"cnibox-talos-extension-{__version__}-linux-{arch}.rootfs.tar"
+        with tarfile.open(release / name) as tar:
+            tops = {m.name.split("/", 1)[0] for m in tar.getmembers()}
+            binary = tar.extractfile("rootfs/usr/local/lib/cnibox/cnibox")
+            assert binary is not None
+            content = binary.read()
         assert tops == {"manifest.yaml", "rootfs"}
+        assert content == (release / f"cnibox-{__version__}-linux-{arch}").read_bytes()
 
 
 def test_zipapp_writer_is_reproducible(tmp_path: Path) -> None:
     """build/build.py's zipapp: the same tree twice, with other mtimes, gives the same bytes."""
-    spec = importlib.util.spec_from_file_location(
-        "cnibox_build_script", REPO / "build" / "build.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # as importlib's recipe: dataclasses look their module up
-    spec.loader.exec_module(module)
+    module = load_script("build/build.py")
     tree = tmp_path / "tree"
     (tree / "pkg").mkdir(parents=True)
     (tree / "__main__.py").write_text("print('hi')\n")

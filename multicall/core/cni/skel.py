@@ -20,12 +20,14 @@ from multicall.core.go.encoding_json.decode import STRING, Struct, decode
 from multicall.core.go.encoding_json.encode import marshal
 from multicall.core.go.encoding_json.scanner import GoJsonError
 from multicall.core.go.strconv import NumError, go_atoi, go_quote, go_quote_list
+from multicall.core.limits import NETWORK_CONFIG, describe_size
 from multicall.errors import (
     CNI_DECODING_FAILURE,
     CNI_INCOMPATIBLE_VERSION,
     CNI_INTERNAL,
     CNI_INVALID_ENV,
     CNI_INVALID_NETWORK_CONFIG,
+    CNI_IO_FAILURE,
     CNI_UNKNOWN_CONTAINER,
     CniError,
 )
@@ -118,6 +120,17 @@ def validate_ifname(value: str) -> None:
         raise CniError(CNI_INVALID_ENV, "interface name is . or ..")
     if any(ch in "/:" or ch.isspace() or ch in "\x85\xa0" for ch in value):
         raise CniError(CNI_INVALID_ENV, "interface name contains / or : or whitespace characters")
+
+
+def check_config_size(stdin: bytes) -> None:
+    """The network config is read with a bound (core/limits.py), reported as skel reports a
+    failed read of stdin."""
+    if len(stdin) > NETWORK_CONFIG:
+        raise CniError(
+            CNI_IO_FAILURE,
+            f"error reading from stdin: the network config is larger than "
+            f"{describe_size(NETWORK_CONFIG)}, the limit for it",
+        )
 
 
 _NAME_ONLY = Struct("", 'struct { Name string "json:\\"name\\"" }', (("name", STRING),))

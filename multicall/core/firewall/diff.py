@@ -176,6 +176,15 @@ def _chain_deltas(
     return []
 
 
+def may_matter(rule: Rule, *, strict: bool, prefix: str = OWNED_PREFIX) -> bool:
+    """False for a rule `diff_tables` would not look at: outside the owned chains, in
+    non-strict mode, only rules naming an owned chain are compared (a streaming reader of a
+    large table keeps only these)."""
+    if strict or rule.chain.startswith(prefix):
+        return True
+    return prefix in " ".join(rule.spec) and any(t.startswith(prefix) for t in rule.spec)
+
+
 def _scoped(rules: Iterable[Rule], owned: bool, prefix: str) -> list[tuple[CanonicalRule, Rule]]:
     if owned:
         return [(canonical(r.spec), r) for r in rules]

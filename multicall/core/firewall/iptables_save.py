@@ -11,13 +11,16 @@ Rules of this module:
 3. Specs are kept as written (canonicalisation is `canonical.py`'s job); chains and rules keep
    their line numbers.
 4. Anything malformed raises `ConfigError` naming line, column and what was expected; no other
-   exception escapes (the test suite fuzzes this).
+   exception escapes (tests/pure/test_fuzz_parsers.py fuzzes this).
+5. Lines can be fed one at a time (`read_last_table`): only the table asked for is kept, and
+   only its rules a `keep_rule` predicate wants, so memory does not grow with the input
+   (iptables-verify streams a 50 MB save this way; docs/hardening.md).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from multicall.core.firewall.ruleset import (
@@ -32,10 +35,15 @@ from multicall.core.firewall.ruleset import (
 from multicall.errors import ConfigError
 
 WARNING_PREFIX = "# Warning:"
+MAX_WARNINGS = 64  # iptables-nft-save prints one or two; a flood of them is not kept
 _WHITESPACE = " \t"
 # A token: unquoted characters, optionally ending in a quoted run (the closing quote ends the
 # token, as in iptables-restore), in which a backslash escapes the next character.
 _TOKEN = re.compile(r'([^ \t"]*)"((?:[^"\\]|\\.)*)"|[^ \t"]+')
+_WORD = re.compile(r'([^ \t"]*)"((?:[^"\\]|\\.)*)"|([^ \t"]+)')
+# A line `_TOKEN` covers with blanks only between tokens (each token maybe ending in a closed
+# quoted run). Possessive quantifiers: one way to match, so no backtracking blow-up.
+_WELL_QUOTED = re.compile(r'[ \t]*+(?:(?:[^ \t"]*+"(?:[^"\\]|\\.)*+"|[^ \t"]++)[ \t]*+)*+')
 _ESCAPED = re.compile(r"\\(.)")
 _TABLE_NAME = re.compile(r"[A-Za-z0-9_-]+\Z")
 _POLICY = re.compile(r"(?:-|[A-Z]+)\Z")
@@ -46,6 +54,7 @@ _NEW_CHAIN = frozenset({"-N", "--new-chain"})
 _SET_COUNTERS = frozenset({"-c", "--set-counters"})
 
 _Fail = Callable[[int, int, str], ConfigError]
+KeepRule = Callable[[Rule], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +67,10 @@ class Token:
 class _OpenTable:
     name: str
     line: int
+    kept: bool = True  # False: validated only, its chains and rules are not kept
     chains: list[Chain] = field(default_factory=list)
     rules: list[Rule] = field(default_factory=list)
-    names: set[str] = field(default_factory=set)  # of `chains`; kube-proxy has thousands
+    names: set[str] = field(default_factory=set)  # every declared chain; kube-proxy has thousands
 
     def knows(self, chain: str) -> bool:
         return chain in self.names or chain in BUILTIN_CHAINS.get(self.name, ())
@@ -70,11 +80,16 @@ class _OpenTable:
 
 
 class _Parser:
-    def __init__(self, source: str | None) -> None:
+    def __init__(
+        self, source: str | None, *, only: str | None = None, keep_rule: KeepRule | None = None
+    ) -> None:
         self.source = source
+        self.only = only  # keep only the last table of this name
+        self.keep_rule = keep_rule
         self.tables: list[Table] = []
         self.warnings: list[str] = []
         self.open: _OpenTable | None = None
+        self.words: dict[str, str] = {}
 
     def fail(self, line: int, column: int, message: str) -> ConfigError:
         where = f"line {line}, column {column}"
@@ -87,7 +102,7 @@ class _Parser:
             return
         column = len(text) - len(text.lstrip(_WHITESPACE)) + 1
         if stripped.startswith("#"):
-            if stripped.startswith(WARNING_PREFIX):
+            if stripped.startswith(WARNING_PREFIX) and len(self.warnings) < MAX_WARNINGS:
                 self.warnings.append(stripped)
             return
         if stripped.startswith("*"):
@@ -99,9 +114,11 @@ class _Parser:
         elif stripped.startswith(":"):
             self.declare_chain(number, column, stripped)
         elif stripped == "COMMIT":
-            self.tables.append(self.open.close())
+            if self.open.kept:
+                table = self.open.close()
+                self.tables = [table] if self.only is not None else [*self.tables, table]
             self.open = None
-        else:
+        elif not self.quick_command(number, text):
             self.command(number, tokenize(text, line_number=number, fail=self.fail))
 
     def start_table(self, number: int, column: int, stripped: str) -> None:
@@ -117,7 +134,7 @@ class _Parser:
             raise self.fail(number, column + 1, "expected a table name after '*'")
         if len(words) > 1:
             raise self.fail(number, column, f"expected end of line after '*{words[0]}'")
-        self.open = _OpenTable(words[0], number)
+        self.open = _OpenTable(words[0], number, self.only in (None, words[0]))
 
     def declare_chain(self, number: int, column: int, stripped: str) -> None:
         assert self.open is not None
@@ -150,8 +167,37 @@ class _Parser:
         assert self.open is not None
         if chain.name in self.open.names:
             raise self.fail(number, column, f"chain '{chain.name}' is declared twice")
-        self.open.chains.append(chain)
+        if self.open.kept:
+            self.open.chains.append(chain)
         self.open.names.add(chain.name)
+
+    def keep(self, rule: Rule) -> None:
+        assert self.open is not None
+        if self.open.kept and (self.keep_rule is None or self.keep_rule(rule)):
+            # A kube-proxy table repeats the same few words across 100 000s of rules: kept
+            # rules share one string per distinct word.
+            words = self.words
+            spec = tuple([words.setdefault(word, word) for word in rule.spec])
+            self.open.rules.append(Rule(rule.chain, spec, rule.counters, line=rule.line))
+
+    def quick_command(self, number: int, text: str) -> bool:
+        """A well-formed rule or `-N` line, taken without building tokens and columns (the
+        bulk of a kube-proxy save); False when `command` must word an error."""
+        assert self.open is not None
+        words = _words(text)
+        parsed = None if words is None else _quick_parse(words)
+        if parsed is None:
+            return False
+        verb, chain, spec, counters = parsed
+        if verb in _NEW_CHAIN:
+            if chain in self.open.names:
+                return False
+            self.add_chain(number, 1, Chain(chain, line=number))
+        elif self.open.knows(chain):
+            self.keep(Rule(chain, spec, counters, line=number))
+        else:
+            return False
+        return True
 
     def command(self, number: int, tokens: list[Token]) -> None:
         assert self.open is not None
@@ -202,7 +248,7 @@ class _Parser:
             if counters is not None:
                 raise self.fail(number, tokens[0].column, "expected one set of counters, found two")
             counters = inline
-        self.open.rules.append(Rule(chain, spec, counters, line=number))
+        self.keep(Rule(chain, spec, counters, line=number))
 
     def split_counters(
         self, number: int, tokens: list[Token]
@@ -237,6 +283,62 @@ class _Parser:
                 f"{self.open.line}) before the end of the input",
             )
         return Ruleset(tuple(self.tables), tuple(self.warnings))
+
+
+def _words(line: str) -> list[str] | None:
+    """`tokenize` without columns; None when the line has an unclosed quote."""
+    if '"' not in line:
+        # iptables-restore splits on blanks only (not str.split's other whitespace).
+        return [word for word in line.replace("\t", " ").split(" ") if word]
+    if _WELL_QUOTED.fullmatch(line) is None:
+        return None
+    return [plain or before + _unescape(quoted) for before, quoted, plain in _WORD.findall(line)]
+
+
+_Quick = tuple[str, str, tuple[str, ...], Counters | None]
+
+
+def _quick_parse(words: list[str]) -> _Quick | None:
+    """(verb, chain, spec, counters) of a valid `-N`/`-A` line; None for anything else."""
+    counters = None
+    if words[0].startswith("["):
+        found = _COUNTERS.match(words[0])
+        if found is None:
+            return None
+        counters = Counters(int(found.group(1)), int(found.group(2)))
+        words = words[1:]
+    if len(words) < 2 or not words[1] or words[1][0] in "-!":
+        return None
+    verb, chain = words[0], words[1]
+    if verb in _NEW_CHAIN:
+        valid = counters is None and len(words) == 2
+        return (verb, chain, (), None) if valid else None
+    split = _split_counters(words[2:]) if verb in _APPEND else None
+    if split is None or (split[1] is not None and counters is not None):
+        return None
+    return verb, chain, split[0], split[1] or counters
+
+
+def _split_counters(words: list[str]) -> tuple[tuple[str, ...], Counters | None] | None:
+    """`split_counters` for plain words; None where it would raise (its message needs the
+    columns only tokens have)."""
+    if "-c" not in words and "--set-counters" not in words:
+        return tuple(words), None
+    spec: list[str] = []
+    counters = None
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word in _SET_COUNTERS and not (spec and spec[-1] in QUOTED_OPTIONS):
+            values = words[i + 1 : i + 3]
+            if counters is not None or len(values) < 2 or not all(map(_NUMBER.match, values)):
+                return None
+            counters = Counters(int(values[0]), int(values[1]))
+            i += 3
+            continue
+        spec.append(word)
+        i += 1
+    return tuple(spec), counters
 
 
 def _shown(text: str, limit: int = 40) -> str:
@@ -274,13 +376,32 @@ def _default_fail(line: int, column: int, message: str) -> ConfigError:
 
 def parse_save(text: str, *, source: str | None = None) -> Ruleset:
     """Parse save (or restore) text; `source` names the input in error messages."""
-    parser = _Parser(source)
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    for number, raw in enumerate(lines, start=1):
+    return _parse(enumerate(lines, start=1), _Parser(source))
+
+
+def read_last_table(
+    lines: Iterable[tuple[int, str]],
+    name: str,
+    *,
+    source: str | None = None,
+    keep_rule: KeepRule | None = None,
+) -> tuple[Table | None, tuple[str, ...]]:
+    """The last `name` table of numbered save lines (without their newlines), and the
+    warning lines: every line is checked as `parse_save` checks it, but only that table,
+    and of it only the rules `keep_rule` wants, stay in memory (rule 5)."""
+    ruleset = _parse(lines, _Parser(source, only=name, keep_rule=keep_rule))
+    return (ruleset.tables[-1] if ruleset.tables else None), ruleset.warnings
+
+
+def _parse(lines: Iterable[tuple[int, str]], parser: _Parser) -> Ruleset:
+    last = 0
+    for number, raw in lines:
         parser.feed(number, raw.removesuffix("\r"))
-    return parser.finish(len(lines))
+        last = number
+    return parser.finish(last)
 
 
 def last_table(ruleset: Ruleset, name: str) -> Table | None:

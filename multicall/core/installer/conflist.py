@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from typing import Union
 
+from multicall.core.go.encoding_json.decode import scrub_text
 from multicall.core.go.encoding_json.encode import marshal
 from multicall.errors import ConfigError
 
@@ -48,6 +49,11 @@ def _parse_float(token: str) -> float:
     return value
 
 
+def _parse_int(literal: str) -> int | float:
+    # Go decodes every number as float64: `-0` is negative zero, printed back as `-0`.
+    return -0.0 if literal == "-0" else int(literal)
+
+
 def parse_document(data: bytes, what: str = "document") -> dict[str, Json]:
     """A JSON object from bytes; ConfigError for anything else."""
     try:
@@ -55,12 +61,36 @@ def parse_document(data: bytes, what: str = "document") -> dict[str, Json]:
             data.decode("utf-8", "replace"),
             parse_constant=_reject_constant,
             parse_float=_parse_float,
+            parse_int=_parse_int,
         )
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise ConfigError(f"{what} is not valid JSON: nested too deeply") from None
+    except ValueError as exc:
         raise ConfigError(f"{what} is not valid JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise ConfigError(f"{what} is not a JSON object")
+    if b"\\u" in data:  # only an escape can make a lone surrogate, which Go reads as U+FFFD
+        _scrub_surrogates(value)
     return value
+
+
+def _scrub_surrogates(document: dict[str, Json]) -> None:
+    """Replace lone surrogates in keys and strings, in place, without recursion."""
+    work: list[dict[str, Json] | list[Json]] = [document]
+    while work:
+        node = work.pop()
+        if isinstance(node, dict):
+            items = list(node.items())
+            node.clear()
+            node.update((scrub_text(k), v) for k, v in items)
+            slots: list[tuple[str | int, Json]] = list(node.items())
+        else:
+            slots = list(enumerate(node))
+        for slot, item in slots:
+            if isinstance(item, str):
+                node[slot] = scrub_text(item)  # type: ignore[index]  # str for dicts, int for lists
+            elif isinstance(item, dict | list):
+                work.append(item)
 
 
 def is_linkerd(plugin: Json) -> bool:

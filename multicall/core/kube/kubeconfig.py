@@ -126,3 +126,76 @@ def _ca(cluster: Mapping[str, object]) -> bytes:
         raise ConfigError(
             "invalid configuration: certificate-authority-data is not valid base64"
         ) from None
+
+
+# ----------------------------------------------------------------------------- values sent
+
+
+@dataclass(frozen=True, slots=True)
+class ServerUrl:
+    """A cluster's `server` as the client dials it and writes its request lines."""
+
+    scheme: str
+    host: str  # without IPv6 brackets
+    port: int
+    prefix: str  # the URL's path, percent-encoded as Go's URL.EscapedPath, no trailing '/'
+
+
+SERVER_FIELD = "clusters[].cluster.server"
+TOKEN_FIELD = "users[].user.token"  # noqa: S105 - a field name, not a secret
+# What Go's url.URL.EscapedPath leaves unescaped in a path; all else is %XX.
+_PATH_SAFE = "$&+,/:;=@-_.~"
+# What Go's validEncoded accepts as an already-encoded path (kept as written).
+_ENCODED_PATH = re.compile(r"(?:[A-Za-z0-9\-_.~!$&'()*+,;=:@\[\]/]|%[0-9A-Fa-f]{2})*")
+_BAD_HOST = re.compile(r"[\s\"<>\\^`{|}%/?#@]")
+
+
+def _url_error(server: str, reason: str) -> ConfigError:
+    return ConfigError(
+        f"invalid configuration: {SERVER_FIELD} {server[:200]!r} is not a usable URL: {reason}"
+    )
+
+
+def parse_server(server: str) -> ServerUrl:
+    """client-go's reading of `server` (Go's url.Parse), refusing what would break the
+    request line or the Host header: control characters (CR/LF), bad escapes, bad ports."""
+    from urllib.parse import quote, unquote, urlsplit
+
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in server):
+        raise _url_error(server, "net/url: invalid control character in URL")
+    try:
+        parts = urlsplit(server)
+        port = parts.port
+    except ValueError as exc:
+        raise _url_error(server, str(exc)) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"invalid configuration: host must be a URL, got {server[:200]!r}")
+    host = parts.hostname
+    if _BAD_HOST.search(host) or (":" in host and "[" not in parts.netloc):
+        raise _url_error(server, f"invalid character in host name {host!r}")
+    if port == 0:
+        raise _url_error(server, "port 0")
+    path = parts.path
+    if not _ENCODED_PATH.fullmatch(path):
+        if re.search(r"%(?![0-9A-Fa-f]{2})", path):
+            raise _url_error(server, "invalid URL escape in the path")
+        path = quote(unquote(path), safe=_PATH_SAFE)
+    default = 443 if parts.scheme == "https" else 80
+    return ServerUrl(parts.scheme, host, port or default, path.rstrip("/"))
+
+
+def check_token(token: str, field: str = TOKEN_FIELD) -> str:
+    """A bearer token fit for an HTTP header: visible ASCII only. A CR or LF would end the
+    header and start another (request smuggling); Go's net/http refuses them too."""
+    bad = next((c for c in token if not (0x21 <= ord(c) <= 0x7E)), None)
+    if bad is not None:
+        raise ConfigError(
+            f"invalid configuration: {field} contains {_char_name(bad)}; "
+            "a bearer token is printable ASCII without spaces"
+        )
+    return token
+
+
+def _char_name(c: str) -> str:
+    names = {"\r": "a carriage return (CR)", "\n": "a line feed (LF)", " ": "a space"}
+    return names.get(c, f"the character U+{ord(c):04X}")

@@ -4,11 +4,12 @@ those into a typed schema the way Go's decoder fills a struct (`decode`)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from multicall.core.go.encoding_json.scanner import GoJsonError, quote_char, syntax_error
+from multicall.core.go.encoding_json.scanner import GoJsonError, quote_char, scan
 from multicall.core.go.net import go_cidr, go_ip
 from multicall.core.go.strconv import MAX_INT64, MIN_INT64
 
@@ -29,14 +30,21 @@ class Obj(list[tuple[str, object]]):
     """A JSON object as its key/value pairs, in document order, duplicates kept."""
 
 
+# json.loads recurses once per level (as does `_scrub_surrogates`): deeper documents, which
+# Go accepts up to 10000 levels, are built by `_parse_deep` without recursion.
+_RECURSION_SAFE_DEPTH = 100
+
+
 def parse(data: bytes) -> object:
     """A valid JSON document as Python values: objects are key/value pair lists (duplicates
     and order kept), numbers are `Number`s. Raises GoJsonError with Go's syntax error text."""
-    problem = syntax_error(data)
+    problem, depth = scan(data)
     if problem is not None:
         raise GoJsonError(problem)
     # Go replaces invalid UTF-8 and lone surrogate escapes with U+FFFD instead of failing.
     text = data.decode("utf-8", "replace")
+    if depth > _RECURSION_SAFE_DEPTH:
+        return _parse_deep(text)
     value: object = json.loads(
         text,
         object_pairs_hook=Obj,
@@ -47,6 +55,71 @@ def parse(data: bytes) -> object:
     return _scrub_surrogates(value)
 
 
+_DEEP_TOKEN = re.compile(
+    r'[ \t\r\n]*(?:("(?:[^"\\]|\\.)*")|([-0-9][-+.eE0-9]*)|(true|false|null)|([{}\[\],:]))',
+    re.DOTALL,
+)
+_LITERALS: dict[str, object] = {"true": True, "false": False, "null": None}
+
+
+def _parse_deep(text: str) -> object:
+    """`parse` of a document the scanner found valid, with a stack instead of recursion."""
+    root: list[object] = []
+    stack: list[Obj | list[object]] = []  # open containers, innermost last
+    keys: list[str | None] = []  # per open container: the key awaiting its value
+    expect_key = False
+    pos = 0
+    while True:
+        token = _DEEP_TOKEN.match(text, pos)
+        if token is None:
+            break
+        pos = token.end()
+        quote, number, literal, punct = token.groups()
+        value: object
+        if quote:
+            string = json.loads(quote)
+            if expect_key:
+                keys[-1], expect_key = scrub_text(string), False
+                continue
+            value = scrub_text(string)
+        elif number:
+            value = Number(number)
+        elif literal:
+            value = _LITERALS[literal]
+        elif punct in "{[":
+            stack.append(Obj() if punct == "{" else [])
+            keys.append(None)
+            expect_key = punct == "{"
+            continue
+        elif punct == ",":
+            expect_key = isinstance(stack[-1], Obj)
+            continue
+        elif punct == ":":
+            continue
+        else:  # } or ]
+            expect_key = False
+            keys.pop()
+            value = stack.pop()
+        _store(stack[-1] if stack else root, keys[-1] if keys else None, value)
+    return root[0]
+
+
+def _store(container: Obj | list[object], key: str | None, value: object) -> None:
+    if isinstance(container, Obj):
+        assert key is not None
+        container.append((key, value))
+    else:
+        container.append(value)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def scrub_text(text: str) -> str:
+    """Go decodes each lone surrogate escape (`\\ud800`) as one U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
 def _no_constant(name: str) -> object:  # pragma: no cover - the scanner rejects NaN first
     raise GoJsonError(
         f"invalid character {quote_char(ord(name[0]))} looking for beginning of value"
@@ -55,7 +128,7 @@ def _no_constant(name: str) -> object:  # pragma: no cover - the scanner rejects
 
 def _scrub_surrogates(value: object) -> object:
     if isinstance(value, str):
-        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return scrub_text(value)
     if isinstance(value, Obj):
         return Obj((str(_scrub_surrogates(k)), _scrub_surrogates(v)) for k, v in value)
     if isinstance(value, list):
@@ -228,6 +301,12 @@ class _Decoder:
             if t.kind == "cidr":  # UnmarshalJSON still runs for null: ParseCIDR("") fails
                 raise GoJsonError("invalid CIDR address: ")
             return None if t.kind in ("ip", "anymap", "boolmap", "any") else old
+        if t.kind in ("anymap", "any"):
+            # interface{} holds numbers as float64: one out of its range fails the decode.
+            overflow = _first_overflow(v)
+            if overflow is not None:
+                self.save(overflow, "float64", ctx)
+                return old
         decoded = _SCALARS[t.kind](v, kind_of(v))
         if decoded is _MISMATCH:
             self.save(v, t.go_type, ctx)
@@ -325,14 +404,46 @@ def _field(t: Struct, key: str) -> tuple[str, GoType] | None:
 
 
 def to_plain(v: object) -> object:
-    """Pair lists to dicts (last duplicate wins, as a Go map does), Numbers to float64."""
+    """Pair lists to dicts (last duplicate wins, as a Go map does), Numbers to float64.
+    Without recursion: a document may nest 10000 deep."""
+    root: list[object] = [None]
+    work: list[tuple[object, dict[str, object] | list[object], str | int]] = [(v, root, 0)]
+    while work:
+        value, parent, slot = work.pop()
+        converted: object
+        if isinstance(value, Obj):
+            last = dict(value)  # key order of first appearance, value of the last
+            converted = dict.fromkeys(last)
+            work += [(item, converted, key) for key, item in last.items()]
+        elif isinstance(value, list):
+            items: list[object] = [None] * len(value)
+            work += [(item, items, i) for i, item in enumerate(value)]
+            converted = items
+        else:
+            converted = _plain_scalar(value)
+        parent[slot] = converted  # type: ignore[index]  # str keys for dicts, int for lists
+    return root[0]
+
+
+def _first_overflow(v: object) -> Number | None:
+    """The first number (in document order) beyond float64's range, as ParseFloat sees it."""
+    work = [v]
+    while work:
+        value = work.pop()
+        if isinstance(value, Number):
+            if math.isinf(value.as_float()):
+                return value
+        elif isinstance(value, Obj):
+            work += reversed([item for _, item in value])
+        elif isinstance(value, list):
+            work += reversed(value)
+    return None
+
+
+def _plain_scalar(v: object) -> object:
     if isinstance(v, Number):
         f = v.as_float()
         return int(f) if f.is_integer() and abs(f) < 1e21 else f
-    if isinstance(v, Obj):
-        return {k: to_plain(item) for k, item in v}
-    if isinstance(v, list):
-        return [to_plain(item) for item in v]
     return v
 
 

@@ -14,46 +14,45 @@ def marshal(value: object, *, indent: int | None = None, sort_keys: bool = False
     """`json.Marshal` (indent None) or `json.MarshalIndent(v, "", indent spaces)` of plain
     values (dict, list or tuple, str, int, float, bool, None): HTML-safe strings, Go's float
     notation, no trailing newline. `sort_keys` is what Go does for a map; a struct keeps its
-    field order, which callers give as the dict's order."""
+    field order, which callers give as the dict's order. Without recursion: a decoded
+    document may nest 10000 deep."""
+    unit = " " * (indent or 0)
     out: list[str] = []
-    _encode(value, out, None if indent is None else "", " " * (indent or 0), sort_keys)
+    # Work in reverse order of output: text to emit (str), or a value to encode at a prefix.
+    work: list[str | tuple[object, str | None]] = [(value, None if indent is None else "")]
+    while work:
+        item = work.pop()
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        current, prefix = item
+        if isinstance(current, dict):
+            pairs = sorted(current.items()) if sort_keys else current.items()
+            work += reversed(_container("{}", [(str(k), v) for k, v in pairs], prefix, unit))
+        elif isinstance(current, list | tuple):
+            work += reversed(_container("[]", [(None, v) for v in current], prefix, unit))
+        else:
+            out.append(_scalar(current))
     return "".join(out)
 
 
-def _encode(value: object, out: list[str], prefix: str | None, unit: str, sort: bool) -> None:
-    if isinstance(value, dict):
-        items = [(str(k), v) for k, v in (sorted(value.items()) if sort else value.items())]
-        _container("{}", items, out, prefix=prefix, unit=unit, sort=sort)
-    elif isinstance(value, list | tuple):
-        _container("[]", [(None, v) for v in value], out, prefix=prefix, unit=unit, sort=sort)
-    else:
-        out.append(_scalar(value))
-
-
 def _container(
-    brackets: str,
-    items: Sequence[tuple[str | None, object]],
-    out: list[str],
-    *,
-    prefix: str | None,
-    unit: str,
-    sort: bool,
-) -> None:
+    brackets: str, items: Sequence[tuple[str | None, object]], prefix: str | None, unit: str
+) -> list[str | tuple[object, str | None]]:
+    """The pieces of one object or array, in output order."""
     if not items:
-        out.append(brackets)
-        return
+        return [brackets]
     inner = None if prefix is None else prefix + unit
-    out.append(brackets[0])
+    pieces: list[str | tuple[object, str | None]] = [brackets[0]]
     for i, (key, item) in enumerate(items):
-        out.append("," if i else "")
+        head = "," if i else ""
         if inner is not None:
-            out.append("\n" + inner)
+            head += "\n" + inner
         if key is not None:
-            out.append(quote_string(key) + (":" if inner is None else ": "))
-        _encode(item, out, inner, unit, sort)
-    if prefix is not None:
-        out.append("\n" + prefix)
-    out.append(brackets[1])
+            head += quote_string(key) + (":" if inner is None else ": ")
+        pieces += [head, (item, inner)]
+    pieces.append(brackets[1] if prefix is None else "\n" + prefix + brackets[1])
+    return pieces
 
 
 def _scalar(value: object) -> str:

@@ -1,5 +1,7 @@
 """Go's JSON validity scanner (encoding/json scanner.go): a state function per byte, and
-Go's text for the first error."""
+Go's text for the first error. Like Go's, it refuses nesting deeper than 10000 (`invalid
+character '[' exceeded max depth`), and it reports how deep a valid document goes, so the
+parser can pick a way that does not recurse (decode.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ SPACE = frozenset(b" \t\r\n")
 DIGITS = frozenset(b"0123456789")
 HEX = frozenset(b"0123456789abcdefABCDEF")
 ESCAPES = frozenset(b'bfnrt\\/"')
+MAX_NESTING_DEPTH = 10000  # scanner.go maxNestingDepth
 
 
 class GoJsonError(ValueError):
@@ -41,6 +44,7 @@ class _Scanner:
     literal_at: int = 0
     literal_name: str = ""
     end_top: bool = False
+    max_depth: int = 0
 
     def __post_init__(self) -> None:
         self.state = self.begin_value
@@ -52,15 +56,25 @@ class _Scanner:
     def failed(self, c: int) -> None:
         return
 
+    def push(self, c: int, kind: str) -> bool:
+        """scanner.go pushParseState: an error past maxNestingDepth."""
+        self.stack.append(kind)
+        depth = len(self.stack)
+        if depth > MAX_NESTING_DEPTH:
+            self.fail(c, "exceeded max depth")
+            return False
+        self.max_depth = max(self.max_depth, depth)
+        return True
+
     def begin_value(self, c: int) -> None:
         if c in SPACE:
             return
         if c == 0x7B:  # {
-            self.stack.append("key")
-            self.state = self.begin_string_or_empty
+            if self.push(c, "key"):
+                self.state = self.begin_string_or_empty
         elif c == 0x5B:  # [
-            self.stack.append("array")
-            self.state = self.begin_value_or_empty
+            if self.push(c, "array"):
+                self.state = self.begin_value_or_empty
         elif c == 0x22:
             self.state = self.in_string
         elif c == 0x2D:
@@ -232,17 +246,23 @@ class _Scanner:
 
 def syntax_error(data: bytes) -> str | None:
     """Go's `checkValid`: None for a valid document, else its error text."""
+    return scan(data)[0]
+
+
+def scan(data: bytes) -> tuple[str | None, int]:
+    """`syntax_error`, and the deepest nesting of the document (0 for a scalar)."""
     scanner = _Scanner()
     for c in data:
         assert scanner.state is not None
         scanner.state(c)
         if scanner.error:
-            return scanner.error
+            return scanner.error, scanner.max_depth
     if scanner.end_top:
-        return None
+        return None, scanner.max_depth
     assert scanner.state is not None
     scanner.state(0x20)  # a number at the very end is only complete after a delimiter
-    return None if _complete(scanner) else "unexpected end of JSON input"
+    error = None if _complete(scanner) else "unexpected end of JSON input"
+    return error, scanner.max_depth
 
 
 def _complete(scanner: _Scanner) -> bool:
