@@ -7,11 +7,13 @@ Every test programs only namespaces made by the rig. The oracle is the real
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -317,3 +319,33 @@ class TestRoundTrip:
             ]
         finally:
             rig.cleanup()
+
+
+def test_a_new_netns_with_a_freed_netns_inode_is_not_taken_for_the_old_one() -> None:
+    """One long-lived backend (a node agent's, a repair controller's) programs pod after pod.
+
+    The kernel gives a freed netns's inode number to the next netns, so an identity made of
+    (dev, inode) took the new pod's netns for the previous one (same generation 1 when read,
+    a table the previous commit did not touch) and planned the batch against the previous
+    netns's generation: a false FirewallConflict (seen in CI). The netns cookie is never
+    reused. Families alternate, one table change per netns; inode reuse waits for the
+    kernel's asynchronous netns cleanup (a pause between rounds lets it run), so rounds
+    continue until it was seen twice."""
+    require_root()
+    backend = NftBackend()
+    rule = Rule("T", ("-j", "RETURN"))
+    inodes: list[int] = []
+    for round_ in range(40):
+        family = (V4, V6)[round_ % 2]
+        rig = Rig()
+        try:
+            ns = rig.netns()
+            inodes.append(os.stat(ns.path).st_ino)
+            with entered_netns(ns.path, allow_own=False):
+                backend.apply(family, TableChange("nat", ("T",), (), (rule,)))
+                assert backend.dump(family).rules_of("T") == (rule,)
+        finally:
+            rig.cleanup()
+        if sum(a == b for a, b in itertools.pairwise(inodes)) >= 2:
+            break
+        time.sleep(0.3)

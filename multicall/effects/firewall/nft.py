@@ -28,6 +28,7 @@ import errno as errno_mod
 import os
 import select
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -54,6 +55,7 @@ ATTEMPTS = 5
 TIMEOUT = 10.0
 PAGE = os.sysconf("SC_PAGE_SIZE")
 OWN_NETNS = "/proc/thread-self/ns/net"
+SO_NETNS_COOKIE = 71  # Linux 5.14; not in Python 3.11's socket module
 
 
 class _Socket:
@@ -316,11 +318,22 @@ def read_chains(family: Family) -> list[dump.ChainInfo]:
     )
 
 
-def _netns_id() -> tuple[int, int]:
-    """The netns a new socket talks to: the pod's when the caller handed its socket over."""
-    handed = caller.netlink_netns_fd()
-    st = os.fstat(handed) if handed is not None else os.stat(OWN_NETNS)
-    return (st.st_dev, st.st_ino)
+def _netns_id(sock: _Socket) -> tuple[int, int]:
+    """The netns `sock` talks to, as an identity never given to another netns.
+
+    Its cookie (SO_NETNS_COOKIE): unlike the nsfs inode number, which the kernel hands to the
+    next netns once one is freed, so that a long-lived backend (a node agent's, a repair
+    controller's, a test's) took a new pod's netns for the previous one and planned against a
+    generation it never read (a false FirewallConflict). A socket the caller handed over (an
+    agent worker) has the pod netns's cookie, where it was made. Kernels before 5.14: the
+    inode of that netns (the handed one's, else this thread's)."""
+    try:
+        return (0, int.from_bytes(sock.sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8),
+                                  sys.byteorder))  # fmt: skip
+    except OSError:
+        handed = caller.netlink_netns_fd()
+        st = os.fstat(handed) if handed is not None else os.stat(OWN_NETNS)
+        return (st.st_dev, st.st_ino)
 
 
 @dataclass(slots=True)
@@ -363,7 +376,8 @@ class NftBackend:
                 base = _retry_interrupted(
                     sock, lambda s: _read_snapshot(s, family, table), f"the {table} table", table
                 )
-            version = self._current_version(family, table, base)
+            netns = _netns_id(sock)
+            version = self._current_version(family, table, base, netns)
             batch = build_batch(change, base.present, family, version, sock.next_seq())
             sock.seq = batch.last_seq
             if self.receive_buffer is not None:
@@ -376,9 +390,11 @@ class NftBackend:
                     sock, family, change, base=base, version=version, reply=reply
                 )
                 return
-        self._committed(family, table, base, version)
+        self._committed(family, table, base, version, netns)
 
-    def _current_version(self, family: Family, table: str, base: Snapshot) -> int:
+    def _current_version(
+        self, family: Family, table: str, base: Snapshot, netns: tuple[int, int]
+    ) -> int:
         if base.version is None:
             raise FirewallError("an nf_tables change needs a snapshot read by the nft backend")
         own = self._own
@@ -386,19 +402,21 @@ class NftBackend:
             own is not None
             and base.version == own.since
             and (family, table) not in own.touched
-            and own.netns == _netns_id()
+            and own.netns == netns
         ):
             return own.now
         return base.version
 
-    def _committed(self, family: Family, table: str, base: Snapshot, version: int) -> None:
+    def _committed(
+        self, family: Family, table: str, base: Snapshot, version: int, netns: tuple[int, int]
+    ) -> None:
         own = self._own
         if own is not None and version == own.now and base.version == own.since:
             own.now += 1
             own.touched.add((family, table))
         else:
             assert base.version is not None
-            self._own = _OwnCommits(_netns_id(), base.version, version + 1, {(family, table)})
+            self._own = _OwnCommits(netns, base.version, version + 1, {(family, table)})
 
     def _read_back_verdict(
         self,
