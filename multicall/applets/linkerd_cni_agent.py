@@ -36,6 +36,10 @@ READ_TIMEOUT = 5.0
 
 if TYPE_CHECKING:
     from multicall.core.agent_protocol import Request
+    from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
+    from multicall.core.firewall.ruleset import Table
+    from multicall.effects.ns import NetnsRef
+    from multicall.plugin.ports import Firewall
 
 Report = Callable[[str, dict[str, object]], None]
 
@@ -133,11 +137,49 @@ def _float(opts: Mapping[str, str], name: str) -> float:
 
 
 def warm_up(hint: object) -> None:
-    """In a new worker: dial the API server the previous request used (effects.kube)."""
-    from multicall.effects import kube
+    """In a new worker, from what the previous requests needed (`_warm_report`): dial the
+    API server they used (effects.kube) and load the x_tables extensions of a one-family
+    legacy apply (effects/firewall/legacy.py `preload`; this worker then hands the other
+    family back). Failures are the request's to see, or nobody's."""
+    if not isinstance(hint, dict):
+        return
+    if isinstance(api := hint.get("api"), dict):
+        from multicall.effects import kube
 
-    if isinstance(hint, dict):
-        kube.warm_up(hint)
+        kube.warm_up(api)
+    if (xtables := hint.get("xtables")) in ("ipv4", "ipv6") and _Scratch.fd is not None:
+        from multicall.core.firewall.model import Family
+        from multicall.effects import ns
+        from multicall.effects.firewall import legacy
+
+        legacy.single_use()  # this worker serves one request, then exits (rule 3)
+        with ns.entered_netns(ns.NetnsRef("the agent's scratch netns", _Scratch.fd)):
+            legacy.preload(Family(xtables))
+
+
+class _Scratch:
+    """An empty netns the agent makes at start (`preload`), where workers load x_tables
+    extensions: libxtables asks the kernel for each extension's revisions on a raw socket
+    of the current netns, and nothing of a preload belongs in the node's (the agent's,
+    with hostNetwork), not even a read. None: no CAP_SYS_ADMIN, workers preload nothing."""
+
+    fd: int | None = None
+
+
+def _warm_report(firewall: _WatchedFirewall | None) -> dict[str, object]:
+    """What this successful request leaves for the next workers: its API server (not when
+    it used a CA file), and, when it applied rules, the family of a one-family legacy apply
+    run here ("" for nft or dual-stack legacy: preload nothing)."""
+    from multicall.effects import kube
+    from multicall.effects.firewall import legacy
+
+    warm: dict[str, object] = {}
+    if (api := kube.warm_hint()) is not None:
+        warm["api"] = api
+    if firewall is not None and firewall.applied:
+        family = legacy.ran_here()
+        warm["xtables"] = family.value if family is not None else ""
+    return warm
 
 
 def preload() -> None:
@@ -153,6 +195,9 @@ def preload() -> None:
     from multicall.plugin import commands, pod_inputs, ports, run  # noqa: F401
 
     kube.keep_spare_tls_context()
+    from multicall.effects import ns
+
+    _Scratch.fd = ns.scratch_netns()  # before any thread: made on, and kept by, this one
     try:
         from multicall.effects.firewall.legacy import iptc
 
@@ -181,18 +226,52 @@ def serve(conn: socket.socket, report: Report, build: str, own_netns: tuple[int,
         _send(conn, proto.fallback_frame("other build"))
         return
     report("S", {"command": command})
+    from multicall.effects.firewall import legacy
+
+    loaded = legacy.extensions_loaded()
+    firewall: list[_WatchedFirewall] = []
     try:
-        code, out, err = run_request(request, own_netns)
+        code, out, err = run_request(request, own_netns, firewall)
     except _Fallback as exc:
-        report("D", {"command": command, "fallback": exc.reason})
+        fell_back: dict[str, object] = {"command": command, "fallback": exc.reason}
+        if exc.reason == legacy.OTHER_FAMILY:  # the requests changed: stop preloading
+            fell_back["warm"] = {"xtables": ""}
+        report("D", fell_back)
         _send(conn, proto.fallback_frame(exc.reason))
         return
     # Reported first: whoever asks /metrics once the caller has its result sees it counted.
-    from multicall.effects import kube
-
-    done = {"command": command, "exit": code, "cni_code": _cni_code(code, out)}
-    report("D", {**done, "warm": kube.warm_hint()} if code == 0 else done)
+    done: dict[str, object] = {"command": command, "exit": code, "cni_code": _cni_code(code, out)}
+    done["xt_loads"] = legacy.extensions_loaded() - loaded
+    if code == 0:
+        done["warm"] = _warm_report(firewall[0] if firewall else None)
+    report("D", done)
     _send(conn, proto.result_frame(code, out, err))
+
+
+class _WatchedFirewall:
+    """The request's firewall (plugin.ports `Firewall`), noting whether it applied rules
+    (`_warm_report`)."""
+
+    def __init__(self, inner: Firewall) -> None:
+        self.inner = inner
+        self.applied = False
+
+    def apply(
+        self,
+        netns: NetnsRef,
+        options: ProxyInitOptions,
+        *,
+        mode: Mode,
+        families: tuple[Family, ...],
+        log: Callable[[str], None],
+    ) -> None:
+        self.inner.apply(netns, options, mode=mode, families=families, log=log)
+        self.applied = True
+
+    def dump_nat(
+        self, netns: NetnsRef, *, mode: Mode, family: Family, log: Callable[[str], None]
+    ) -> Table:
+        return self.inner.dump_nat(netns, mode=mode, family=family, log=log)
 
 
 class _Fallback(Exception):
@@ -222,8 +301,11 @@ def read_request(conn: socket.socket) -> Request:
     return proto.parse_body(header, bytes(body), fds)
 
 
-def run_request(request: Request, own_netns: tuple[int, int]) -> tuple[int, bytes, bytes]:
-    """The plugin, in this process, in the caller's context (effects.caller)."""
+def run_request(
+    request: Request, own_netns: tuple[int, int], watched: list[_WatchedFirewall] | None = None
+) -> tuple[int, bytes, bytes]:
+    """The plugin, in this process, in the caller's context (effects.caller). `watched`
+    receives the firewall it used."""
     from multicall.core import agent_protocol as proto
     from multicall.effects import caller, ns
     from multicall.effects.firewall import legacy
@@ -281,7 +363,10 @@ def run_request(request: Request, own_netns: tuple[int, int]) -> tuple[int, byte
     legacy.single_use()
     # Legacy ADDs take the caller's xtables lock: its XTABLES_LOCKFILE (or /run/xtables.lock)
     # opened through its root (locks.py rule 4), the lock the one-shot plugin would take.
-    deps = PluginDeps(RealKube(), RealFirewall(XtablesLock(env=request.env)))
+    firewall = _WatchedFirewall(RealFirewall(XtablesLock(env=request.env)))
+    if watched is not None:
+        watched.append(firewall)
+    deps = PluginDeps(RealKube(), firewall)
     try:
         outcome = run_plugin(plugin_request, deps)
     except caller.ServeElsewhere as exc:

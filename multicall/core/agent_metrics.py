@@ -37,6 +37,7 @@ class Metrics:
     in_flight: int = 0
     idle_workers: int = 0
     worker_crashes: int = 0
+    extension_loads: int = 0
 
     def served(self, command: str, result: str, cni_code: str, seconds: float) -> None:
         self.requests[(command, result, cni_code)] += 1
@@ -100,4 +101,11 @@ def render(metrics: Metrics, build: str) -> str:
     out.append(f"cnibox_agent_idle_workers {metrics.idle_workers}\n")
     family("cnibox_agent_worker_crashes_total", "counter", "Workers that died without a result.")
     out.append(f"cnibox_agent_worker_crashes_total {metrics.worker_crashes}\n")
+    family(
+        "cnibox_agent_xtables_extension_loads_total",
+        "counter",
+        "x_tables extensions loaded by workers while serving a request (a worker preloads "
+        "those of the previous legacy request's family before its own arrives).",
+    )
+    out.append(f"cnibox_agent_xtables_extension_loads_total {metrics.extension_loads}\n")
     return "".join(out)

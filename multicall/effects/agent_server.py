@@ -46,8 +46,9 @@ if TYPE_CHECKING:
 Log = Callable[[str, str], None]  # (level, message)
 # A worker's job: serve one accepted connection, reporting through the callable.
 Serve = Callable[[socket.socket, Callable[[str, dict[str, object]], None]], None]
-# What a new worker does before it waits for its request, with the "warm" value of the
-# latest report (the applet: dial the API server the previous request used).
+# What a new worker does before it waits for its request, with the "warm" values of the
+# latest reports, merged by key (the applet: dial the API server the previous request used,
+# load the x_tables extensions of its family).
 Prepare = Callable[[object], None]
 
 T = TypeVar("T")
@@ -380,9 +381,15 @@ class Server:
         seconds = time.monotonic() - worker.accepted_at
         fallback = str(data.get("fallback", ""))
         command = str(data.get("command", worker.command)) or "unknown"
-        if (warm := data.get("warm")) is not None and warm != self.warm:
-            self.warm = warm
-            self.recycle_idle()
+        if isinstance(warm := data.get("warm"), dict):
+            # Each key is what the latest request that knew it needed (the API server it
+            # used, the x_tables family it loaded): keys a request did not report stay.
+            merged = {**(self.warm if isinstance(self.warm, dict) else {}), **warm}
+            if merged != self.warm:
+                self.warm = merged
+                self.recycle_idle()
+        if isinstance(loads := data.get("xt_loads"), int) and loads > 0:
+            self.metrics.extension_loads += loads
         if fallback:
             self.metrics.fell_back(fallback)
             self.log("info", f"handed a {command} back to the caller: {fallback}")

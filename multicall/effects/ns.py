@@ -228,6 +228,24 @@ def entered_netns(
             os.close(target)
 
 
+def scratch_netns() -> int | None:
+    """An fd on a new, empty network namespace; the calling thread stays where it was (and
+    exits the process if it cannot get back, as `entered_netns` does). None when this
+    process may not make one (no CAP_SYS_ADMIN)."""
+    original = os.open(OWN_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            unshare(CLONE_NEWNET)
+        except OSError:
+            return None
+        try:
+            return os.open(OWN_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            _return(original)
+    finally:
+        os.close(original)
+
+
 def _switch(fd: int, path: str) -> None:
     try:
         setns(fd, CLONE_NEWNET)

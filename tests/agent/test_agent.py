@@ -320,6 +320,44 @@ def test_legacy_dual_stack_and_check_served_as_one_shot(node: Node, agent: Agent
         assert "PROXY_INIT_REDIRECT" in save_text(served, tool)
 
 
+def test_preloaded_workers_serve_legacy_without_loading_extensions(
+    node: Node, agent: AgentProcess
+) -> None:
+    """After a one-family legacy ADD, new workers load its x_tables extensions before their
+    request (in the agent's scratch netns): the next ADDs load none while served. Dual-stack
+    legacy, which such a worker cannot serve, is handed back before anything changed and the
+    launcher's one-shot path programs both families as a pod never served does; the workers
+    then stop preloading and serve it."""
+    loads = "cnibox_agent_xtables_extension_loads_total"
+    counts = []
+    for n in range(1, 4):
+        pod_ns = node.rig.pod().netns
+        result = node.run(node.env(pod_ns, MESHED, **via(agent)), node.stdin("legacy"))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert_meshed(pod_ns, "legacy")
+        _wait(lambda n=n: agent.served("ADD") == n, "the agent counted it")  # and the hint
+        counts.append(agent.metrics()[loads])
+    assert counts[0] > 0, "the first worker had nothing to preload"
+    assert counts[1:] == [counts[0]] * 2, counts
+    assert not unpacked(node)
+
+    dual = node.stdin("legacy", ipv6=True)
+    handed, alone, served = (node.rig.pod().netns for _ in range(3))
+    for pod_ns, env in ((handed, via(agent)), (alone, {"CNIBOX_AGENT_SOCKET": ""})):
+        result = node.run(node.env(pod_ns, MESHED, **env), dual)
+        assert result.returncode == 0, result.stdout + result.stderr
+        if pod_ns is handed:
+            assert unpacked(node), "the launcher did not run the one-shot path"
+    reason = "x_tables extensions of the other family loaded"
+    _wait(lambda: agent.fallbacks(reason) == 1, "the agent counted the fallback")
+    result = node.run(node.env(served, MESHED, **via(agent)), dual)
+    assert result.returncode == 0, result.stdout + result.stderr
+    _wait(lambda: agent.served("ADD") == 4, "the agent served it")
+    for tool in ("iptables-legacy-save", "ip6tables-legacy-save"):
+        assert save_text(handed, tool) == save_text(alone, tool) == save_text(served, tool)
+        assert "PROXY_INIT_REDIRECT" in save_text(handed, tool)
+
+
 def test_least_privilege_nft_served_legacy_handed_back(node: Node, tmp_path: Path) -> None:
     """Without CAP_SYS_ADMIN (and in the caller's netns, as with hostNetwork) the agent serves
     nft through the caller's netlink socket and hands legacy back: libiptc opens its own

@@ -82,7 +82,7 @@ def env_for(pod_ns: Netns, pod: dict[str, Any], command: str = "ADD") -> dict[st
     }
 
 
-def conf(kubeconfig: Path, mode: str) -> str:
+def conf(kubeconfig: Path, mode: str, **linkerd: Any) -> str:
     return json.dumps(
         {
             "cniVersion": "1.0.0",
@@ -90,7 +90,7 @@ def conf(kubeconfig: Path, mode: str) -> str:
             "type": "linkerd-cni",
             "log_level": "debug",
             "kubernetes": {"kubeconfig": str(kubeconfig)},
-            "linkerd": {**CHART_LINKERD, "iptables-mode": mode},
+            "linkerd": {**CHART_LINKERD, "iptables-mode": mode, **linkerd},
             "prevResult": PREV,
         }
     )
@@ -234,3 +234,51 @@ def test_a_pod_netns_the_worker_cannot_trust_is_handed_back(
     assert reply is not None
     assert reply.reason == reason
     assert agent.fallbacks(reason) == 1
+
+
+LOADS = "cnibox_agent_xtables_extension_loads_total"
+
+
+def test_workers_preload_the_previous_legacy_family(
+    setup: tuple[Rig, Netns, Path, AgentProcess],
+) -> None:
+    """After a one-family legacy ADD, new workers load that family's x_tables extensions
+    before their request (effects/firewall/legacy.py `preload`): the next such ADD loads
+    none while served. A dual-stack legacy ADD, which such a worker cannot serve (libxtables
+    holds one family per process), is handed back before anything changed; the one-shot
+    path then programs both families exactly as alone, and workers stop preloading."""
+    rig, node, kubeconfig, agent = setup
+    client = [sys.executable, "-m", "tests.support.agent_client", agent.socket]
+    one_shot = [sys.executable, "-m", "multicall", "linkerd-cni"]
+    legacy = conf(kubeconfig, "legacy")
+    loads = []
+    for _ in range(3):
+        pod_ns = rig.pod().netns
+        code, out, err = invoke(node, client, env_for(pod_ns, MESHED), legacy)
+        assert code == 0, out + "\n".join(err)
+        assert save_text(pod_ns, SAVE["legacy"]) == fixture_text("default-legacy")
+        loads.append(agent.metrics()[LOADS])  # (the report, so the new hint, came first)
+    assert loads[0] > 0, "the first worker had nothing to preload"
+    assert loads[1:] == [loads[0]] * 2, "a preloaded worker loaded extensions while serving"
+
+    dual = conf(kubeconfig, "legacy", ipv6=True)
+    handed, alone = rig.pod().netns, rig.pod().netns
+    code, _out, err = invoke(node, client, env_for(handed, MESHED), dual)
+    reason = "x_tables extensions of the other family loaded"
+    assert (code, err[-1:]) == (99, [f"fallback: {reason}"])
+    assert agent.fallbacks(reason) == 1  # (its report, so the parent's new hint, came first)
+    for tool in ("iptables-legacy-save", "ip6tables-legacy-save"):
+        assert "PROXY_INIT" not in save_text(handed, tool), "changed before handing back"
+    for pod_ns in (handed, alone):  # the launcher's one-shot path, and a pod never served
+        code, out, err = invoke(node, one_shot, env_for(pod_ns, MESHED), dual)
+        assert code == 0, out + "\n".join(err)
+    for tool in ("iptables-legacy-save", "ip6tables-legacy-save"):
+        assert save_text(handed, tool) == save_text(alone, tool)
+        assert "PROXY_INIT_REDIRECT" in save_text(handed, tool)
+
+    served = rig.pod().netns  # the fallback told the parent: no preload any more
+    code, out, err = invoke(node, client, env_for(served, MESHED), dual)
+    assert code == 0, out + "\n".join(err)
+    for tool in ("iptables-legacy-save", "ip6tables-legacy-save"):
+        assert save_text(served, tool) == save_text(alone, tool)
+    assert agent.served("ADD") == 4

@@ -11,8 +11,10 @@ Rules of this module:
    request on one thread, then exits) with a backend made for one family (`sole`: an apply
    that touches that family only): there they run in the process itself (`run_here`),
    saving two forks of a large process per ADD. libxtables then holds that family's
-   extensions, so the process refuses any other family from then on (a child forked from
-   it could not load them either).
+   extensions, so the process hands any other family back (`caller.ServeElsewhere`, before
+   anything changed: a child forked from it could not load that family's extensions).
+   Such a process may load one family's extensions before its request arrives (`preload`:
+   no handle, no netns, no rule), the same refusal then covers the other family.
 4. `apply` edits one handle (create, flush, append) and commits once: the kernel swaps the
    whole table or nothing. Errors before the commit leave the table untouched.
    The engine holds the xtables lock (effects/firewall/locks.py) from the snapshot the change
@@ -529,11 +531,57 @@ def run_isolated(work: Callable[[], T]) -> T:
 
 
 class _SingleUse:
-    """Whether this process declared itself single-use, and the family whose x_tables
-    operations ran in it (its extensions are loaded here, for that family only)."""
+    """Whether this process declared itself single-use, the family whose extensions it
+    loaded (by an operation run here or by `preload`: for that family only), and the family
+    of the operations that ran here (what its request needed)."""
 
     declared = False
     family: Family | None = None
+    ran: Family | None = None
+
+
+# What a preload loads: the extensions of the PROXY_INIT rules (core/firewall/proxy_init.py).
+PRELOAD_MATCHES = ("comment", "multiport", "owner", "tcp")
+PRELOAD_TARGETS = ("REDIRECT",)
+# The reason a request is handed back when this process holds the other family's extensions.
+OTHER_FAMILY = "x_tables extensions of the other family loaded"
+
+
+def preload(family: Family) -> None:
+    """In a single-use process, before its request: load `family`'s extensions (dlopen and
+    register, ~2 ms) so that a one-family apply of it does not pay for them. Enters no
+    netns, opens no handle, touches no rule: python-iptables objects made without a table
+    (libxtables asks the kernel for an extension's revisions, a read of what is registered
+    globally). Any failure is swallowed: the request then loads what is missing, as
+    without a preload. The other family is then handed back (rule 3)."""
+    if not _SingleUse.declared or _SingleUse.family is not None:
+        return
+    try:
+        module = iptc()
+    except FirewallError:
+        return  # nothing loaded: the request fails or succeeds as it would have
+    _SingleUse.family = family  # from the first dlopen on, libxtables holds this family
+    with contextlib.suppress(Exception):
+        rule = module.Rule() if family is Family.IPV4 else module.Rule6()
+        for name in PRELOAD_MATCHES:
+            rule.create_match(name)
+        for name in PRELOAD_TARGETS:
+            _module_target_class()(rule, name)
+        module.Target(rule, "RETURN")  # the standard target (verdicts and jumps)
+
+
+def extensions_loaded() -> int:
+    """How many extensions python-iptables has loaded in this process (a worker reports
+    how many its request loaded: none when the preload had them)."""
+    xtables = sys.modules.get("iptc.xtables")
+    loaded = getattr(xtables, "_loaded_exts", None)
+    return len(loaded) if isinstance(loaded, dict) else 0
+
+
+def ran_here() -> Family | None:
+    """The family whose operations this single-use process ran itself (its request was a
+    one-family legacy apply), or None."""
+    return _SingleUse.ran
 
 
 def single_use() -> None:
@@ -551,7 +599,7 @@ def run_here(family: Family, work: Callable[[], T]) -> T:
     """`work` (an x_tables operation on `family`) in this process; failures read as a
     child's would in `run_isolated`."""
     iptc()  # a FirewallError when libiptc cannot load, as run_isolated raises it
-    _SingleUse.family = family
+    _SingleUse.family = _SingleUse.ran = family
     try:
         return work()
     except FirewallError:
@@ -646,10 +694,11 @@ class IptcBackend:
     def _run(self, family: Family, work: Callable[[], T]) -> T:
         loaded = _SingleUse.family
         if loaded is not None and loaded is not family:
-            raise FirewallError(
-                f"{_tool(family)}: this process already loaded {loaded.value} extensions; "
-                f"{family.value} cannot be served in it"
-            )
+            # Neither here nor in a child forked from here: hand it back (rule 3). Raised
+            # from a read (every apply plans all families first), so nothing changed yet.
+            from multicall.effects.caller import ServeElsewhere
+
+            raise ServeElsewhere(OTHER_FAMILY)
         if _SingleUse.declared and family is self.sole:
             return run_here(family, work)
         return run_isolated(work)
