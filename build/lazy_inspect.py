@@ -66,13 +66,15 @@ MAIN_PROGRAM_EDITS = (
     ),
 )
 
-# The same for the build's CPython 3.11 Lib/dataclasses.py.
+# The same for the build's CPython 3.11 Lib/dataclasses.py; `inspect` is used only in the
+# branch this comment opens (both 3.11.2's form, Debian's and the arm64 root's, and 3.11.7's
+# try/except around the same call), so the import goes there.
 DATACLASSES_EDITS = (
     ("import types\nimport inspect\nimport keyword\n", "import types\nimport keyword\n"),
     (
-        "            text_sig = str(inspect.signature(cls)).replace(' -> None', '')\n",
-        "            import inspect  # cnibox: imported when needed (build/lazy_inspect.py)\n"
-        "            text_sig = str(inspect.signature(cls)).replace(' -> None', '')\n",
+        "        # Create a class doc-string.\n",
+        "        # Create a class doc-string.\n"
+        "        import inspect  # cnibox: imported when needed (build/lazy_inspect.py)\n",
     ),
 )
 
@@ -99,6 +101,16 @@ def replace_exactly(text: str, edits: tuple[tuple[str, str], ...], what: str) ->
             )
         text = text.replace(old, new)
     return text
+
+
+def edit_dataclasses(text: str, what: str) -> str:
+    """dataclasses.py with `inspect` imported in the one branch that uses it."""
+    if text.count("inspect.") != 1:
+        raise PatchFailed(
+            f"build/lazy_inspect.py: {what}: dataclasses uses inspect in more than the one "
+            "place this plugin moves its import to: review DATACLASSES_EDITS"
+        )
+    return replace_exactly(text, DATACLASSES_EDITS, what)
 
 
 def _patched_provider(
@@ -144,7 +156,7 @@ class CniboxLazyInspect(NuitkaPluginBase):
     def onModuleSourceCode(self, module_name: Any, source_filename: str, source_code: str) -> str:
         if str(module_name) != "dataclasses":
             return source_code
-        return replace_exactly(source_code, DATACLASSES_EDITS, source_filename)
+        return edit_dataclasses(source_code, source_filename)
 
     def createPostModuleLoadCode(self, module: Any) -> tuple[str, str] | None:
         if module.getFullName() != "inspect":

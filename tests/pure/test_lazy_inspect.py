@@ -61,11 +61,22 @@ def test_the_c_edit_applies_to_the_pinned_nuitka(plugin: Any) -> None:
     assert patched.count(plugin.HOOK) == 2  # the callable's name, and where main() stores it
 
 
+# The cross build (build/arm64_root.py) compiles Debian's python3.11 (3.11.2) dataclasses.
+DEBIAN_DATACLASSES = Path("/usr/lib/python3.11/dataclasses.py")
+
+
+def test_the_dataclasses_edit_applies_to_debians_python_too(plugin: Any) -> None:
+    if not DEBIAN_DATACLASSES.exists():
+        pytest.skip("no Debian python3.11 here")  # CI installs it (the build machine's Python)
+    text = DEBIAN_DATACLASSES.read_text(encoding="utf-8")
+    assert "\nimport inspect\n" not in plugin.edit_dataclasses(text, str(DEBIAN_DATACLASSES))
+
+
 def test_the_dataclasses_edit_keeps_its_behaviour(
     plugin: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source = Path(dataclasses.__file__).read_text(encoding="utf-8")
-    patched = plugin.replace_exactly(source, plugin.DATACLASSES_EDITS, "dataclasses.py")
+    patched = plugin.edit_dataclasses(source, "dataclasses.py")
     assert "\nimport inspect\n" not in patched
     # The edited module makes the same classes, docstring included (inspect imported late).
     edited_file = tmp_path / "dataclasses_edited.py"
