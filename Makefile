@@ -20,7 +20,7 @@ APT_PACKAGES := iptables nftables util-linux iproute2 containernetworking-plugin
 # qemu for the arm64 test stages. No arm64 package is ever installed on the host itself.
 
 .PHONY: help deps apt venv tools cri-proto lint type unit test test-source test-binary test-cri \
-	test-arm64 test-arm64-vm build zipapp demo bench clean fuzz
+	test-agent test-arm64 test-arm64-vm build zipapp demo bench clean fuzz
 
 # The default target only explains (the others install packages and build for minutes):
 # it prints the `##` lines below.
@@ -105,6 +105,18 @@ test-binary: deps build zipapp
 	export CNIBOX=$(CURDIR)/dist/cnibox CNIBOX_PYZ=$(CURDIR)/dist/cnibox.pyz
 	$(call run_pytest,tests)
 
+# The end-to-end suites that run linkerd-cni once more, with a node agent serving the whole
+# session (tests/conftest.py session_agent; docs/agent.md): the libcni driver scenarios, the
+# installer's chain under libcni, the 10 000-port ADDs (one batch over the caller's socket),
+# the empty root and the launcher. tests/agent and the CRI suite's agent mode run in
+# test-binary already.
+AGENT_SUITES := tests/netns/test_linkerd_cni.py tests/netns/test_install_cni_end_to_end.py \
+	tests/netns/test_firewall_hardening.py::test_10000_ports_leave_what_upstream_leaves \
+	tests/binary/test_empty_root.py tests/binary/test_launcher.py
+test-agent: deps build
+	export CNIBOX=$(CURDIR)/dist/cnibox CNIBOX_TEST_AGENT=1
+	$(call run_pytest,$(AGENT_SUITES))
+
 # The containerd CRI suite alone (it also runs inside test-binary): docs/cri-tests.md.
 test-cri: deps build
 	export CNIBOX=$(CURDIR)/dist/cnibox
@@ -121,7 +133,7 @@ test-arm64-vm: deps dist/cnibox-arm64
 	export CNIBOX_ARM64=$(CURDIR)/dist/cnibox-arm64 CNIBOX_ARM64_VM=1
 	$(call run_pytest,tests/arm64/test_vm.py)
 
-test: deps lint type test-source test-binary test-arm64
+test: deps lint type test-source test-binary test-agent test-arm64
 
 # The single file (docs/binary.md): Nuitka standalone dist, static musl
 # launcher, packed. Each step reruns only when its inputs changed; Nuitka keeps its own cache
@@ -144,7 +156,7 @@ endif
 $(NUITKA_DIST): $(APP_SOURCES) build/build.py build/cnibox_main.py build/selfcontained.py | deps
 	$(BUILD) dist
 
-build/out/launcher: build/launcher.c build/build.py | deps
+build/out/launcher: build/launcher.c build/agent_client.c build/build.py | deps
 	$(BUILD) launcher
 
 dist/cnibox: $(NUITKA_DIST) build/out/launcher build/pack.py build/bundled.py | deps
@@ -162,7 +174,7 @@ $(ARM64_DIST): $(APP_SOURCES) build/build.py build/cnibox_main.py build/selfcont
 		build/cross/gcc build/cross/objcopy $(ARM64_ROOT) | deps
 	$(BUILD) --arch arm64 dist
 
-build/out/arm64/launcher: build/launcher.c build/build.py $(ARM64_ROOT) | deps
+build/out/arm64/launcher: build/launcher.c build/agent_client.c build/build.py $(ARM64_ROOT) | deps
 	$(BUILD) --arch arm64 launcher
 
 dist/cnibox-arm64: $(ARM64_DIST) build/out/arm64/launcher build/pack.py build/bundled.py | deps

@@ -15,8 +15,15 @@ Rows:
                    source mode (`python -m multicall linkerd-cni`), the built binary through a
                    `linkerd-cni` symlink warm, and its first start after install (empty
                    CNIBOX_CACHE each time); legacy and nft
+  agent ADD        the same invocation through the built file's launcher with `cnibox agent`
+                   answering (docs/agent.md): meshed (nft, legacy) and unmeshed; the agent
+                   runs in the node netns, as a DaemonSet pod with hostNetwork would
+  after install    the first ADD of a new version when the installer unpacked it first
+                   (CNIBOX_UNPACK_ONLY=1, untimed), no agent
+  one-shot binary  the warm binary ADD again, each right after one upstream replay (the
+                   issue-11 ratio of the one-shot path, both sides under the same load)
   bare start       `cnibox --version`, `python -m multicall --version`, `python3 -c pass`
-  concurrency      N ADDs launched at once against N fresh netns
+  concurrency      N ADDs launched at once against N fresh netns (also through the agent)
   CRI sandbox      RunPodSandbox through Debian's containerd (the node of tests/cri, binary
                    plugin): bridge only vs bridge + linkerd-cni chained as the chart does,
                    in alternating blocks of the same run; the call's wall time (containerd
@@ -24,7 +31,9 @@ Rows:
 
 Each ADD is checked outside the timed region: exit status 0, stdout is the prevResult, and
 the pod's nat table (Debian's iptables-save) equals upstream's golden for the mode.
-`--profile` instead runs one source-mode ADD under `-X importtime` and cProfile.
+`--profile` instead runs one source-mode ADD under `-X importtime` and cProfile; `--only
+agent|oneshot` runs one group of interleaved rows with their ratios (a quick measurement of
+one path).
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +82,8 @@ GOLDEN = (
     / "inject-goldens"
     / ("inject_emojivoto_deployment_no_init_container.golden.yml")
 )
+UNMESHED_GOLDEN = GOLDEN.with_name("inject_emojivoto_deployment_overridden_noinject.golden.yml")
+UNMESHED_NAME = "web-plain"  # the golden's pod renamed beside the meshed one
 RESULTS = REPO / "bench" / "results"
 NETNS_DIR = "/var/run/netns"
 SAVE = {"nft": "iptables-nft-save", "legacy": "iptables-legacy-save"}
@@ -302,6 +314,7 @@ class Plugin:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     fresh_cache: Path | None = None  # set: an empty CNIBOX_CACHE under it per invocation
+    unpack_first: bool = False  # with fresh_cache: unpack it untimed first (as install-cni)
 
 
 @dataclass
@@ -334,7 +347,10 @@ class Cluster:
         path.write_text(json.dumps(conf))
         return path
 
-    def env(self, netns: str, plugin: Plugin, seq: int) -> dict[str, str]:
+    def env(
+        self, netns: str, plugin: Plugin, seq: int, pod: tuple[str, str] | None = None
+    ) -> dict[str, str]:
+        namespace, name = pod or self.pod
         env = {
             "CNI_COMMAND": "ADD",
             "CNI_CONTAINERID": f"bench{seq:08d}",
@@ -342,7 +358,7 @@ class Cluster:
             "CNI_IFNAME": "eth0",
             "CNI_PATH": "/opt/cni/bin:/usr/lib/cni",
             "CNI_ARGS": (
-                f"IgnoreUnknown=1;K8S_POD_NAMESPACE={self.pod[0]};K8S_POD_NAME={self.pod[1]};"
+                f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};"
                 f"K8S_POD_INFRA_CONTAINER_ID=bench{seq:08d}"
             ),
             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
@@ -350,6 +366,9 @@ class Cluster:
         }
         if plugin.fresh_cache is not None:
             env["CNIBOX_CACHE"] = tempfile.mkdtemp(dir=plugin.fresh_cache)
+            if plugin.unpack_first:  # what install-cni does for a new version (untimed)
+                subprocess.run([plugin.argv[-1]], env={**env, "CNIBOX_UNPACK_ONLY": "1"},
+                               check=True, capture_output=True)  # fmt: skip
         return env
 
 
@@ -361,6 +380,9 @@ def cluster(namespaces: Namespaces, workdir: Path) -> Iterator[Cluster]:
     api = KubeApi(make_pki(workdir / "pki"))
     pod = pods_from_golden(GOLDEN)[0]
     api.add_pod(pod)
+    unmeshed = pods_from_golden(UNMESHED_GOLDEN)[0]
+    unmeshed["metadata"] = {**unmeshed["metadata"], "name": UNMESHED_NAME}
+    api.add_pod(unmeshed)
     api.start(node)
     # A real API server's backlog is somaxconn; the test server's 16 would drop the SYNs of a
     # 100-pod burst and add TCP's 1 s retransmit to the concurrency row.
@@ -391,25 +413,30 @@ class Bench:
         self.seq = 0
         self.problems: list[str] = []
 
-    def add_once(self, plugin: Plugin, mode: str, netns: str) -> tuple[Exit, bool]:
+    def add_once(
+        self, plugin: Plugin, mode: str, netns: str, *, meshed: bool = True
+    ) -> tuple[Exit, bool]:
         """One timed ADD, then (untimed) the proof that it programmed upstream's rules."""
         self.seq += 1
         stdin = self.cluster.stdin(netns, mode)
-        env = self.cluster.env(netns, plugin, self.seq)
+        pod = None if meshed else (self.cluster.pod[0], UNMESHED_NAME)
+        env = self.cluster.env(netns, plugin, self.seq, pod)
         with entered_netns(self.cluster.node):
             done = self.spawner.run(plugin.argv, env, stdin)
-        ok = self.verify(done, mode, netns, plugin.name)
+        ok = self.verify(done, mode, netns, plugin.name, meshed=meshed)
         self.drop_cache(plugin, env)
         return done, ok
 
-    def verify(self, done: Exit, mode: str, netns: str, who: str) -> bool:
+    def verify(self, done: Exit, mode: str, netns: str, who: str, *, meshed: bool = True) -> bool:
         problem = ""
         if done.status != 0:
             problem = f"exit {done.status}: {done.stdout[:300]!r} {done.stderr[-300:]!r}"
         elif not _passes_on(_parsed(done.stdout), self.cluster.prev_for(netns)):
             problem = f"stdout is not the prevResult: {done.stdout!r}"
-        elif nat_table(netns, mode) != golden_table(mode):
+        elif meshed and nat_table(netns, mode) != golden_table(mode):
             problem = f"nat table differs from default-{mode}: {done.stderr[-300:]!r}"
+        elif not meshed and "PROXY_INIT" in nat_table(netns, mode):
+            problem = "an unmeshed pod got rules"
         if problem and len(self.problems) < 20:
             self.problems.append(f"{who} {mode}: {problem}")
         return not problem
@@ -420,15 +447,18 @@ class Bench:
         if plugin.fresh_cache is not None:
             shutil.rmtree(env["CNIBOX_CACHE"], ignore_errors=True)
 
-    def add_row(self, name: str, plugin: Plugin, mode: str, iterations: int) -> Row:
+    def add_row(
+        self, name: str, plugin: Plugin, mode: str, iterations: int, *, meshed: bool = True
+    ) -> Row:
         row = Row(name)
         with self.namespaces.fresh() as netns:  # warm-up, not counted: its peak RSS
-            timed = Plugin(plugin.name, [*TIME_RSS, *plugin.argv], plugin.env, plugin.fresh_cache)
-            done, _ = self.add_once(timed, mode, netns)
+            timed = Plugin(plugin.name, [*TIME_RSS, *plugin.argv], plugin.env, plugin.fresh_cache,
+                           plugin.unpack_first)  # fmt: skip
+            done, _ = self.add_once(timed, mode, netns, meshed=meshed)
             row.peak_rss_kb = parse_rss(done.stderr)
         for _ in range(iterations):
             with self.namespaces.fresh() as netns:
-                done, ok = self.add_once(plugin, mode, netns)
+                done, ok = self.add_once(plugin, mode, netns, meshed=meshed)
             row.add(done.ms, ok, done.cpu_ms)
         return row
 
@@ -501,25 +531,34 @@ def parse_rss(stderr: bytes) -> int | None:
 
 
 def upstream_row(name: str, spawner: Spawner, namespaces: Namespaces, mode: str, n: int) -> Row:
-    commands = upstream_commands(mode)
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     row = Row(name)
     for i in range(n + 1):
-        with namespaces.fresh() as netns:
-            total, cpu, ok = 0.0, 0.0, True
-            for argv in commands:
-                wrap = [] if i else TIME_RSS  # the uncounted first pass measures memory
-                done = spawner.run([*wrap, "nsenter", f"--net={netns}", "--", *argv], env)
-                total += done.ms
-                cpu += done.cpu_ms
-                if not i:
-                    row.peak_rss_kb = max(row.peak_rss_kb or 0, parse_rss(done.stderr) or 0)
-                ok = ok and done.status == 0
-            ok = ok and nat_table(netns, mode) == golden_table(mode)
-        if i:  # the first pass warms the page cache and modules; not counted
+        # the uncounted first pass warms the page cache and modules, and measures memory
+        total, cpu, ok, rss = replay_once(spawner, namespaces, mode, [] if i else TIME_RSS)
+        if i:
             row.add(total, ok, cpu)
-    row.note = f"{len(commands)} processes"
+        else:
+            row.peak_rss_kb = rss
+    row.note = f"{len(upstream_commands(mode))} processes"
     return row
+
+
+def replay_once(
+    spawner: Spawner, namespaces: Namespaces, mode: str, wrap: list[str]
+) -> tuple[float, float, bool, int]:
+    """Upstream's command sequence once, on a fresh pod netns: (wall ms, CPU ms, table right,
+    peak RSS KiB when `wrap` is TIME_RSS)."""
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    total, cpu, ok, rss = 0.0, 0.0, True, 0
+    with namespaces.fresh() as netns:
+        for argv in upstream_commands(mode):
+            done = spawner.run([*wrap, "nsenter", f"--net={netns}", "--", *argv], env)
+            total += done.ms
+            cpu += done.cpu_ms
+            rss = max(rss, parse_rss(done.stderr) or 0) if wrap else 0
+            ok = ok and done.status == 0
+        ok = ok and nat_table(netns, mode) == golden_table(mode)
+    return total, cpu, ok, rss
 
 
 def command_row(
@@ -721,12 +760,48 @@ def ratios(rows: dict[str, Row], impl: str) -> dict[str, dict[str, Any]]:
                 "cpu_value": ratio(rows, add, den, cpu=True),
                 "goal": goal,
             }
+    if impl == "binary":
+        out.update(agent_ratios(rows))
     conc = rows.get(f"concurrency: {impl}, nft")
     if conc is not None and conc.samples_ms:
         out[f"concurrency p99 / p50 ({impl})"] = {
             "value": conc.p99 / conc.median,
             "cpu_value": None,
             "goal": 3.0,
+        }
+    return out
+
+
+def agent_ratios(rows: dict[str, Row]) -> dict[str, dict[str, Any]]:
+    """Issue 11's goals: the agent against upstream's replay, its burst against the one-shot
+    burst, the first ADD after install against a warm one-shot ADD."""
+    out: dict[str, dict[str, Any]] = {}
+    pairs = (
+        ("agent ADD / upstream replay (nft)", "cnibox ADD, agent, nft",
+         "upstream replay, nft (interleaved with agent ADD)", 0.5),
+        ("agent ADD / upstream replay (legacy)", "cnibox ADD, agent, legacy",
+         "upstream replay, legacy (interleaved with agent ADD)", 0.5),
+        ("agent unmeshed ADD / upstream replay (nft)", "cnibox ADD unmeshed, agent, nft",
+         "upstream replay, nft (interleaved with agent ADD unmeshed)", 0.25),
+        ("first ADD after install / warm one-shot (nft)", "cnibox ADD, binary after install, nft",
+         "cnibox ADD, binary, nft", 1.5),
+        ("one-shot binary ADD / upstream replay (nft)", "cnibox ADD, binary, nft",
+         "upstream replay, nft", 1.5),
+        ("one-shot binary ADD / replay, interleaved (nft)", f"cnibox ADD, {ONESHOT}, nft",
+         f"upstream replay, nft (interleaved with {ONESHOT} ADD)", 1.5),
+    )  # fmt: skip
+    for label, num, den, goal in pairs:
+        out[label] = {
+            "value": ratio(rows, num, den),
+            "cpu_value": ratio(rows, num, den, cpu=True),
+            "goal": goal,
+        }
+    burst, alone = rows.get("concurrency: agent, nft"), rows.get("concurrency: binary, nft")
+    if burst and alone and burst.wall_ms and alone.wall_ms:
+        out["agent burst wall / one-shot burst wall (nft)"] = {
+            "value": burst.wall_ms / alone.wall_ms,
+            "cpu_value": None,
+            "goal": 0.2,
         }
     return out
 
@@ -770,9 +845,43 @@ def plugins(workdir: Path, binary: Path | None) -> dict[str, Plugin]:
     first = workdir / "cache-first"
     first.mkdir(mode=0o700)
     argv = [str(links / "linkerd-cni")]
-    found["binary"] = Plugin("binary", argv, {"CNIBOX_CACHE": str(warm)})
-    found["binary first start"] = Plugin("binary first start", argv, fresh_cache=first)
+    off = {"CNIBOX_AGENT_SOCKET": ""}  # never an agent that happens to run on this machine
+    found["binary"] = Plugin("binary", argv, {"CNIBOX_CACHE": str(warm), **off})
+    found["binary first start"] = Plugin("binary first start", argv, off, fresh_cache=first)
     return found
+
+
+def agent_plugin(workdir: Path, socket_path: Path) -> Plugin:
+    """The launcher with an agent answering: CNIBOX_CACHE is empty and stays so."""
+    cache = workdir / "cache-agent-caller"
+    cache.mkdir(mode=0o700)
+    argv = [str(workdir / "bin" / "linkerd-cni")]
+    env = {"CNIBOX_CACHE": str(cache), "CNIBOX_AGENT_SOCKET": str(socket_path)}
+    return Plugin("agent", argv, env)
+
+
+@contextmanager
+def agent_running(
+    binary: Path, cl: Cluster, workdir: Path
+) -> Iterator[tuple[Path, Path, subprocess.Popen[bytes]]]:
+    """`cnibox agent` in the node netns (a DaemonSet pod with hostNetwork); (socket, log,
+    process)."""
+    sock = workdir / "agent" / "agent.sock"
+    log = workdir / "agent.log"
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNIBOX_CACHE": str(workdir / "cache-warm")}
+    argv = [str(binary), "agent", "--socket", str(sock), "--admin-addr", "127.0.0.1:0"]
+    with open(log, "wb") as out, entered_netns(cl.node):
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while b"agent ready" not in log.read_bytes():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"agent did not start: {log.read_text()[-500:]}")
+            time.sleep(0.05)
+        yield sock, log, proc
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces) -> int:
@@ -828,6 +937,8 @@ def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces
                         f"concurrency: {impl}, nft", impls[impl], "nft", args.concurrency
                     )
                 )
+        if binary is not None:
+            extra["agent"] = agent_rows(bench, binary, impls, workdir, n, args.concurrency, add)
         extra["problems"] = bench.problems
     extra["problems"] += add_cri_rows(args.cri, binary, workdir, n, add)
     if binary is not None:
@@ -854,6 +965,179 @@ def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces
     print(f"results: {save(rows, ratio_values, extra)}")
     failures = sum(r.failures for r in rows)
     return 1 if failures else 0
+
+
+def agent_rows(  # noqa: PLR0917 - the bench's state, passed down as run_bench has it
+    bench: Bench,
+    binary: Path,
+    impls: dict[str, Plugin],
+    workdir: Path,
+    n: int,
+    burst: int,
+    add: Any,
+    *,
+    oneshot: bool = True,
+) -> dict[str, Any]:
+    """The node agent's rows (issue 11), and (`oneshot`) the one-shot rows they are compared
+    with."""
+    if oneshot:
+        add(bench.add_row("cnibox ADD unmeshed, binary, nft", impls["binary"], "nft", n,
+                          meshed=False))  # fmt: skip
+        after = Plugin("binary after install", impls["binary first start"].argv,
+                       impls["binary first start"].env, impls["binary first start"].fresh_cache,
+                       unpack_first=True)  # fmt: skip
+        add(bench.add_row("cnibox ADD, binary after install, nft", after, "nft", n))
+        oneshot_rows(bench, impls, n, add)
+    with agent_running(binary, bench.cluster, workdir) as (sock, log, proc):
+        plugin = agent_plugin(workdir, sock)
+        calls = 0
+
+        def measured(row_of: Callable[[], Row], count: int) -> None:
+            """A row whose CPU column adds the agent's (its workers are reaped by it, so
+            their time is in its cutime/cstime) to each caller's, averaged over the row."""
+            before = _agent_cpu_ms(proc.pid)
+            row = row_of()
+            _settle(proc.pid)
+            per_add = (_agent_cpu_ms(proc.pid) - before) / count
+            row.cpu_ms = [c + per_add for c in row.cpu_ms]
+            row.note = f"{row.note}; agent CPU {per_add:.1f} ms/ADD".lstrip("; ")
+            add(row)
+
+        # Each agent ADD right after one upstream replay: on a shared machine both see the
+        # same load, so their ratio holds even when the load moves during the run.
+        for mode, meshed in (("nft", True), ("legacy", True), ("nft", False)):
+            pair: list[Row] = []
+            measured(partial(interleaved, bench, plugin, mode, n, meshed=meshed, pair=pair), n + 1)
+            add(pair[0])
+            calls += n + 1
+        if burst:
+            measured(
+                lambda: bench.concurrency("concurrency: agent, nft", plugin, "nft", burst), burst
+            )
+            calls += burst
+        metrics = agent_metrics(bench.cluster.node, log)
+    served = int(sum(v for k, v in metrics.items() if k.startswith(SERVED_ADD)))
+    handed = {k.split('"')[1]: int(v) for k, v in metrics.items() if k.startswith(FALLBACKS)}
+    caller_cache = Path(plugin.env["CNIBOX_CACHE"])
+    unpacked = any(caller_cache.iterdir())
+    own = calls - served - sum(handed.values())
+    print(f"agent served {served} of {calls} ADDs; handed back {dict(handed)}; "
+          f"callers that fell back on their own (no ACCEPT in time, connect failed): {own}; "
+          f"caller cache unpacked: {unpacked}")  # fmt: skip
+    if served != calls or unpacked:
+        bench.problems.append(f"agent served {served} of {calls} ADDs (unpacked: {unpacked})")
+    return {"served": served, "calls": calls, "handed_back": dict(handed), "own_fallbacks": own}
+
+
+SERVED_ADD = 'cnibox_agent_requests_total{command="ADD",result="ok"'
+FALLBACKS = "cnibox_agent_fallbacks_total{"
+
+
+def agent_metrics(node: str, log: Path) -> dict[str, float]:
+    """The agent's /metrics samples (its admin server is on 127.0.0.1 of the node netns)."""
+    import re
+    import urllib.request
+
+    port = re.search(rb"admin endpoints on \S+ \(port (\d+)\)", log.read_bytes())
+    if port is None:
+        return {}
+    with entered_netns(node):
+        url = f"http://127.0.0.1:{int(port.group(1))}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            text = reply.read().decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+
+
+def interleaved(
+    bench: Bench, plugin: Plugin, mode: str, n: int, *, meshed: bool, pair: list[Row]
+) -> Row:
+    """n ADDs through `plugin` (the agent, or the one-shot binary), each right after one
+    upstream replay; returns the plugin's row and puts the replay's (same samples' time
+    slots) in `pair`."""
+    kind = "ADD" if meshed else "ADD unmeshed"
+    replay = Row(f"upstream replay, {mode} (interleaved with {plugin.name} {kind})")
+    agent = Row(f"cnibox {kind}, {plugin.name}, {mode}")
+    for i in range(n + 1):
+        total, cpu, ok, _ = replay_once(bench.spawner, bench.namespaces, mode, [])
+        with bench.namespaces.fresh() as netns:
+            done, served_ok = bench.add_once(plugin, mode, netns, meshed=meshed)
+        if i:  # the first pair warms both up
+            replay.add(total, ok, cpu)
+            agent.add(done.ms, served_ok, done.cpu_ms)
+    replay.note = "11 processes"
+    pair.append(replay)
+    return agent
+
+
+def _agent_cpu_ms(pid: int) -> float:
+    """utime + stime + cutime + cstime of a process, in ms (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = sum(int(x) for x in fields[11:15])
+    return 1000 * ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _settle(pid: int) -> None:
+    """Wait (briefly) until the agent has reaped the workers of the row's requests."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if len(children) <= 4 + 1:  # the idle pool (plus one being forked)
+            return
+        time.sleep(0.05)
+
+
+ONLY = ("agent", "oneshot")
+
+
+def run_only(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces) -> int:
+    """`--only agent|oneshot`: one group of interleaved rows and their ratios, for measuring a
+    change to one path quickly (the full run is `make bench`)."""
+    binary = Path(args.binary).resolve() if Path(args.binary).exists() else None
+    if binary is None:
+        print("bench: --only needs the built binary (make build)", file=sys.stderr)
+        return 2
+    rows: list[Row] = []
+    extra: dict[str, Any] = {"iterations": args.iterations, "loadavg_at_start": loadavg()}
+
+    def add(row: Row) -> None:
+        rows.append(row)
+        print(format_table([row]).splitlines()[-1], flush=True)
+
+    print(format_table([]).splitlines()[0], flush=True)
+    impls = plugins(spawner.workdir, binary)
+    with cluster(namespaces, spawner.workdir) as cl:
+        bench = Bench(spawner, namespaces, cl)
+        if args.only == "oneshot":
+            oneshot_rows(bench, impls, args.iterations, add)
+        else:
+            extra["agent"] = agent_rows(bench, binary, impls, spawner.workdir, args.iterations,
+                                        args.concurrency, add, oneshot=False)  # fmt: skip
+        extra["problems"] = bench.problems
+    ratio_values = agent_ratios({r.name: r for r in rows})
+    print()
+    print(format_table(rows))
+    print()
+    print(format_ratios({k: v for k, v in ratio_values.items() if v["value"] is not None}))
+    for problem in extra["problems"]:
+        print(f"problem: {problem}")
+    print(f"load average: {extra['loadavg_at_start']} at start, {loadavg()} at the end")
+    print(f"results: {save(rows, ratio_values, extra)}")
+    return 1 if any(r.failures for r in rows) else 0
+
+
+def oneshot_rows(bench: Bench, impls: dict[str, Plugin], n: int, add: Any) -> None:
+    """The warm one-shot binary ADD, each right after one upstream replay (same load)."""
+    plugin = Plugin(ONESHOT, impls["binary"].argv, impls["binary"].env)
+    pair: list[Row] = []
+    add(interleaved(bench, plugin, "nft", n, meshed=True, pair=pair))
+    add(pair[0])
+
+
+ONESHOT = "one-shot binary"
 
 
 def run_cri_only(args: argparse.Namespace, workdir: Path) -> int:
@@ -990,6 +1274,12 @@ def main() -> int:
         "--no-cri", dest="cri", action="store_false", help="skip the containerd RunPodSandbox rows"
     )
     parser.add_argument("--cri-only", action="store_true", help="only the RunPodSandbox rows")
+    parser.add_argument(
+        "--only",
+        choices=ONLY,
+        help="only one issue-11 group of interleaved rows (with their replay): the meshed "
+        "and unmeshed ADDs through the agent, or the one-shot binary ADD (no burst unless -c)",
+    )
     args = parser.parse_args()
     args.binary = args.binary or str(REPO / "dist" / "cnibox")
     if os.geteuid() != 0:
@@ -1008,6 +1298,8 @@ def main() -> int:
                 return run_profile(spawner, namespaces, args.profile, binary, args.iterations)
             if args.cri_only:
                 return run_cri_only(args, spawner.workdir)
+            if args.only:
+                return run_only(args, spawner, namespaces)
             return run_bench(args, spawner, namespaces)
         finally:
             spawner.kill_all()

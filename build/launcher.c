@@ -21,12 +21,17 @@
  *    deletes its copy and uses the winner's. Then old versions that nobody holds a lock on
  *    (flock LOCK_EX|LOCK_NB succeeds) and temp leftovers older than 10 minutes are removed.
  * 3. Extraction roots, first usable wins: $CNIBOX_CACHE if set (then the only candidate),
- *    else /run/cnibox, /var/lib/cnibox, /var/tmp/cnibox, /tmp/cnibox, /dev/shm/cnibox.
+ *    else /var/lib/cnibox, /run/cnibox, /var/tmp/cnibox, /tmp/cnibox, /dev/shm/cnibox (disk
+ *    first: on Talos /run is RAM, and a copy on disk survives a reboot).
  *    Usable = on a mount that is neither read-only nor noexec, and (for the defaults)
  *    owned by us and not writable by group or others, so nobody else can plant a payload.
- * 4. Exports LOCPATH=<dir>/locale (Nuitka's runtime aborts without a usable locale) and
- *    CNIBOX_EXE=<this file> (what the installer copies). Every launcher error: a message on
- *    stderr and exit status 127.
+ * 4. Exports LOCPATH=<dir>/locale (Nuitka's runtime aborts without a usable locale),
+ *    CNIBOX_EXE=<this file> (what the installer copies) and CNIBOX_BUILD=<hash> (the node
+ *    agent's version handshake). Every launcher error: a message on stderr and exit 127.
+ * 0. Before all of that, invoked as the CNI plugin with a node agent answering, the agent
+ *    serves the invocation and nothing is unpacked or executed (agent_client.c).
+ * CNIBOX_UNPACK_ONLY=1: make sure this version is unpacked, print its directory, exit 0
+ * (install-cni runs it so that no pod start pays for the unpack).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -77,7 +82,7 @@
 #define TMPFS_MAGIC_ 0x01021994
 
 static const char *const DEFAULT_ROOTS[] = {
-    "/run/cnibox", "/var/lib/cnibox", "/var/tmp/cnibox", "/tmp/cnibox", "/dev/shm/cnibox", NULL,
+    "/var/lib/cnibox", "/run/cnibox", "/var/tmp/cnibox", "/tmp/cnibox", "/dev/shm/cnibox", NULL,
 };
 
 struct trailer {
@@ -181,12 +186,20 @@ static int lock_complete(const char *dir, int check_owner) {
     return fd;
 }
 
+static const char *build_hash = "";
+
 static void run(const char *dir, int argc, char **argv, const char *self) {
     char loader[PATH_MAX], main_binary[PATH_MAX], locale[PATH_MAX];
     path_join(loader, dir, LOADER);
     path_join(main_binary, dir, MAIN_BINARY);
     path_join(locale, dir, "locale");
-    if (setenv("LOCPATH", locale, 1) != 0 || setenv("CNIBOX_EXE", self, 1) != 0)
+    const char *only = getenv("CNIBOX_UNPACK_ONLY");
+    if (only && !strcmp(only, "1")) {
+        dprintf(1, "%s\n", dir);
+        _exit(0);
+    }
+    if (setenv("LOCPATH", locale, 1) != 0 || setenv("CNIBOX_EXE", self, 1) != 0 ||
+        setenv("CNIBOX_BUILD", build_hash, 1) != 0)
         die("setenv: %s", strerror(errno));
     char **args = calloc((size_t)argc + 8, sizeof *args);
     if (!args) die("out of memory");
@@ -405,6 +418,8 @@ static int install(int self_fd, const struct trailer *t, const char *root, const
     return 0;
 }
 
+#include "agent_client.c"
+
 /* ---- main ----------------------------------------------------------------------------- */
 
 static int try_fast(const char *root, const char *hash, int check_owner, char *dir) {
@@ -422,6 +437,8 @@ int main(int argc, char **argv) {
     if (self_fd < 0) die("cannot open /proc/self/exe: %s", strerror(errno));
     struct trailer t;
     read_trailer(self_fd, &t);
+    build_hash = t.hash;
+    agent_try(argc, argv, t.hash);
 
     const char *custom = getenv("CNIBOX_CACHE");
     const char *single[] = {custom, NULL};

@@ -47,6 +47,12 @@ def talos_entries(binary: bytes) -> list[oci.Entry]:
         oci.file(layout["binary"], binary, 0o755),
     ]
     entries += [oci.symlink(path, target) for path, target in layout["links"].items()]
+    # the node agent's extension service (docs/agent.md): its config and its mount points
+    entries += [
+        oci.file(path, (HERE / "talos" / source).read_bytes(), 0o644)
+        for path, source in layout.get("files", {}).items()
+    ]
+    entries += [oci.directory(path, 0o755) for path in layout.get("dirs", [])]
     return entries
 
 

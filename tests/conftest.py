@@ -6,7 +6,9 @@ or compilers: go, openssl, skopeo, umoci), tests/netns/ (root and throwaway netw
 namespaces), tests/binary/ (the built single file, `make test-binary`), tests/cri/ (the built
 file under containerd, driven through its CRI; docs/cri-tests.md).
 `CNIBOX=/path/to/binary` runs the command-level suites against a built executable instead
-of `python -m multicall`.
+of `python -m multicall`. `CNIBOX_TEST_AGENT=1` (with CNIBOX) runs them all with a node agent
+serving the session (`cnibox agent`, CNIBOX_AGENT_SOCKET pointing at it); without it, no
+agent is used even if one runs on the machine (CNIBOX_AGENT_SOCKET="").
 """
 
 from __future__ import annotations
@@ -64,6 +66,39 @@ def _host_firewall() -> str:
     # Counters move with the host's own traffic; only the rules themselves must stay put.
     lines = (line for text in out for line in text.splitlines() if not line.startswith("#"))
     return "\n".join(re.sub(r"\[\d+:\d+\]", "[-]", line) for line in lines)
+
+
+def agent_mode() -> bool:
+    return os.environ.get("CNIBOX_TEST_AGENT", "") == "1"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_agent(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """The agent every plugin invocation of the session goes through, in agent mode. A
+    session that ran the libcni suite must have been served by it (not silently by the
+    fallback)."""
+    if not agent_mode():
+        os.environ["CNIBOX_AGENT_SOCKET"] = ""
+        yield
+        return
+    binary = os.environ.get("CNIBOX")
+    if not binary or os.geteuid() != 0:
+        pytest.exit("CNIBOX_TEST_AGENT=1 needs CNIBOX (the built file) and root", returncode=2)
+    from tests.support.agent import AgentProcess
+
+    run_dir = tmp_path_factory.mktemp("agent")
+    agent = AgentProcess(run_dir / "agent.sock", argv=[binary]).start()
+    os.environ["CNIBOX_AGENT_SOCKET"] = agent.socket
+    try:
+        yield
+    finally:
+        served = sum(v for k, v in agent.metrics().items() if "requests_total" in k)
+        assert agent.stop() == 0, "".join(agent.log[-20:])
+        print(f"\nsession agent served {served:.0f} requests")
+    ran_libcni = any("test_linkerd_cni" in item.nodeid for item in request.session.items)
+    assert served > 0 or not ran_libcni, "agent mode, but the agent served no request"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -40,6 +40,12 @@ def _iptables_verify() -> AppletModule:
     return iptables_verify
 
 
+def _linkerd_cni_agent() -> AppletModule:
+    from multicall.applets import linkerd_cni_agent
+
+    return linkerd_cni_agent
+
+
 def _linkerd_cni_repair_controller() -> AppletModule:
     from multicall.applets import linkerd_cni_repair_controller
 
@@ -77,6 +83,13 @@ APPLETS: tuple[Applet, ...] = (
         (),
         "compare a pod's nat table with what linkerd-cni would program",
         _iptables_verify,
+    ),
+    # CAP_NET_ADMIN for nf_tables; CAP_SYS_ADMIN to enter pod netns for legacy (docs/agent.md)
+    Applet(
+        "linkerd-cni-agent",
+        ("agent",),
+        "resident node agent serving linkerd-cni without a Python start per pod",
+        _linkerd_cni_agent,
     ),
     # none by default (upstream's: API access only); --repair-in-place enters pod network
     # namespaces (CAP_SYS_ADMIN) and programs nat there (CAP_NET_ADMIN, CAP_NET_RAW)

@@ -25,7 +25,9 @@ KUBECONFIG_FILE_NAME (ZZZ-linkerd-cni-kubeconfig), KUBERNETES_SERVICE_HOST,
 KUBERNETES_SERVICE_PORT, KUBE_CA_FILE (ca.crt beside the token), SERVICE_ACCOUNT_DIR
 (/var/run/secrets/kubernetes.io/serviceaccount), CNI_CONF_NAME (only this file),
 CNIBOX_HOST_BINARY (/usr/local/lib/cnibox/cnibox), CNIBOX_STATE_DIR (undo journal and pid
-file: DEST_CNI_NET_DIR/.cnibox-install-cni), INSTALL_CNI_PID_FILE (in the state dir).
+file: DEST_CNI_NET_DIR/.cnibox-install-cni), INSTALL_CNI_PID_FILE (in the state dir),
+CNIBOX_HOST_CACHE (where the node's launcher cache, /var/lib/cnibox, is mounted: the new
+version is unpacked into it at install time, so no pod start pays for the unpack).
 CNI_NETWORK_CONFIG (or the file CNI_NETWORK_CONFIG_FILE names) is required: the linkerd-cni
 entry to chain, as the chart's ConfigMap key cni_network_config holds it.
 """  # noqa: E501 - the usage line stays one line
@@ -223,6 +225,26 @@ class Installer:
         names = [PLUGIN_LINK, NSENTER_LINK] if self.options.link_nsenter else [PLUGIN_LINK]
         for name in names:
             self._link(os.path.join(bin_dir, name), target)
+        linked = os.path.join(bin_dir, target)  # target is relative, or the node's own file
+        self.unpack_for_node(
+            self.config.host_binary_in_container if target == self.config.host_binary else linked
+        )
+
+    def unpack_for_node(self, single_file: str) -> None:
+        """Unpack the file the plugin link points at into the node's launcher cache
+        (CNIBOX_HOST_CACHE) now; a failure only costs the first pod start its unpack, so it
+        is logged, not fatal."""
+        cache = self.config.host_cache
+        if not cache:
+            return
+        from multicall.effects.bundle import unpack_for_node
+
+        try:
+            where = unpack_for_node(single_file, cache)
+        except (OSError, RuntimeError, ValueError) as exc:
+            self.log.info(f"could not unpack cnibox into {cache}: {exc}")
+            return
+        self.log.info(f"unpacked cnibox for the node into {where}")
 
     def _binary_target(self, bin_dir: str) -> str:
         on_node = self.config.host_binary_in_container

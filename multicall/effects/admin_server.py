@@ -11,14 +11,24 @@ Rules of this module:
 2. Bounded: a request head must arrive within 2 s and fit 8 KiB (kubert's
    `http1_header_read_timeout`/`http1_max_buf_size`); at most MAX_CONNECTIONS are served at
    once, others are closed unanswered; request bodies are not read.
+3. A process forked while a server runs holds none of its sockets: the node agent forks its
+   workers and the legacy firewall backend forks a child per table operation, and a copy of
+   the listener or of a probe's connection there would keep the port bound or the probe's
+   connection open after the server is gone. Sockets are accepted, recorded and closed
+   under the server's lock, which an at-fork hook holds across every os.fork(), and the
+   child closes what is recorded (`_forked_child`). (subprocess' exec never inherits them:
+   Python's sockets are close-on-exec.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import select
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -118,30 +128,40 @@ class AdminServer:
             ) from None
         self._listener.listen(64)
         self.port: int = self._listener.getsockname()[1]
+        self._listener.setblocking(False)
         self.routes = dict(routes)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._stopped = threading.Event()
+        self._lock = threading.Lock()  # rule 3: held for accept, record, close; and at fork
+        self._open: set[socket.socket] = set()
+        _LIVE.add(self)
 
     def start(self) -> None:
         threading.Thread(target=self._accept, name="admin", daemon=True).start()
 
     def stop(self) -> None:
         self._stopped.set()
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
+        with self._lock:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
+            self._listener.close()
 
     def _accept(self) -> None:
         while not self._stopped.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
+            with contextlib.suppress(OSError, ValueError):
+                select.select([self._listener], [], [], 1.0)  # wakes on stop()'s shutdown
+            with self._lock:
                 if self._stopped.is_set():
                     return
-                continue
-            if not self._slots.acquire(blocking=False):
-                conn.close()
-                continue
+                try:
+                    conn, _ = self._listener.accept()
+                except OSError:
+                    continue
+                if not self._slots.acquire(blocking=False):
+                    conn.close()
+                    continue
+                conn.setblocking(True)
+                self._open.add(conn)
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
@@ -160,8 +180,18 @@ class AdminServer:
         except (OSError, ValueError):
             return
         finally:
-            conn.close()
+            with self._lock:
+                self._open.discard(conn)
+                conn.close()
             self._slots.release()
+
+    def _forked_child(self) -> None:
+        """In a child just forked (rule 3): close every socket of this server, never serve."""
+        self._stopped.set()
+        for sock in (self._listener, *self._open):
+            if sock.fileno() >= 0:
+                os.close(sock.detach())  # detached: no later collection closes a reused number
+        self._open.clear()
 
     def route(self, method: str, path: str, headers: Mapping[str, str]) -> Reply:
         route = self.routes.get(path.split("?", 1)[0])
@@ -227,3 +257,30 @@ def _render(reply: Reply, head_only: bool, keep_alive: bool) -> bytes:
         lines.append("Connection: close")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
     return head if head_only else head + reply.body
+
+
+_LIVE: weakref.WeakSet[AdminServer] = weakref.WeakSet()
+_HELD: list[AdminServer] = []  # the servers whose locks the forking thread holds
+
+
+def _before_fork() -> None:
+    for server in list(_LIVE):
+        server._lock.acquire()
+        _HELD.append(server)
+
+
+def _after_fork_in_parent() -> None:
+    while _HELD:
+        _HELD.pop()._lock.release()
+
+
+def _after_fork_in_child() -> None:
+    while _HELD:
+        server = _HELD.pop()
+        server._forked_child()
+        server._lock.release()
+
+
+os.register_at_fork(
+    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+)

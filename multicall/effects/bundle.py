@@ -69,3 +69,19 @@ def child_environ(env: Mapping[str, str]) -> dict[str, str]:
     if locpath and os.path.dirname(locpath) == bundle_root():
         del child["LOCPATH"]
     return child
+
+
+def unpack_for_node(single_file: str, cache_root: str) -> str:
+    """Make the launcher of `single_file` unpack its payload into `cache_root` now (its
+    CNIBOX_UNPACK_ONLY mode) and return the directory, so that the first pod start after an
+    install or upgrade does not pay for it (docs/agent.md "First start"). OSError or
+    RuntimeError when it cannot."""
+    import subprocess
+
+    env = {"CNIBOX_UNPACK_ONLY": "1", "CNIBOX_CACHE": cache_root, "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([single_file], env=env, capture_output=True, timeout=300, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            proc.stderr.decode(errors="replace").strip() or f"exit {proc.returncode}"
+        )
+    return proc.stdout.decode(errors="replace").strip()

@@ -8,6 +8,10 @@ Rules of this module:
    a caller says otherwise (the installer, in net.d): kubelet's projected volumes, where
    the service account token lives, are made of them. This is the one opener of files to
    read: the installer's reader (effects/fs.py `read_file`) words the same failures its way.
+   Paths are opened as the process being served sees them (effects/caller.py `open_fd`):
+   in a node agent's worker the caller's root and cwd stand for "/" and ".", so a worker
+   reads the caller's kubeconfig, token and CA with exactly these bounds and checks; in
+   every other process that is a plain open(2).
 2. Nothing is read beyond `limit + 1` bytes; an input over its limit (core/limits.py) is
    refused with `UnreadableInput` naming the input and the limit.
 3. Lines are streamed (`lines`) where an input may legitimately be large: one line in memory
@@ -24,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from multicall.core.limits import describe_size
+from multicall.effects import caller
 from multicall.errors import UnreadableInput
 
 _CHUNK = 64 * 1024
@@ -58,7 +63,7 @@ def open_regular_fd(path: str, *, follow: bool = True) -> int:
     NotRegularFile for a FIFO, device, directory, socket or (not following) a symlink."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags if follow else flags | os.O_NOFOLLOW)
+        fd = caller.open_fd(path, flags if follow else flags | os.O_NOFOLLOW)
     except OSError as exc:
         if exc.errno == errno_mod.ELOOP and not follow:
             raise NotRegularFile(path, "a symlink") from None

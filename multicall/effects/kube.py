@@ -16,6 +16,12 @@ Rules of this module:
    idle (nothing of a response arrives), a GET is retried once on a new connection, as Go's
    transport retries idempotent requests. `ssl` and `socket` are imported on first use only
    (start-up time of DEL/VERSION/skipped pods stays low).
+6. In a node agent's worker only (never in a one-shot process) the connection may have been
+   made before the request arrived (`warm_up`, "warm connections" below): adopted only for
+   the same server and trust settings, young and still open, and treated as a reused
+   keep-alive connection (rule 5: retried once if the server closed it, never after a
+   timeout). Files the client reads (kubeconfig, token, CA) are read by effects/inputs.py,
+   which a worker points at the caller's root (effects/caller.py).
 """
 
 from __future__ import annotations
@@ -166,6 +172,7 @@ class KubeClient:
         # The CA is read now: a file that cannot be one fails before any connection.
         self._tls = _tls_context(config) if self.endpoint.scheme == "https" else None
         self._conn: _Connection | None = None
+        _last_config[:] = [config]  # for an agent worker's `warm_hint`
 
     def close(self) -> None:
         if self._conn is not None:
@@ -297,14 +304,22 @@ class _Connection:
         self.reader: BinaryIO | None = None
         self.deadline = 0.0
         self.completed = 0  # responses read in full on this connection
+        self.warm = False  # adopted from `warm_up` (rule 6): reused, as a kept-alive one is
 
     def open(self, config: KubeConfig, deadline: float, tls: ssl.SSLContext | None = None) -> None:
         """Connect (and TLS: with `tls`, else a context made from `config`) by `deadline`."""
         if self.sock is not None:
             return
+        self.deadline = deadline
+        if (adopted := _adopt_warm(self.endpoint, config)) is not None:
+            # A new reader: every read is bounded by this connection's deadline, not the
+            # warm-up's. Nothing was read on it yet (`_still_open`), so nothing is lost.
+            self.sock, self.warm = adopted, True
+            self.reader = io.BufferedReader(_DeadlineReader(self), READ_SIZE)
+            self.stage = "request"
+            return
         import socket
 
-        self.deadline = deadline
         host = _wire_host(self.endpoint.host)
         self.stage = "resolve"
         addresses = _resolve(host, self.endpoint.port, deadline)
@@ -331,7 +346,7 @@ class _Connection:
         assert self.reader is not None
         self.deadline = deadline
         self.stage = "request"
-        reused = self.completed > 0
+        reused = self.completed > 0 or self.warm
         try:
             self.sock.settimeout(_remaining(deadline))
             self.sock.sendall(f"{method} {path} HTTP/1.1\r\n{headers}\r\n".encode("latin-1") + body)
@@ -393,6 +408,109 @@ class _Connection:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+
+# ----------------------------------------------------------------------------- warm connections
+# A node agent's idle worker dials the API server (TCP + TLS) before its request arrives
+# (`warm_up`, with the endpoint and CA of the previous request, `warm_hint`); the request's
+# KubeClient adopts that connection when endpoint and TLS settings are the same, so the
+# handshake is off the pod's critical path. Never in a one-shot process (rule 6).
+WARM_MAX_AGE = 60.0  # older: not trusted to be alive (idle-connection reapers in between)
+MAX_HINT_CA = 16 * 1024
+
+_WarmKey = tuple[str, str, int, bytes, str, bool]
+
+
+@dataclass
+class _Warm:
+    key: _WarmKey
+    sock: socket.socket
+    made: float
+
+
+_warm: list[_Warm] = []
+_last_config: list[KubeConfig] = []
+
+
+def _warm_key(endpoint: _Endpoint, config: KubeConfig) -> _WarmKey:
+    # ca_file is part of the key: a warm connection (always made from CA data or the system
+    # roots) must not serve a request that trusts a CA file instead.
+    return (endpoint.scheme, endpoint.host, endpoint.port, config.ca_data, config.ca_file,
+            config.insecure_skip_tls_verify)  # fmt: skip
+
+
+def warm_hint() -> dict[str, object] | None:
+    """What `warm_up` needs to reach the API server of this process's last request (not its
+    token: a warm connection sends nothing); None when it used a CA file (read per request,
+    through the caller's root) or CA data over MAX_HINT_CA."""
+    if not _last_config:
+        return None
+    config = _last_config[0]
+    if config.ca_file or len(config.ca_data) > MAX_HINT_CA:
+        return None
+    return {"server": config.server, "ca_data": config.ca_data.decode("ascii", "replace"),
+            "insecure": config.insecure_skip_tls_verify}  # fmt: skip
+
+
+def warm_up(hint: Mapping[str, object], timeout: float = 2.0) -> None:
+    """Dial and handshake now, for the next request; failures are the request's to see."""
+    server, ca_data = hint.get("server"), hint.get("ca_data")
+    if not isinstance(server, str) or not isinstance(ca_data, str):
+        return
+    config = KubeConfig(server=server, ca_data=ca_data.encode("ascii", "replace"),
+                        insecure_skip_tls_verify=hint.get("insecure") is True)  # fmt: skip
+    drop_warm()  # one at a time; and `open` below must dial, not adopt
+    try:
+        endpoint = _endpoint(server)
+        conn = _Connection(endpoint)
+        tls = _tls_context(config) if endpoint.scheme == "https" else None
+        conn.open(config, time.monotonic() + timeout, tls)
+    except (KubeError, OSError, ValueError):
+        return
+    finally:
+        if not _spare:  # the warm-up took it: the request's own context is made now, not then
+            keep_spare_tls_context()
+    assert conn.sock is not None
+    sock, conn.sock = conn.sock, None
+    conn.close()  # its reader only: the socket goes to the request that adopts it
+    _warm[:] = [_Warm(_warm_key(endpoint, config), sock, time.monotonic())]
+
+
+def drop_warm() -> None:
+    """Forget the warm connection (the request runs from another netns than it was made in)."""
+    for warm in _warm:
+        warm.sock.close()
+    _warm.clear()
+
+
+def _still_open(sock: socket.socket) -> bool:
+    """Nothing but TLS housekeeping (TLS 1.3 session tickets) arrived since the handshake:
+    no EOF, no unexpected bytes. (Its timeout is set again by every use: rule 1.)"""
+    import select
+    import ssl
+
+    if not select.select([sock], [], [], 0)[0]:
+        return True
+    sock.setblocking(False)
+    try:
+        sock.recv(1)  # b"": closed; a byte: the server is talking out of turn
+    except (ssl.SSLWantReadError, BlockingIOError):
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _adopt_warm(endpoint: _Endpoint, config: KubeConfig) -> socket.socket | None:
+    """The warm connection's socket if this request may use it; else it is closed."""
+    if not _warm:
+        return None
+    warm = _warm.pop()
+    fresh = time.monotonic() - warm.made < WARM_MAX_AGE
+    if warm.key == _warm_key(endpoint, config) and fresh and _still_open(warm.sock):
+        return warm.sock
+    warm.sock.close()
+    return None
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -586,28 +704,59 @@ def _wire_host(host: str) -> str | bytes:
 
 
 def _tls_context(config: KubeConfig) -> ssl.SSLContext:
+    """ssl.create_default_context()'s client context for `config`'s trust settings, on the
+    spare context when there is one (`keep_spare_tls_context`)."""
     import ssl
 
     if config.insecure_skip_tls_verify:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx = _new_client_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
         return ctx
     if config.ca_data:
         pem = config.ca_data.decode("ascii", "replace")
     elif config.ca_file:
-        # Read as every input is (bounded, a regular file, no blocking open): OpenSSL's own
-        # fopen would wait forever on a FIFO and read /dev/zero without end.
+        # Read as every input is (bounded, a regular file, no blocking open; in an agent's
+        # worker through the caller's root): OpenSSL's own fopen would wait forever on a
+        # FIFO and read /dev/zero without end.
         pem = read_text_file(config.ca_file, limit=CA_FILE, what="certificate-authority file")
     else:
-        return ssl.create_default_context()
+        ctx = _new_client_context()
+        ctx.load_default_certs()
+        return ctx
+    ctx = _new_client_context()
     try:
-        return ssl.create_default_context(cadata=pem)
+        ctx.load_verify_locations(cadata=pem)
     except (ssl.SSLError, ValueError):
         # Go's x509.CertPool.AppendCertsFromPEM wording, not OpenSSL's error codes.
         raise KubeError(
             "unable to load root certificates: unable to parse bytes as PEM block"
         ) from None
+    return ctx
+
+
+# A client context made ahead of time (`keep_spare_tls_context`): OpenSSL 3's SSL_CTX_new
+# costs ~4 ms, which a node agent's worker inherits already paid from its parent.
+_spare: list[ssl.SSLContext] = []
+
+
+def keep_spare_tls_context() -> None:
+    """Make one client context now, for the next request of this process (or its forks)."""
+    import ssl
+
+    _spare[:] = [ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)]
+
+
+def _new_client_context() -> ssl.SSLContext:
+    """ssl.create_default_context()'s client context before it loads certificates (a
+    PROTOCOL_TLS_CLIENT context: hostname checked, certificate required)."""
+    import os
+    import ssl
+
+    ctx = _spare.pop() if _spare else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if keylog := os.environ.get("SSLKEYLOGFILE"):  # as create_default_context honours it
+        ctx.keylog_filename = keylog
+    return ctx
 
 
 def _x509(exc: ssl.SSLCertVerificationError) -> str:

@@ -61,7 +61,8 @@ class Logger:
         data = line.encode("utf-8", "surrogateescape")
         self._write_stream(data)
         if self.file is not None and not self.file.write(data):
-            problem, self.file = self.file.problem, None
+            problem = self.file.problem
+            self.close()
             self.warning(f"log file not written any more: {problem}")
 
     def debug(self, message: str, **extra: str) -> None:
@@ -82,11 +83,12 @@ class Logger:
         if log_file.open():
             self.file = log_file
         else:
+            log_file.release()
             self.warning(f"log file not used: {log_file.problem}")
 
     def close(self) -> None:
         if self.file is not None:
-            self.file.close()
+            self.file.release()
             self.file = None
 
     def _write_stream(self, data: bytes) -> None:
@@ -107,13 +109,18 @@ class LogFile:
         self.max_bytes = max_bytes
         self.fd = -1
         self.problem = ""
+        # Every call below is relative to the file's directory as the process it logs for
+        # sees it: the path itself, or (in a node agent's worker) the caller's directory
+        # resolved through its root (effects/caller.py), so the lines land on the node.
+        self.dir_fd: int | None = None
+        self.name = path
 
     def open(self) -> bool:
         problem = logs.log_file_problem(self.path)
         if problem is not None:
             self.problem = f"{self.path}: {problem}"
             return False
-        return self._guard(self._open)
+        return self._guard(self._locate) and self._guard(self._open)
 
     def write(self, data: bytes) -> bool:
         return self.fd >= 0 and self._guard(lambda: self._write(data))
@@ -122,6 +129,17 @@ class LogFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def release(self) -> None:
+        self.close()
+        if self.dir_fd is not None:
+            os.close(self.dir_fd)
+            self.dir_fd = None
+
+    def _locate(self) -> None:
+        from multicall.effects.caller import directory_of
+
+        self.dir_fd, self.name = directory_of(self.path)
 
     def _guard(self, action: Callable[[], None]) -> bool:
         try:
@@ -134,7 +152,7 @@ class LogFile:
 
     def _open(self) -> None:
         try:
-            existing = os.lstat(self.path)
+            existing = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             pass
         else:
@@ -143,7 +161,7 @@ class LogFile:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         # O_NOFOLLOW, O_NONBLOCK and the check below hold even if the path changed since
         # lstat: a symlink is not followed, a FIFO does not hang the plugin.
-        fd = os.open(self.path, flags | os.O_NONBLOCK, 0o600)
+        fd = os.open(self.name, flags | os.O_NONBLOCK, 0o600, dir_fd=self.dir_fd)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise OSError(0, "not a regular file")
@@ -158,7 +176,8 @@ class LogFile:
                 fcntl.flock(self.fd, fcntl.LOCK_EX)
             size = os.fstat(self.fd).st_size
             if size and size + len(data) > self.max_bytes:
-                os.replace(self.path, self.path + ".1")
+                os.replace(self.name, self.name + ".1", src_dir_fd=self.dir_fd,
+                           dst_dir_fd=self.dir_fd)  # fmt: skip
                 self._open()
                 fcntl.flock(self.fd, fcntl.LOCK_EX)
             os.write(self.fd, data)
@@ -169,7 +188,7 @@ class LogFile:
     def _replaced(self) -> bool:
         """Whether the path names another file than the one open (rotated or removed)."""
         try:
-            st = os.stat(self.path, follow_symlinks=False)
+            st = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             return True
         mine = os.fstat(self.fd)

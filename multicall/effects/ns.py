@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 
+from multicall.effects import caller
 from multicall.errors import NetnsError, NetnsNotFound
 
 CLONE_NEWTIME = 0x00000080
@@ -177,12 +178,29 @@ def opened_netns(path: str) -> Iterator[int | None]:
 
 
 @contextmanager
-def entered_netns(netns: NetnsRef | str, *, allow_own: bool = False) -> Iterator[None]:
+def checked_netns(fd: int, path: str) -> Iterator[int | None]:
+    """`opened_netns` for a descriptor the caller opened (a node agent's client, the repair
+    controller): the same check as `open_netns` applies to it (rule 4), and None when it is
+    not a network namespace. Borrowed: never closed here."""
+    try:
+        check_netns_fd(fd, path)
+    except NetnsError:
+        yield None
+        return
+    yield fd
+
+
+@contextmanager
+def entered_netns(
+    netns: NetnsRef | str, *, allow_own: bool = False, netlink_only: bool = False
+) -> Iterator[None]:
     """Run the body inside `netns` (a `NetnsRef`, or a path), then return to the original one.
 
     Refuses the caller's own netns (the host's, for a CNI plugin) unless allowed, like
     libcni's CNI_NETNS_OVERRIDE. If the way back fails the process cannot be trusted any
     more, so it exits at once rather than run anything in the wrong namespace.
+    `netlink_only`: the body only talks netlink, so when the caller handed over a netlink
+    socket made inside that netns (a node agent's worker, `effects.caller`) nothing is entered.
     """
     ref = NetnsRef(netns, allow_own=allow_own) if isinstance(netns, str) else netns
     target = ref.fd if ref.fd is not None else open_netns(ref.path)
@@ -193,6 +211,9 @@ def entered_netns(netns: NetnsRef | str, *, allow_own: bool = False) -> Iterator
                 netns=ref.path,
                 hint="set CNI_NETNS_OVERRIDE=1 to allow it",
             )
+        if netlink_only and caller.has_netlink(ref.path):
+            yield  # the body talks netlink only, on the socket the caller made in the netns
+            return
         original = os.open(OWN_NETNS, os.O_RDONLY | os.O_CLOEXEC)
         try:
             _switch(target, ref.path)
@@ -207,10 +228,30 @@ def entered_netns(netns: NetnsRef | str, *, allow_own: bool = False) -> Iterator
             os.close(target)
 
 
+def scratch_netns() -> int | None:
+    """An fd on a new, empty network namespace; the calling thread stays where it was (and
+    exits the process if it cannot get back, as `entered_netns` does). None when this
+    process may not make one (no CAP_SYS_ADMIN)."""
+    original = os.open(OWN_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            unshare(CLONE_NEWNET)
+        except OSError:
+            return None
+        try:
+            return os.open(OWN_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            _return(original)
+    finally:
+        os.close(original)
+
+
 def _switch(fd: int, path: str) -> None:
     try:
         setns(fd, CLONE_NEWNET)
     except OSError as exc:
+        if exc.errno == errno_mod.EPERM and caller.active():
+            raise caller.ServeElsewhere("no CAP_SYS_ADMIN to enter the pod netns") from None
         hint = "is it a network namespace (nsfs) file?" if exc.errno == errno_mod.EINVAL else None
         raise NetnsError(
             f"cannot enter {path}: {exc.strerror}", netns=path, errno=exc.errno, hint=hint

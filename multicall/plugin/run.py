@@ -126,18 +126,22 @@ def _dispatch(
     if handler is None:
         raise CniError(CNI_INVALID_ENV, f"unknown CNI_COMMAND: {cni_env.command}")
     skel.check_version(cni_env.command, skel.decode_version(request.stdin))
-    from contextlib import nullcontext
+    from contextlib import AbstractContextManager, nullcontext
 
-    from multicall.effects.ns import NetnsRef, opened_netns
+    from multicall.effects.ns import NetnsRef, checked_netns, opened_netns
     from multicall.plugin.ports import real_deps
 
     # CNI_NETNS is opened once, here: the own-netns refusal and the firewall then use the
-    # same fd, so the path cannot be swapped between the check and setns.
-    opening = (
-        opened_netns(cni_env.netns)
-        if request.netns_fd is None and cni_env.netns and cni_env.command in ("ADD", "CHECK", "DEL")
-        else nullcontext(request.netns_fd)
-    )
+    # same fd, so the path cannot be swapped between the check and setns. A descriptor the
+    # caller opened (the node agent's client) gets the same nsfs check and is not reopened.
+    uses_netns = cni_env.netns and cni_env.command in ("ADD", "CHECK", "DEL")
+    opening: AbstractContextManager[int | None]
+    if request.netns_fd is not None:
+        opening = checked_netns(request.netns_fd, cni_env.netns)
+    elif uses_netns:
+        opening = opened_netns(cni_env.netns)
+    else:
+        opening = nullcontext(None)
     with opening as netns_fd:
         netns = NetnsRef(
             cni_env.netns,

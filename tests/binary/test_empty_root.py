@@ -208,6 +208,26 @@ def case_install_cni(root: EmptyRoot, rig: Rig, env: dict[str, str]) -> None:
     install_cni_once(root, env)
 
 
+def case_linkerd_cni_agent(root: EmptyRoot, rig: Rig, env: dict[str, str]) -> None:
+    """The agent runs from the root (its own filesystem: nothing but the binary) and serves
+    the root's plugin: the kubeconfig /tmp/kubeconfig resolves through the caller's root
+    descriptor, not the agent's, and both modes program upstream's table."""
+    from tests.support.agent import AgentProcess
+
+    socket_dir = root.tmp / "agent"
+    agent = AgentProcess(socket_dir / "agent.sock", argv=root.script(["/cnibox"]), env=env)
+    agent.argv = root.script(["/cnibox", "agent", "--socket", "/tmp/agent/agent.sock",
+                              "--admin-addr", "127.0.0.1:0", "--log-level", "debug"])  # fmt: skip
+    with agent:
+        for mode, golden in (("legacy", "default-legacy"), ("nft", "default-nft")):
+            served = agent.served("ADD")
+            pod_ns, _config = plugin_add(
+                root, rig, {**env, "CNIBOX_AGENT_SOCKET": "/tmp/agent/agent.sock"}, mode
+            )
+            assert save_text(pod_ns, SAVE[mode]) == fixture_text(golden), mode
+            assert agent.served("ADD") == served + 1, "".join(agent.log)
+
+
 def case_linkerd_cni_repair_controller(root: EmptyRoot, rig: Rig, env: dict[str, str]) -> None:
     """In the node netns, against the list/watch stand-in: the pod whose validator exited 95
     is deleted and its Event published, /live answers, SIGTERM exits 0."""
@@ -255,6 +275,7 @@ def case_linkerd_cni_repair_controller(root: EmptyRoot, rig: Rig, env: dict[str,
 
 APPLET_CASES: dict[str, Callable[[EmptyRoot, Rig, dict[str, str]], None]] = {
     "netns-exec": case_netns_exec,
+    "linkerd-cni-agent": case_linkerd_cni_agent,
     "linkerd-cni": case_linkerd_cni,
     "iptables-verify": case_iptables_verify,
     "install-cni": case_install_cni,

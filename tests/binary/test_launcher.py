@@ -266,3 +266,43 @@ def test_killed_first_start_leaves_nothing_that_breaks_the_next(
         result = run([str(artifact), "--list"], cache)
         assert (result.returncode, result.stdout.split()) == (0, all_names()), delay
         assert (cache / content_hash / ".ok").is_file()
+
+
+def test_unpack_only_unpacks_and_exits(artifact: Path, cache: Path, content_hash: str) -> None:
+    """CNIBOX_UNPACK_ONLY=1 (install-cni's install-time unpack): the directory is printed,
+    complete (.ok), and nothing else runs; a second call takes the fast path."""
+    env = {**env_with_cache(cache), "CNIBOX_UNPACK_ONLY": "1"}
+    first = subprocess.run(
+        [str(artifact), "--list"], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert (first.returncode, first.stderr) == (0, "")
+    assert first.stdout == f"{cache / content_hash}\n"
+    assert (cache / content_hash / ".ok").read_text() == content_hash
+    again = subprocess.run(
+        [str(artifact)], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert again.stdout == first.stdout
+
+
+def test_install_cni_unpacks_for_the_node(
+    artifact: Path, tmp_path: Path, content_hash: str
+) -> None:
+    """install-cni --once with CNIBOX_HOST_CACHE: the installed copy is unpacked into the
+    node's launcher cache, so the first pod start after an install does not unpack."""
+    from tests.support.installer_host import make_host, put_config
+
+    host = make_host(tmp_path / "node")
+    put_config(host, "10-calico.conflist")
+    node_cache = tmp_path / "node-cache"
+    env = host.env(CNIBOX_HOST_CACHE=str(node_cache), CNIBOX_CACHE=str(tmp_path / "own"))
+    proc = subprocess.run(
+        [str(artifact), "install-cni", "--once"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (node_cache / content_hash / ".ok").is_file()
+    assert f"unpacked cnibox for the node into {node_cache / content_hash}" in proc.stderr

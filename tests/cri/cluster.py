@@ -11,12 +11,13 @@ import difflib
 import ipaddress
 import itertools
 import subprocess
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tests.cri.client import PodRef, SandboxInfo
-from tests.cri.modes import PluginMode
+from tests.cri.modes import PluginMode, Served
 from tests.cri.node import BRIDGE, KUBECONFIG, POD_SUBNET, CriNode
 from tests.support import require_root, require_tool
 from tests.support.kubeapi import KubeApi
@@ -59,7 +60,11 @@ class CriCluster:
     mode: PluginMode
     current: dict[str, Any] | None = None
     kubeconfig_port: int | None = None  # None: the stand-in's own port
+    # RunPodSandbox calls whose chain ran linkerd-cni's ADD, and those that succeeded
+    linkerd_adds: int = 0
+    linkerd_ok: int = 0
     _uids: itertools.count[int] = field(default_factory=itertools.count)
+    _count: threading.Lock = field(default_factory=threading.Lock)
 
     # -- configuration
 
@@ -111,8 +116,35 @@ class CriCluster:
 
     def start(self, ref: PodRef) -> SandboxInfo:
         """RunPodSandbox for a pod `ref` made; its status. Safe from several threads."""
+        chained = self.chains_linkerd()
+        with self._count:
+            self.linkerd_adds += chained
         sandbox_id = self.node.cri.run_pod_sandbox(ref, self.node.cgroup_parent)
+        with self._count:
+            self.linkerd_ok += chained
         return self.node.cri.sandbox(sandbox_id)
+
+    def chains_linkerd(self) -> bool:
+        plugins = (self.current or {}).get("plugins", [])
+        return any(plugin.get("type") == "linkerd-cni" for plugin in plugins)
+
+    # -- the mode's agent
+
+    def agent_served(self) -> Served | None:
+        """What the mode's node agent counted so far (None: the mode has no agent)."""
+        return self.mode.served(self.node) if self.mode.served is not None else None
+
+    def assert_served_by_agent(self, before: Served | None, adds: int, ok: int) -> None:
+        """Every linkerd-cni ADD since `before` (the cluster's counters were `adds`, `ok`)
+        was answered by the agent, none handed back: the case passed through the agent, not
+        through the launcher's fallback."""
+        after = self.agent_served()
+        if before is None or after is None:
+            return
+        expected = Served(self.linkerd_adds - adds, self.linkerd_ok - ok, 0)
+        got = Served(after.adds - before.adds, after.ok - before.ok,
+                     after.fallbacks - before.fallbacks)  # fmt: skip
+        assert got == expected, f"the agent served {got}, the case made {expected}"
 
     def end(self, sandbox_id: str) -> None:
         """What kubelet does when a pod goes: StopPodSandbox, then RemovePodSandbox."""

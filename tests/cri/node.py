@@ -54,6 +54,9 @@ PREFIX = "cbxcri"
 # containerd's environment: what a node's init gives it, nothing of the test process.
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 START_TIMEOUT = 30.0
+# Where the launcher unpacks on the node, in its order of preference (build/launcher.c): the
+# node's /var/lib and /run are tmpfs of its own, both usable.
+LAUNCHER_CACHES = ("/var/lib/cnibox", "/run/cnibox")
 STOP_TIMEOUT = 15.0
 _counter = itertools.count()
 
@@ -403,13 +406,17 @@ class CriNode:
 
     def restart_containerd(self, *, empty_caches: bool) -> None:
         """Stop containerd; with `empty_caches`, delete libcni's result cache and cnibox's
-        unpacked payload (both live on the node's tmpfs, as /var/lib/cni and /run/cnibox
-        after a node reboot); start it again in the same namespaces."""
+        unpacked payload (all on the node's tmpfs, as after a reboot of a node whose /var is
+        not kept); start it again in the same namespaces."""
         self.stop_containerd()
         if empty_caches:
-            for path in ("/var/lib/cni", "/run/cnibox"):
+            for path in ("/var/lib/cni", *LAUNCHER_CACHES):
                 shutil.rmtree(self.inside(path), ignore_errors=True)
         self.start_containerd()
+
+    def unpacked(self) -> bool:
+        """Whether cnibox's launcher has unpacked its payload on the node (docs/binary.md)."""
+        return any(self.inside(path).is_dir() for path in LAUNCHER_CACHES)
 
     def spawn(
         self, argv: list[str], env: Mapping[str, str] | None = None

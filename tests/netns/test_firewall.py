@@ -309,3 +309,53 @@ class TestPlainDetection:
         apply_proxy_init(pod.path, DEFAULT, mode=Mode.PLAIN, families=V4_ONLY, log=log.append)
         assert any("using nft" in line for line in log)
         assert oracle(pod, Mode.NFT, Family.IPV4) == model_body(DEFAULT, Family.IPV4)
+
+
+# A single-use process (a node agent's worker) after legacy.single_use(): it counts the
+# children the legacy backend forks, then prints each family's nat body as the backend dumps it.
+SINGLE_USE = """
+import sys
+from multicall.core.firewall.model import Family, Mode, ProxyInitOptions, families
+from multicall.core.firewall.ruleset import render_table
+from multicall.effects.firewall import legacy
+from multicall.effects.firewall.engine import apply_proxy_init, dump_nat
+from multicall.effects.caller import ServeElsewhere
+path, ipv6 = sys.argv[1], sys.argv[2] == "ipv6"
+legacy.single_use()
+forks = []
+real = legacy.run_isolated
+legacy.run_isolated = lambda work: forks.append(1) or real(work)
+options = ProxyInitOptions(inbound_ports_to_ignore=("4191", "4190"))
+for _ in range(2):  # the second apply dumps (and decodes) the first one's rules
+    apply_proxy_init(path, options, mode=Mode.LEGACY, families=families(ipv6=ipv6))
+print(len(forks))
+try:
+    other = Family.IPV4 if ipv6 else Family.IPV6
+    print(len(dump_nat(path, mode=Mode.LEGACY, family=other).rules))
+except ServeElsewhere as exc:
+    print(exc.reason)
+"""
+
+
+@pytest.mark.parametrize("ipv6", [False, True], ids=["ipv4", "dual-stack"])
+def test_single_use_process_applies_one_family_in_process(rig: Rig, ipv6: bool) -> None:
+    """A single-use process (legacy.single_use, the agent's worker) runs an apply of one family
+    without forking, with the same tables; dual-stack still forks a child per operation
+    (libxtables registers an extension for the family of its first load only). After an
+    in-process apply, the process refuses the other family instead of forking a child that
+    could not load its extensions: it hands it back (an agent's caller then runs one-shot)."""
+    pod = rig.netns("p")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-c", SINGLE_USE, pod.path, "ipv6" if ipv6 else "ipv4"],
+        env=env, capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    forks, other = proc.stdout.splitlines()
+    for family in families(ipv6=ipv6):
+        assert oracle(pod, Mode.LEGACY, family) == model_body(DEFAULT, family)
+    if ipv6:
+        assert (forks, other) == ("8", str(len(expected_table(DEFAULT, Family.IPV4).rules)))
+    else:
+        assert forks == "0"
+        assert other == "x_tables extensions of the other family loaded"

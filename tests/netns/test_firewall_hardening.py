@@ -49,6 +49,7 @@ from tests.support.concurrency import (
     together,
 )
 from tests.support.kubeapi import KubeApi
+from tests.support.nft import big_change
 from tests.support.oracles import SAVE, save_text
 from tests.support.pki import Pki
 from tests.support.pods import MESHED
@@ -86,11 +87,14 @@ def api_node(rig: Rig, tmp_path: Path, pki: Pki) -> Iterator[tuple[Netns, Path]]
 def command_add(
     node: Netns, pod: Netns, kubeconfig: Path, linkerd: dict[str, Any], **env: str
 ) -> subprocess.CompletedProcess[bytes]:
-    """`linkerd-cni` ADD as the runtime runs it (the built binary under CNIBOX=...)."""
+    """`linkerd-cni` ADD as the runtime runs it (the built binary under CNIBOX=...; through
+    the session's node agent under `make test-agent`)."""
+    agent = os.environ.get("CNIBOX_AGENT_SOCKET", "")
     return subprocess.run(
         ["ip", "netns", "exec", node.name, *cnibox_argv("linkerd-cni")],
         input=add_stdin(linkerd, str(kubeconfig)),
-        env={**add_env(pod.path), "PATH": os.environ.get("PATH", ""), **env},
+        env={**add_env(pod.path), "PATH": os.environ.get("PATH", ""),
+             "CNIBOX_AGENT_SOCKET": agent, **env},
         capture_output=True, timeout=120, check=False,
     )  # fmt: skip
 
@@ -124,14 +128,6 @@ def test_10000_ports_leave_what_upstream_leaves(
 
 
 # ----------------------------------------------------------------------------- nft verdicts
-
-
-def big_change(rules: int, last: Rule | None = None) -> TableChange:
-    body = tuple(
-        Rule("BIG", ("-p", "tcp", "-m", "tcp", "--dport", str(1000 + i), "-j", "RETURN"))
-        for i in range(rules)
-    )
-    return TableChange("nat", ("BIG",), (), body + ((last,) if last else ()))
 
 
 class TestNftVerdict:

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import stat
 import time
 from collections.abc import Iterator
 
@@ -111,3 +113,41 @@ def test_connections_beyond_the_limit_are_refused_service(server: AdminServer) -
     finally:
         for s in idle:
             s.close()
+
+
+def test_a_forked_child_holds_none_of_the_servers_sockets(server: AdminServer) -> None:
+    """Rule 3: forked while a probe's connection is open (the agent's workers, the legacy
+    backend's children), the child has neither the listener nor that connection, and the
+    parent goes on serving."""
+    import os
+
+    def server_sockets() -> set[tuple[int, int]]:
+        """(device, inode) of every TCP socket this process holds open."""
+        found = set()
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                st = os.stat(f"/proc/self/fd/{name}")
+                if stat.S_ISSOCK(st.st_mode):
+                    found.add((st.st_dev, st.st_ino))
+        return found
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as held:
+        deadline = time.monotonic() + 5
+        while not server._open and time.monotonic() < deadline:  # accepted and recorded
+            time.sleep(0.01)
+        owned = {(os.fstat(s.fileno()).st_dev, os.fstat(s.fileno()).st_ino)
+                 for s in (server._listener, *server._open)}  # fmt: skip
+        assert len(owned) == 2
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through the pipe
+            os.close(read_end)
+            os.write(write_end, b"leaked" if owned & server_sockets() else b"clean")
+            os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as verdict:
+            assert verdict.read() == b"clean"
+        os.waitpid(pid, 0)
+        held.sendall(b"GET /live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert held.recv(4096).startswith(b"HTTP/1.1 200 OK")
+    assert live(server.port).endswith(b"alive\n")

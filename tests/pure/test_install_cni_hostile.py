@@ -192,6 +192,7 @@ class TestPathsFromTheEnvironment:
             ("CNI_CONF_NAME", "../10-calico.conflist", "must be a file name"),
             ("CNIBOX_STATE_DIR", "/tmp/../etc", "may not contain '..'"),
             ("INSTALL_CNI_PID_FILE", "/run/../tmp/pid", "may not contain '..'"),
+            ("CNIBOX_HOST_CACHE", "/host/var/lib/../../../tmp", "may not contain '..'"),
         ],
     )  # fmt: skip
     def test_escaping_paths_are_refused_before_anything_changes(

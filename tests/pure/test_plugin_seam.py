@@ -11,6 +11,7 @@ import io
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -277,6 +278,26 @@ def test_netns_fds_from_the_caller(node: Node, fds: tuple[int, int]) -> None:
         b'{\n    "code": 8,'
     )
     os.fstat(net)  # borrowed fds stay open
+
+
+@pytest.mark.parametrize("kind", ["regular file", "uts namespace"])
+def test_a_handed_netns_fd_is_checked_as_an_opened_one(
+    node: Node, tmp_path: Path, kind: str
+) -> None:
+    """A descriptor the caller handed over (the node agent's client) gets the check a
+    CNI_NETNS opened by run_plugin gets (an nsfs file of a network namespace): one that
+    fails it is not used, as an unopenable path is not, and it stays open (borrowed)."""
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"")
+    path = str(plain) if kind == "regular file" else "/proc/self/ns/uts"
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        assert node.run("ADD", netns_fd=fd).exit_code == 0
+        (applied,) = node.firewall.applied
+        assert applied.netns.fd is None
+        os.fstat(fd)
+    finally:
+        os.close(fd)
 
 
 # ----------------------------------------------------------------------------- CHECK, DEL

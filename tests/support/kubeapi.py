@@ -100,6 +100,11 @@ class KubeApi:
         found = store.get((ns, name))
         return (200, _json(found)) if found else (404, not_found(kind, name))
 
+    @property
+    def connections(self) -> int:
+        """TCP connections accepted so far (each a TLS handshake)."""
+        return self._server.connections if isinstance(self._server, TlsServer) else 0
+
     # -- lifecycle
 
     def start(self, netns: str | None) -> None:
@@ -187,11 +192,13 @@ class TlsServer(ThreadingHTTPServer):
 
     daemon_threads = True
     tls: ssl.SSLContext
+    connections = 0  # TCP connections accepted (each a TLS handshake)
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         # The TLS handshake happens in the request's thread, so a stalled client blocks nobody.
         # Go servers set TCP_NODELAY; without it Nagle + delayed ACKs add ~40 ms per response.
         request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.connections += 1
         try:
             wrapped = self.tls.wrap_socket(request, server_side=True)
         except (ssl.SSLError, OSError):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from multicall.core.firewall.model import Family
+from multicall.core.firewall.model import Family, TableChange
 from multicall.core.firewall.nft import expr as nft_expr
 from multicall.core.firewall.nft import rulespec as nft_spec
 from multicall.core.firewall.nft import xt
@@ -119,3 +119,13 @@ def rule_specs(draw: st.DrawFn) -> tuple[Family, nft_spec.RuleSpec]:
         target=_target(draw),
     )
     return family, spec
+
+
+def big_change(rules: int, last: Rule | None = None) -> TableChange:
+    """A new nat chain BIG with `rules` RETURN rules (one port each), and `last` after them:
+    a batch as large as a test needs."""
+    body = tuple(
+        Rule("BIG", ("-p", "tcp", "-m", "tcp", "--dport", str(1000 + i), "-j", "RETURN"))
+        for i in range(rules)
+    )
+    return TableChange("nat", ("BIG",), (), body + ((last,) if last else ()))

@@ -46,12 +46,7 @@ IMAGE_LAYOUT = json.loads((REPO / "packaging" / "image" / "layout.json").read_te
 INSTALLER = "/" + IMAGE_LAYOUT["binary"]
 APPLET_LINKS = "/" + IMAGE_LAYOUT["applet_links_dir"]  # the image links every applet name here
 SHELLS = {"sh", "bash", "ash", "dash", "zsh", "ksh", "busybox"}
-# The chart runs applets whose interface NOTES.md fixes but which land separately, with issues
-# 11 (agent) and 15 (repair controller). Only those not yet in the applet table count as
-# pending, so the set empties itself as they land.
-FIXED_INTERFACE_APPLETS = {"agent", "linkerd-cni-repair-controller"}
 APPLET_NAMES = {name for applet in APPLETS for name in applet.names}
-PENDING_APPLETS = FIXED_INTERFACE_APPLETS - APPLET_NAMES
 
 
 def render(
@@ -69,12 +64,27 @@ def render(
     return manifests.helm_template(pinned_helm(), values_files=files, namespace=namespace)
 
 
+AGENT = "DaemonSet/linkerd-cni-agent"  # cnibox's own DaemonSet (agent.enabled)
+
+
 def objects(text: str) -> dict[str, dict[str, Any]]:
-    """The rendered objects by kind (the chart renders at most one object of each kind)."""
+    """The rendered objects by kind (the chart renders at most one object of each kind of
+    Linkerd's), and the agent's DaemonSet, which Linkerd's chart does not have, as AGENT."""
     docs = [d for d in yaml.safe_load_all(text) if d]
-    by_kind = {d["kind"]: d for d in docs}
+    by_kind = {
+        AGENT if f"{d['kind']}/{d['metadata']['name']}" == AGENT else d["kind"]: d for d in docs
+    }
     assert len(by_kind) == len(docs), "two objects of one kind"
     return by_kind
+
+
+def pods(rendered: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The pod spec of each DaemonSet, by the DaemonSet's name."""
+    return {
+        doc["metadata"]["name"]: doc["spec"]["template"]["spec"]
+        for doc in rendered.values()
+        if doc["kind"] == "DaemonSet"
+    }
 
 
 # --- the values behind each of Linkerd's goldens ----------------------------------------------
@@ -569,22 +579,28 @@ class TestRendering:
     def test_no_shell_anywhere(self, values: dict[str, Any], tmp_path: Path) -> None:
         """Every command, hook and exec probe runs the image's cnibox with a known applet:
         `cnibox APPLET …` or the applet's link in the image (`/usr/local/bin/APPLET …`)."""
-        pod = objects(render(values, tmp=tmp_path))["DaemonSet"]["spec"]["template"]["spec"]
-        argvs = list(exec_argvs(pod))
-        assert argvs, "nothing to check"
-        for container, argv in argvs:
-            words = {os.path.basename(word) for word in argv}
-            assert not words & SHELLS, (container, argv)
-            if argv[0] == INSTALLER:
-                applet = argv[1]
-            else:
-                assert os.path.dirname(argv[0]) == APPLET_LINKS, (container, argv)
-                applet = os.path.basename(argv[0])
-            assert applet in APPLET_NAMES | PENDING_APPLETS, (container, argv)
-        containers = {c["name"] for c in pod["containers"]}
+        every = pods(objects(render(values, tmp=tmp_path)))
+        for pod in every.values():
+            argvs = list(exec_argvs(pod))
+            assert argvs, "nothing to check"
+            for container, argv in argvs:
+                words = {os.path.basename(word) for word in argv}
+                assert not words & SHELLS, (container, argv)
+                if argv[0] == INSTALLER:
+                    applet = argv[1]
+                else:
+                    assert os.path.dirname(argv[0]) == APPLET_LINKS, (container, argv)
+                    applet = os.path.basename(argv[0])
+                assert applet in APPLET_NAMES, (container, argv)
+            assert {c for c, _ in argvs} == {c["name"] for c in pod["containers"]}
+        containers = {name: {c["name"] for c in pod["containers"]} for name, pod in every.items()}
         if values:
-            assert containers == {"install-cni", "agent", "repair-controller"}
-            assert {c for c, _ in argvs} == containers
+            assert containers == {
+                "linkerd-cni": {"install-cni", "repair-controller"},
+                "linkerd-cni-agent": {"agent"},
+            }
+        else:
+            assert containers == {"linkerd-cni": {"install-cni"}}
 
     @pytest.mark.parametrize(
         "values",
@@ -597,23 +613,30 @@ class TestRendering:
         """The launcher unpacks its payload on start into $CNIBOX_CACHE or, without it, a
         /tmp/cnibox its uid owns (build/launcher.c): with a read-only root filesystem that
         needs a mounted directory, and containers that share one must run as the same user."""
-        pod = objects(render(values, tmp=tmp_path))["DaemonSet"]["spec"]["template"]["spec"]
         image = f"ghcr.io/cnibox/cnibox-installer:{__version__}"
-        users: dict[str, set[int]] = {}
-        for container in pod["containers"]:
-            assert container["image"] == image
-            context = container.get("securityContext", {})
-            env = {e["name"]: e.get("value") for e in container.get("env", [])}
-            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
-            where = env.get("CNIBOX_CACHE") or "/tmp"
-            if context.get("readOnlyRootFilesystem"):
-                assert where in mounts, (container["name"], where)
-            if where in mounts:
-                users.setdefault(mounts[where], set()).add(context.get("runAsUser", 0))
+        users: dict[str, set[int]] = {}  # host path or emptyDir -> uids unpacking there
+        for name, pod in pods(objects(render(values, tmp=tmp_path))).items():
+            volumes = {v["name"]: v for v in pod["volumes"]}
+            for container in pod["containers"]:
+                assert container["image"] == image
+                context = container.get("securityContext", {})
+                env = {e["name"]: e.get("value") for e in container.get("env", [])}
+                mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+                where = env.get("CNIBOX_CACHE") or "/tmp"
+                if context.get("readOnlyRootFilesystem"):
+                    assert where in mounts, (container["name"], where)
+                if where in mounts:
+                    volume = volumes[mounts[where]]
+                    key = (
+                        volume["hostPath"]["path"]
+                        if "hostPath" in volume
+                        else f"{name}/{mounts[where]}"
+                    )
+                    users.setdefault(key, set()).add(context.get("runAsUser", 0))
         assert all(len(uids) == 1 for uids in users.values()), users
 
     def test_cnibox_features(self, tmp_path: Path) -> None:
-        """Talos extension mount, shared cache dir, and the agent's socket, port and probes."""
+        """Talos extension mount and shared cache dir on install-cni."""
         ours = objects(render(ALL_FEATURES, namespace="linkerd-cni", tmp=tmp_path))
         assert ours["Namespace"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == (
             "privileged"
@@ -637,7 +660,31 @@ class TestRendering:
         }
         assert mounts["cnibox-cache"]["mountPath"] == "/var/lib/cnibox"
         assert volumes["cnibox-cache"]["hostPath"]["type"] == "DirectoryOrCreate"
-        agent = containers["agent"]
+        agent = ours[AGENT]["spec"]["template"]["spec"]["containers"][0]
+        assert install["image"] == agent["image"] == containers["repair-controller"]["image"]
+        assert install["image"] == f"ghcr.io/cnibox/cnibox-installer:{__version__}"
+
+    @pytest.mark.parametrize(
+        ("mode", "capabilities"),
+        [("nft", ["NET_ADMIN"]), ("legacy", ["NET_ADMIN", "SYS_ADMIN"]),
+         ("plain", ["NET_ADMIN", "SYS_ADMIN"])],
+    )  # fmt: skip
+    def test_the_agent_daemonset(self, mode: str, capabilities: list[str], tmp_path: Path) -> None:
+        """agent.enabled: a DaemonSet of its own in the node's network namespace (the plugin's),
+        root with CAP_NET_ADMIN (+ CAP_SYS_ADMIN where libiptc must enter the pod's netns),
+        nothing else; the socket directory and the node's launcher cache from the host; probes
+        on the admin port; a grace period longer than its own. install-cni keeps Linkerd's
+        networking and gains the install-time unpack into the node's cache."""
+        ours = objects(render({"agent": {"enabled": True}, "iptablesMode": mode}, tmp=tmp_path))
+        ds = ours[AGENT]
+        assert ds["metadata"]["labels"]["linkerd.io/cni-resource"] == "true"
+        assert ds["spec"]["selector"] == {"matchLabels": {"k8s-app": "linkerd-cni-agent"}}
+        pod = ds["spec"]["template"]["spec"]
+        assert pod["hostNetwork"] is True
+        assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["terminationGracePeriodSeconds"] > 25  # the agent's --shutdown-grace
+        [agent] = pod["containers"]
         assert agent["command"] == [INSTALLER, "agent"]
         assert agent["args"] == [
             "--socket",
@@ -652,14 +699,51 @@ class TestRendering:
         assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "agent-admin"}
         assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "agent-admin"}
         assert agent["ports"] == [{"containerPort": 9991, "name": "agent-admin"}]
-        assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
-        assert volumes["agent-socket-dir"]["hostPath"] == {
-            "path": "/var/run/linkerd-cni",
+        assert agent["securityContext"] == {
+            "runAsUser": 0,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "capabilities": {"drop": ["ALL"], "add": capabilities},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+        volumes = {v["name"]: v["hostPath"] for v in pod["volumes"]}
+        mounts = {m["mountPath"]: volumes[m["name"]] for m in agent["volumeMounts"]}
+        assert mounts == {
+            "/var/run/linkerd-cni": {"path": "/var/run/linkerd-cni", "type": "DirectoryOrCreate"},
+            "/var/lib/cnibox": {"path": "/var/lib/cnibox", "type": "DirectoryOrCreate"},
+        }
+        assert {e["name"]: e["value"] for e in agent["env"]} == {"CNIBOX_CACHE": "/var/lib/cnibox"}
+
+        installer_pod = ours["DaemonSet"]["spec"]["template"]["spec"]
+        assert "hostNetwork" not in installer_pod
+        assert [c["name"] for c in installer_pod["containers"]] == ["install-cni"]
+        install = installer_pod["containers"][0]
+        env = {e["name"]: e.get("value") for e in install["env"]}
+        assert env["CNIBOX_HOST_CACHE"] == "/host/var/lib/cnibox"
+        volumes = {v["name"]: v for v in installer_pod["volumes"]}
+        [cache] = [m for m in install["volumeMounts"] if m["mountPath"] == "/host/var/lib/cnibox"]
+        assert volumes[cache["name"]]["hostPath"] == {
+            "path": "/var/lib/cnibox",
             "type": "DirectoryOrCreate",
         }
-        assert {m["mountPath"] for m in agent["volumeMounts"]} >= {"/var/run/linkerd-cni"}
-        assert install["image"] == agent["image"] == containers["repair-controller"]["image"]
-        assert install["image"] == f"ghcr.io/cnibox/cnibox-installer:{__version__}"
+
+    def test_the_agent_only_when_enabled(self, tmp_path: Path) -> None:
+        """By default nothing of the agent is rendered: the objects are the ones compared with
+        Linkerd's above (install-cni without CNIBOX_HOST_CACHE)."""
+        ours = objects(render(tmp=tmp_path))
+        assert AGENT not in ours
+        install = ours["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]
+        assert "CNIBOX_HOST_CACHE" not in {e["name"] for e in install["env"]}
+
+    def test_psp_admits_the_agent(self, tmp_path: Path) -> None:
+        """enablePSP with the agent: the policy allows what the agent's pod asks for."""
+        ours = objects(render({"enablePSP": True, "agent": {"enabled": True}}, tmp=tmp_path))
+        spec = ours["PodSecurityPolicy"]["spec"]
+        assert spec["hostNetwork"] is True
+        assert spec["hostPorts"] == [{"min": 9991, "max": 9991}]
+        assert spec["allowedCapabilities"] == ["NET_ADMIN", "SYS_ADMIN"]
+        assert ours[AGENT]["spec"]["template"]["spec"]["serviceAccountName"] == "linkerd-cni"
 
     def test_committed_manifests_are_the_chart_rendering(self) -> None:
         """packaging/kubernetes/*.yaml are exactly `helm template` of the chart today."""

@@ -151,6 +151,28 @@ class TestImages:
         assert not any("opt/cni" in n for n in members)
         assert "rootfs/usr/local/bin/nsenter" not in members  # never shadow util-linux-tools
 
+    def test_talos_agent_service(self, images: Path) -> None:
+        """The node agent's extension service (docs/agent.md): Talos' service format, the
+        interface of NOTES.md, and a mount point in the read-only container root for each
+        mount."""
+        members = layer_members(images / "cnibox-talos-extension.tar")
+        raw = members["rootfs/usr/local/etc/containers/cnibox-agent.yaml"]
+        assert raw.isfile()
+        service = yaml.safe_load((PACKAGING / "talos" / "cnibox-agent.yaml").read_text())
+        assert service["name"] == "cnibox-agent"
+        assert set(service) == {"name", "depends", "container", "restart"}
+        container = service["container"]
+        assert container["entrypoint"] == "/usr/local/lib/cnibox/cnibox"
+        assert container["args"][:3] == ["agent", "--socket", "/var/run/linkerd-cni/agent.sock"]
+        assert {"service": "cri"} in service["depends"]
+        root = "rootfs/usr/local/lib/containers/cnibox-agent"
+        for mount in container["mounts"]:
+            assert members[f"{root}{mount['destination']}"].isdir(), mount["destination"]
+            assert mount["type"] == "bind"
+        sources = {m["source"]: m["options"] for m in container["mounts"]}
+        assert "ro" in sources["/usr/local/lib/cnibox"]
+        assert "rw" in sources["/var/run/linkerd-cni"]
+
     def test_talos_manifest_fields(self) -> None:
         """manifest.yaml carries the fields Talos reads, at this version of cnibox."""
         manifest = yaml.safe_load((PACKAGING / "talos" / "manifest.yaml").read_text())

@@ -10,7 +10,8 @@ Rules of this module:
    undo journal and the pid file; default a hidden directory in the host CNI config dir, the
    one host volume every installer has, so it outlives the container) and
    `INSTALL_CNI_PID_FILE` (how `--uninstall` finds the running installer; default in the
-   state dir).
+   state dir) and `CNIBOX_HOST_CACHE` (where the node's launcher cache is mounted in the
+   container; unset: nothing is unpacked at install time).
 5. Every path from the environment is checked before anything is touched (`check_paths`):
    no `..` component anywhere, no NUL, file names (`CNI_CONF_NAME`) without `/`, and each
    joined path stays inside its directory (the kubeconfig inside the CNI config dir, the
@@ -47,6 +48,7 @@ DEFAULTS: dict[str, str] = {
     "CNIBOX_HOST_BINARY": "/usr/local/lib/cnibox/cnibox",
     "CNIBOX_STATE_DIR": "",
     "INSTALL_CNI_PID_FILE": "",
+    "CNIBOX_HOST_CACHE": "",
 }
 STATE_DIR_NAME = ".cnibox-install-cni"  # in the host CNI config dir; libcni ignores directories
 PID_FILE_NAME = "install-cni.pid"
@@ -102,6 +104,7 @@ class InstallerConfig:
     host_binary: str
     state_dir_env: str
     pid_file_env: str
+    host_cache: str  # container view of the node's launcher cache; "" = no install-time unpack
 
     @property
     def host_net_dir(self) -> str:
@@ -169,6 +172,7 @@ def parse_environment(env: Mapping[str, str]) -> InstallerConfig:
         host_binary=get("CNIBOX_HOST_BINARY"),
         state_dir_env=get("CNIBOX_STATE_DIR"),
         pid_file_env=get("INSTALL_CNI_PID_FILE"),
+        host_cache=get("CNIBOX_HOST_CACHE"),
     )
     check_paths(config)
     return config
@@ -186,6 +190,7 @@ PATH_VARIABLES = (
     ("CNIBOX_HOST_BINARY", "host_binary"),
     ("CNIBOX_STATE_DIR", "state_dir_env"),
     ("INSTALL_CNI_PID_FILE", "pid_file_env"),
+    ("CNIBOX_HOST_CACHE", "host_cache"),
 )
 
 

@@ -23,7 +23,6 @@ Rules of this module:
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -54,11 +53,12 @@ def _quiet(_message: str) -> None:
 # ----------------------------------------------------------------------------- backends
 
 
-def legacy_backend() -> FirewallBackend:
+def legacy_backend(sole: Family | None = None) -> FirewallBackend:
+    """`sole`: the only family the caller will touch (legacy.py rule 3)."""
     # Imported here: libiptc's module (ctypes, pickle, subprocess) costs every nft ADD ~50 ms.
     from multicall.effects.firewall.legacy import IptcBackend
 
-    backend: FirewallBackend = IptcBackend()
+    backend: FirewallBackend = IptcBackend(sole)
     return backend
 
 
@@ -85,26 +85,30 @@ def _legacy_has_rules(family: Family) -> bool:
         return False  # libiptc unusable here: legacy cannot be what this netns uses
 
 
-def detect_backend(family: Family, log: Log = _quiet) -> FirewallBackend:
+def detect_backend(family: Family, log: Log = _quiet, *, sole: bool = False) -> FirewallBackend:
     """Istio's order: legacy if it has rules here, else nft if usable, else legacy."""
+    legacy_sole = family if sole else None
     if _legacy_has_rules(family):
-        backend = legacy_backend()
+        backend = legacy_backend(legacy_sole)
         reason = "legacy tables already hold rules in this netns"
     elif (nft := _nft_usable()) is not None:
         backend, reason = nft, "no legacy rules here and nf_tables is usable"
     else:
-        backend, reason = legacy_backend(), "nf_tables is not usable"
+        backend, reason = legacy_backend(legacy_sole), "nf_tables is not usable"
     log(f"iptables-mode plain: using {backend.name} for {family.value} ({reason})")
     return backend
 
 
-def backend_for(mode: Mode, family: Family, log: Log = _quiet) -> FirewallBackend:
-    """The backend of `mode`; call it inside the target netns (`plain` looks around)."""
+def backend_for(
+    mode: Mode, family: Family, log: Log = _quiet, *, sole: bool = False
+) -> FirewallBackend:
+    """The backend of `mode`; call it inside the target netns (`plain` looks around).
+    `sole`: `family` is the only one the caller touches (legacy.py rule 3)."""
     if mode is Mode.LEGACY:
-        return legacy_backend()
+        return legacy_backend(family if sole else None)
     if mode is Mode.NFT:
         return nft_backend()
-    return detect_backend(family, log)
+    return detect_backend(family, log, sole=sole)
 
 
 # ----------------------------------------------------------------------------- apply
@@ -136,14 +140,16 @@ class _Session:
         stack: ExitStack,
         *,
         sleep: Callable[[float], None] = time.sleep,
+        sole: bool = False,
     ) -> None:
         self.mode, self.options, self.lock, self.log = mode, options, lock, log
         self.stack, self.sleep = stack, sleep
+        self.sole = sole  # one family only: a single-use process may run libiptc in-process
         self.backends: dict[str, FirewallBackend] = {}
         self.locked = False
 
     def backend(self, family: Family) -> FirewallBackend:
-        found = backend_for(self.mode, family, self.log)
+        found = backend_for(self.mode, family, self.log, sole=self.sole)
         backend = self.backends.setdefault(found.name, found)
         if backend.name == "legacy" and not self.locked:
             self.stack.enter_context(
@@ -181,6 +187,8 @@ class _Session:
 def pause(attempt: int) -> float:
     """Seconds to wait before attempt `attempt + 1`: doubling from 10 ms, at most 200 ms,
     jittered so two writers that collided do not collide again in step."""
+    import random  # here: only a conflict needs it (_random, _sha512, bisect on every ADD)
+
     return min(PAUSE_MAX, PAUSE_FIRST * 2.0 ** (attempt - 1)) * random.uniform(0.5, 1.0)  # noqa: S311
 
 
@@ -198,8 +206,9 @@ def apply_proxy_init(
     `lock` says where the xtables lock is (default: as iptables finds it, see locks.py).
     Raises FirewallError (rules rejected, lock busy), NetnsError (netns).
     """
-    with ns.entered_netns(netns), ExitStack() as stack:
-        session = _Session(mode, options, lock or XtablesLock(), log, stack)
+    with ns.entered_netns(netns, netlink_only=mode is Mode.NFT), ExitStack() as stack:
+        sole = len(set(families)) == 1
+        session = _Session(mode, options, lock or XtablesLock(), log, stack, sole=sole)
         passes = [session.plan(family) for family in families]
         for planned in passes:
             log(describe(session.apply(planned)))
@@ -225,5 +234,5 @@ def describe(planned: Pass) -> str:
 
 def dump_nat(netns: NetnsRef | str, *, mode: Mode, family: Family, log: Log = _quiet) -> Table:
     """The nat table of `family` in the netns, read through `mode`'s backend."""
-    with ns.entered_netns(netns):
+    with ns.entered_netns(netns, netlink_only=mode is Mode.NFT):
         return backend_for(mode, family, log).dump(family, "nat")

@@ -17,9 +17,13 @@ Rules of this module:
    lock Istio's CNI uses as its pod-scoped xtables lock (`XTABLES_LOCKFILE=<netns path>`).
    Only then is the host-wide xtables lock taken, so cnibox holds it for one commit's time.
 4. The lock file is a path in the caller's mount namespace (the host's /run for the plugin the
-   runtime execs). `XtablesLock(path=...)` injects another one: the node agent, which runs in
-   a pod, must pass the host's lock as that pod sees it (a hostPath mount of /run/xtables.lock
-   or of /run) or it locks a private file that nobody else uses (docs/hardening.md §5).
+   runtime execs). A node agent's worker opens it through the caller's root descriptor
+   (`effects.caller.open_fd`) with the caller's `XTABLES_LOCKFILE` (`XtablesLock(env=...)`),
+   so it takes exactly the lock the one-shot plugin in its place would take, whatever the
+   agent's own filesystem is (docs/agent.md "Privileges"). `XtablesLock(path=...)` injects
+   another path: the repair controller, which runs in a pod, passes the host's lock as that
+   pod sees it (`/host/run/xtables.lock`), or it would lock a private file that nobody else
+   uses (docs/hardening.md §5).
    When the lock file's directory does not exist in this mount namespace, no program here can
    take the lock either (iptables itself would fail to start); cnibox says so in the log and
    goes on with the netns lock alone.
@@ -41,6 +45,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from multicall.effects import caller
 from multicall.errors import FirewallError
 
 XT_LOCK_NAME = "/run/xtables.lock"
@@ -128,12 +133,12 @@ def xtables_lock(lock: XtablesLock, *, wait: bool, log: Log = _quiet) -> Iterato
 
 
 def _open_lock_file(path: str, log: Log) -> int | None:
-    flags = os.O_RDONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+    flags = os.O_RDONLY | os.O_CREAT | os.O_NONBLOCK
     try:
-        fd = os.open(path, flags, 0o600)
+        fd = caller.open_fd(path, flags, 0o600)
     except OSError as exc:
         directory = os.path.dirname(path) or "."
-        if exc.errno == errno_mod.ENOENT and not os.path.lexists(directory):
+        if exc.errno == errno_mod.ENOENT and not caller.lexists(directory):
             log(f"no {directory} in this mount namespace: nobody here can hold the xtables lock")
             return None
         raise FirewallError(

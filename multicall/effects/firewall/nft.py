@@ -4,7 +4,10 @@ Rules of this module:
 1. Only the socket lives here; every byte is built and parsed by `multicall.core.firewall.nft`
    (netlink framing, dumps -> tables, batches).
 2. Each call opens its own socket, so it talks to the network namespace the calling thread
-   is in at that moment (the caller enters the pod's netns first).
+   is in at that moment (the caller enters the pod's netns first). In a node agent's worker
+   each call gets a new descriptor of the socket the caller made inside the pod's netns
+   (`effects.caller`), emptied of replies an earlier call left behind; the batch sizing,
+   generation guard and read-back below apply to it unchanged.
 3. `apply` is one NFNL batch guarded by the ruleset generation id of the snapshot the change
    was planned from, as iptables-nft does: the kernel commits all of it or none of it, and a
    change made meanwhile by anyone makes it refuse (ERESTART) -> FirewallConflict, and the
@@ -37,6 +40,7 @@ from multicall.core.firewall.nft import dump, netlink
 from multicall.core.firewall.nft.batch import Batch, build_batch
 from multicall.core.firewall.proxy_init import apply_change, strip_counters
 from multicall.core.firewall.ruleset import Table
+from multicall.effects import caller
 from multicall.errors import FirewallConflict, FirewallError
 
 NETLINK_NETFILTER = 12
@@ -58,17 +62,30 @@ class _Socket:
     """A NETLINK_NETFILTER socket with sequence numbers and reply collection."""
 
     def __init__(self) -> None:
+        handed = caller.netlink_fd()  # an agent worker: the caller's socket in the pod netns
         try:
-            self.sock = socket.socket(
-                socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_NETFILTER
-            )
+            if handed is not None:
+                self.sock = socket.socket(fileno=handed)
+            else:
+                self.sock = socket.socket(
+                    socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_NETFILTER
+                )
         except OSError as exc:
             raise FirewallError(
                 f"nf_tables is not available: {exc.strerror}", errno=exc.errno
             ) from exc
         for option in (NETLINK_CAP_ACK, NETLINK_EXT_ACK):
             self.sock.setsockopt(SOL_NETLINK, option, 1)
-        self.sock.bind((0, 0))
+        try:
+            self.sock.bind((0, 0))
+        except OSError as exc:
+            if handed is None or exc.errno != errno_mod.EINVAL:
+                raise
+            # A handed socket is bound (port id assigned) by its first use already.
+        if handed is not None:
+            # One socket serves every operation of the request, so replies an earlier one
+            # left queued (the rest of an aborted batch's errors) must not answer this one.
+            self.drain()
         self.seq = int(time.time()) & 0x3FFFFFFF
 
     def next_seq(self) -> int:
@@ -307,12 +324,15 @@ def _netns_id(sock: _Socket) -> tuple[int, int]:
     Its cookie (SO_NETNS_COOKIE): unlike the nsfs inode number, which the kernel hands to the
     next netns once one is freed, so that a long-lived backend (a node agent's, a repair
     controller's, a test's) took a new pod's netns for the previous one and planned against a
-    generation it never read (a false FirewallConflict). Kernels before 5.14: the inode."""
+    generation it never read (a false FirewallConflict). A socket the caller handed over (an
+    agent worker) has the pod netns's cookie, where it was made. Kernels before 5.14: the
+    inode of that netns (the handed one's, else this thread's)."""
     try:
         return (0, int.from_bytes(sock.sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8),
                                   sys.byteorder))  # fmt: skip
     except OSError:
-        st = os.stat(OWN_NETNS)
+        handed = caller.netlink_netns_fd()
+        st = os.fstat(handed) if handed is not None else os.stat(OWN_NETNS)
         return (st.st_dev, st.st_ino)
 
 

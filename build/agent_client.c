@@ -1,0 +1,361 @@
+/*
+ * The node agent's client, inside the launcher (#included by launcher.c; docs/agent.md).
+ *
+ * Invoked as `linkerd-cni` (or `cnibox linkerd-cni`) with an agent answering on
+ * $CNIBOX_AGENT_SOCKET (default /var/run/linkerd-cni/agent.sock; set but empty: never), the
+ * launcher hands the invocation to the agent and no Python runtime starts in this process.
+ * Everything else, and every way this can go wrong before a complete result arrived, ends in
+ * agent_fallback(): the one-shot path (exec the bundled loader), exactly as without an agent.
+ *
+ * Request (one stream; the descriptors ride on its first bytes as SCM_RIGHTS):
+ *   header  48 bytes: "CBXAGNT1", 16-char build hash (the trailer's), then u32 LE each:
+ *           flags (bit per descriptor sent, in this order: root, caller netns, CNI_NETNS,
+ *           netlink socket made inside CNI_NETNS), argc, envc, strings length, stdin length,
+ *           reserved 0
+ *   strings argv..., env ("K=V")..., cwd: each NUL-terminated
+ *   stdin   the bytes this process read from its stdin (all of it, up to AGENT_MAX_STDIN)
+ * Replies (frames: u32 type, u32 length, payload):
+ *   ACCEPT   the agent's event loop took the connection (sent at once, before a worker
+ *            reads the request: its absence within the short deadline means a stuck agent)
+ *   FALLBACK reason: the agent asks the caller to run the one-shot path itself
+ *   RESULT   u32 exit code, u32 stdout length, u32 stderr length, stdout, stderr
+ * Nothing reaches this process's stdout or stderr before a complete RESULT: up to that point
+ * a fallback is always possible, and it is safe because the agent's work until then is reads
+ * plus at most one atomic, idempotent firewall transaction per family (docs/agent.md).
+ */
+
+#include <poll.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#define AGENT_DEFAULT_SOCKET "/var/run/linkerd-cni/agent.sock"
+#define AGENT_MAGIC "CBXAGNT1"
+#define AGENT_HEADER 48
+#define AGENT_MAX_STDIN (1u << 20) /* core/limits.py NETWORK_CONFIG, the plugin's own bound */
+#define AGENT_MAX_STRINGS (256u << 10)
+#define AGENT_MAX_REPLY (16u << 20)
+#define AGENT_ACCEPT_MS 2000
+#define AGENT_TOTAL_MS 120000
+#define FRAME_ACCEPT 1
+#define FRAME_FALLBACK 2
+#define FRAME_RESULT 3
+#define FD_ROOT 1u
+#define FD_CALLER_NET 2u
+#define FD_TARGET_NET 4u
+#define FD_NETLINK 8u
+#define NSFS_MAGIC_ 0x6e736673
+#define NETLINK_NETFILTER_ 12
+
+extern char **environ;
+
+struct agent_call {
+    int conn;
+    int fds[4];
+    unsigned flags, nfds;
+    unsigned char *stdin_data;
+    size_t stdin_len;
+    int stdin_read; /* stdin consumed: the fallback must hand it over from memory */
+};
+
+static long long now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void put32(unsigned char *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t get32(const unsigned char *p) {
+    return p[0] | p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static const char *const AGENT_COMMANDS[] = {"ADD", "CHECK", "DEL", "STATUS", "GC", NULL};
+
+/* Whether the agent serves this invocation: the CNI plugin, without arguments (`--help` is
+ * not worth a round trip), for a command whose one-shot path reads stdin to its end (so
+ * reading it here changes nothing) or for VERSION (which never reads it). 1: read stdin,
+ * 2: leave stdin alone, 0: not for the agent. */
+static int agent_applies(int argc, char **argv) {
+    if (argc < 1) return 0;
+    const char *base = strrchr(argv[0], '/');
+    base = base ? base + 1 : argv[0];
+    if (*base == '-') base++;
+    int args = argc - 1;
+    if ((!strcmp(base, "cnibox") || !strcmp(base, "cnibox.bin")) && argc > 1 &&
+        !strcmp(argv[1], "linkerd-cni"))
+        args--;
+    else if (strcmp(base, "linkerd-cni") != 0)
+        return 0;
+    const char *command = getenv("CNI_COMMAND");
+    if (args != 0 || !command) return 0;
+    if (!strcmp(command, "VERSION")) return 2;
+    for (int i = 0; AGENT_COMMANDS[i]; i++)
+        if (!strcmp(command, AGENT_COMMANDS[i])) return 1;
+    return 0;
+}
+
+/* A connected socket, or -1 (no agent, stale socket, full backlog: never wait here). */
+static int agent_connect(const char *path) {
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof addr.sun_path) return -1;
+    strcpy(addr.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return -1;
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        close(fd);
+        return -1;
+    }
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    /* Only root can have bound it (the directory is root's, mode 0700); check anyway. */
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* All of stdin, up to the bound; 0 when it fit, -1 when larger (the rest stays unread). */
+static int read_stdin(struct agent_call *c) {
+    size_t cap = 64 << 10;
+    c->stdin_data = malloc(cap);
+    if (!c->stdin_data) return -1;
+    c->stdin_read = 1;
+    for (;;) {
+        if (c->stdin_len == cap) {
+            if (cap > AGENT_MAX_STDIN) return -1;
+            cap *= 2;
+            unsigned char *grown = realloc(c->stdin_data, cap);
+            if (!grown) return -1;
+            c->stdin_data = grown;
+        }
+        ssize_t n = read(0, c->stdin_data + c->stdin_len, cap - c->stdin_len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && c->stdin_len == 0) {
+            c->stdin_read = 0; /* no readable stdin at all (closed, a directory...): leave the */
+            return -1;         /* one-shot path the very same fd 0 to fail on in its own words */
+        }
+        if (n < 0) return -1;
+        if (n == 0) return c->stdin_len > AGENT_MAX_STDIN ? -1 : 0;
+        c->stdin_len += (size_t)n;
+    }
+}
+
+static void add_fd(struct agent_call *c, unsigned flag, int fd) {
+    if (fd < 0) return;
+    c->flags |= flag;
+    c->fds[c->nfds++] = fd;
+}
+
+/* An nsfs file at CNI_NETNS opened without blocking (a FIFO planted there must not hang
+ * us), or -1: then the one-shot path reports the problem in its own words. */
+static int open_target_netns(const char *path) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    struct statfs fs;
+    if (fstatfs(fd, &fs) != 0 || fs.f_type != NSFS_MAGIC_) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* A netfilter netlink socket created inside the pod's netns, so an nft agent needs no
+ * setns (CAP_SYS_ADMIN) of its own. -1 when this process cannot enter it. */
+static int netlink_in(int target, int home) {
+    if (home < 0 || setns(target, CLONE_NEWNET) != 0) return -1;
+    int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER_);
+    if (setns(home, CLONE_NEWNET) != 0)
+        die("cannot return to the original network namespace: %s", strerror(errno));
+    return fd;
+}
+
+static int send_all(int fd, const void *buf, size_t len, long long deadline) {
+    const char *p = buf;
+    while (len) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EAGAIN) {
+            struct pollfd pfd = {fd, POLLOUT, 0};
+            long long left = deadline - now_ms();
+            if (left <= 0 || poll(&pfd, 1, (int)left) <= 0) return -1;
+            continue;
+        }
+        if (n <= 0) return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int recv_all(int fd, void *buf, size_t len, long long deadline) {
+    char *p = buf;
+    while (len) {
+        ssize_t n = recv(fd, p, len, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EAGAIN) {
+            struct pollfd pfd = {fd, POLLIN, 0};
+            long long left = deadline - now_ms();
+            if (left <= 0) return -1;
+            int r = poll(&pfd, 1, (int)left);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) return -1;
+            continue;
+        }
+        if (n <= 0) return -1; /* EOF: the agent or its worker went away */
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int send_request(struct agent_call *c, int argc, char **argv, const char *hash,
+                        long long deadline) {
+    char cwd[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd)) cwd[0] = 0;
+    size_t strings = strlen(cwd) + 1;
+    uint32_t envc = 0;
+    for (int i = 0; i < argc; i++) strings += strlen(argv[i]) + 1;
+    for (char **e = environ; *e; e++, envc++) strings += strlen(*e) + 1;
+    if (strings > AGENT_MAX_STRINGS || envc > 4096 || argc > 256) return -1;
+    size_t total = AGENT_HEADER + strings + c->stdin_len;
+    unsigned char *buf = malloc(total);
+    if (!buf) return -1;
+    memcpy(buf, AGENT_MAGIC, 8);
+    memcpy(buf + 8, hash, HASH_LEN);
+    put32(buf + 24, c->flags);
+    put32(buf + 28, (uint32_t)argc);
+    put32(buf + 32, envc);
+    put32(buf + 36, (uint32_t)strings);
+    put32(buf + 40, (uint32_t)c->stdin_len);
+    put32(buf + 44, 0);
+    unsigned char *p = buf + AGENT_HEADER;
+    for (int i = 0; i < argc; i++) p = (unsigned char *)stpcpy((char *)p, argv[i]) + 1;
+    for (char **e = environ; *e; e++) p = (unsigned char *)stpcpy((char *)p, *e) + 1;
+    p = (unsigned char *)stpcpy((char *)p, cwd) + 1;
+    if (c->stdin_len) memcpy(p, c->stdin_data, c->stdin_len);
+
+    /* The descriptors travel with the header; the rest follows as plain bytes. */
+    struct iovec iov = {buf, AGENT_HEADER};
+    char control[CMSG_SPACE(sizeof(int) * 4)];
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (c->nfds) {
+        memset(control, 0, sizeof control);
+        msg.msg_control = control;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * c->nfds);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * c->nfds);
+        memcpy(CMSG_DATA(cm), c->fds, sizeof(int) * c->nfds);
+    }
+    ssize_t n;
+    do n = sendmsg(c->conn, &msg, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    int rc = n == AGENT_HEADER ? send_all(c->conn, buf + n, total - (size_t)n, deadline) : -1;
+    free(buf);
+    return rc;
+}
+
+static void write_fd_all(int fd, const unsigned char *p, size_t n) {
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return; /* a closed stdout/stderr: the one-shot path would fail alike */
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+/* The agent's answer: returns only if the caller must fall back; a RESULT exits here. */
+static void await_reply(struct agent_call *c) {
+    const char *timeouts = getenv("CNIBOX_AGENT_TIMEOUTS"); /* "ACCEPT_MS,TOTAL_MS" */
+    long long accept_ms = AGENT_ACCEPT_MS, total_ms = AGENT_TOTAL_MS;
+    if (timeouts && *timeouts) {
+        char *end;
+        long long a = strtoll(timeouts, &end, 10), t = *end == ',' ? strtoll(end + 1, NULL, 10) : 0;
+        if (a > 0) accept_ms = a;
+        if (t > 0) total_ms = t;
+    }
+    long long start = now_ms(), deadline = start + accept_ms;
+    int accepted = 0;
+    for (;;) {
+        unsigned char head[8];
+        if (recv_all(c->conn, head, sizeof head, deadline) != 0) return;
+        uint32_t type = get32(head), len = get32(head + 4);
+        if (type == FRAME_ACCEPT && len == 0 && !accepted) {
+            accepted = 1;
+            deadline = start + total_ms;
+            continue;
+        }
+        if (type != FRAME_RESULT || !accepted || len < 12 || len > AGENT_MAX_REPLY) return;
+        unsigned char *body = malloc(len);
+        if (!body || recv_all(c->conn, body, len, deadline) != 0) return;
+        uint32_t code = get32(body), out_len = get32(body + 4), err_len = get32(body + 8);
+        if ((uint64_t)out_len + err_len + 12 != len) return;
+        /* The point of no return: from here on this process is the plugin's result. */
+        write_fd_all(2, body + 12 + out_len, err_len);
+        write_fd_all(1, body + 12, out_len);
+        _exit((int)(code & 0xff));
+    }
+}
+
+static void agent_release(struct agent_call *c) {
+    for (unsigned i = 0; i < c->nfds; i++) close(c->fds[i]);
+    c->nfds = 0;
+    if (c->conn >= 0) close(c->conn);
+    c->conn = -1;
+}
+
+/* Give the bytes already read from stdin back to the one-shot path as its stdin. */
+static void restore_stdin(struct agent_call *c) {
+    if (!c->stdin_read) return;
+    int fd = memfd_create("cnibox-stdin", MFD_CLOEXEC);
+    if (fd < 0) die("memfd_create: %s", strerror(errno));
+    write_all(fd, c->stdin_data, c->stdin_len, "stdin copy");
+    /* A stdin larger than the bound: the rest still waits on fd 0. */
+    unsigned char chunk[65536];
+    ssize_t n;
+    while ((n = read(0, chunk, sizeof chunk)) != 0) {
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) break;
+        write_all(fd, chunk, (size_t)n, "stdin copy");
+    }
+    if (lseek(fd, 0, SEEK_SET) != 0 || dup2(fd, 0) != 0) die("stdin copy: %s", strerror(errno));
+    close(fd);
+    free(c->stdin_data);
+    c->stdin_data = NULL;
+}
+
+/* Serve this invocation through the agent if one answers; returns when the caller must run
+ * the one-shot path (with stdin restored). */
+static void agent_try(int argc, char **argv, const char *hash) {
+    int kind = agent_applies(argc, argv);
+    if (!kind) return;
+    const char *path = getenv("CNIBOX_AGENT_SOCKET");
+    if (path && !*path) return;
+    struct agent_call c = {.conn = agent_connect(path ? path : AGENT_DEFAULT_SOCKET)};
+    if (c.conn < 0) return;
+    long long deadline = now_ms() + AGENT_ACCEPT_MS;
+    if (kind == 2 || read_stdin(&c) == 0) {
+        add_fd(&c, FD_ROOT, open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
+        int home = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+        add_fd(&c, FD_CALLER_NET, home);
+        const char *netns = getenv("CNI_NETNS");
+        const char *command = getenv("CNI_COMMAND");
+        int target = -1, usable = 1;
+        if (netns && *netns) {
+            target = open_target_netns(netns);
+            usable = target >= 0;
+        }
+        add_fd(&c, FD_TARGET_NET, target);
+        if (target >= 0 && command && (!strcmp(command, "ADD") || !strcmp(command, "CHECK")))
+            add_fd(&c, FD_NETLINK, netlink_in(target, home));
+        if (usable && send_request(&c, argc, argv, hash, deadline) == 0) await_reply(&c);
+    }
+    agent_release(&c);
+    restore_stdin(&c);
+}

@@ -1,0 +1,190 @@
+"""The node agent's wire protocol (docs/agent.md "Protocol"): requests, replies, bounds.
+
+The client is the launcher (build/agent_client.c); this module is the agent's half and the
+tests' client. Pure: bytes in, values out.
+
+Request: a 48-byte header ("CBXAGNT1", the 16-char build hash, then u32 LE: descriptor flags,
+argc, envc, strings length, stdin length, 0), the strings (argv, env "K=V", cwd; each
+NUL-terminated), the stdin bytes. The descriptors named by the flags ride on the header's
+bytes as SCM_RIGHTS, in flag order.
+Replies: frames of u32 type, u32 length, payload: ACCEPT (empty), FALLBACK (reason, ASCII),
+RESULT (u32 exit code, u32 stdout length, u32 stderr length, stdout, stderr).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from multicall.core.limits import NETWORK_CONFIG
+
+MAGIC = b"CBXAGNT1"
+HEADER = struct.Struct("<8s16sIIIIII")
+FRAME = struct.Struct("<II")
+RESULT_HEAD = struct.Struct("<III")
+HASH_LEN = 16
+# The build id of an agent run from source (no launcher): no launcher's hash is ever this.
+SOURCE_BUILD = "source-tree-----"
+
+FRAME_ACCEPT = 1
+FRAME_FALLBACK = 2
+FRAME_RESULT = 3
+
+# Descriptor flags, in the order the descriptors are sent.
+FD_ROOT = 1
+FD_CALLER_NETNS = 2
+FD_TARGET_NETNS = 4
+FD_NETLINK = 8
+FD_ORDER = (FD_ROOT, FD_CALLER_NETNS, FD_TARGET_NETNS, FD_NETLINK)
+
+# Bounds (the launcher's are the same or smaller): a request larger than these is refused
+# before it is read, a reply larger than MAX_OUTPUT is served by the one-shot path instead.
+MAX_ARGS = 256
+MAX_ENV = 4096
+MAX_STRINGS = 256 << 10
+MAX_STDIN = NETWORK_CONFIG  # the plugin's own bound on its stdin (run_plugin checks it too)
+MAX_OUTPUT = 8 << 20
+
+
+class ProtocolError(Exception):
+    """A request that breaks the protocol or its bounds."""
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    build: str
+    flags: int
+    argc: int
+    envc: int
+    strings_len: int
+    stdin_len: int
+
+    @property
+    def nfds(self) -> int:
+        return sum(1 for flag in FD_ORDER if self.flags & flag)
+
+    @property
+    def body_len(self) -> int:
+        return self.strings_len + self.stdin_len
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    build: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    stdin: bytes
+    fds: Mapping[int, int]  # flag -> descriptor
+
+    @property
+    def command(self) -> str:
+        return self.env.get("CNI_COMMAND", "")
+
+
+def parse_header(data: bytes) -> Header:
+    if len(data) != HEADER.size:
+        raise ProtocolError("short header")
+    magic, build, flags, argc, envc, strings_len, stdin_len, reserved = HEADER.unpack(data)
+    if magic != MAGIC:
+        raise ProtocolError("not a cnibox agent request (bad magic)")
+    if flags & ~sum(FD_ORDER) or reserved:
+        raise ProtocolError("unknown flags")
+    if argc < 1 or argc > MAX_ARGS or envc > MAX_ENV:
+        raise ProtocolError("too many arguments or environment variables")
+    if strings_len > MAX_STRINGS or stdin_len > MAX_STDIN:
+        raise ProtocolError("request too large")
+    return Header(build.decode("ascii", "replace"), flags, argc, envc, strings_len, stdin_len)
+
+
+def parse_body(header: Header, body: bytes, fds: list[int]) -> Request:
+    """The request; `fds` are the descriptors received with it (exactly header.nfds)."""
+    if len(body) != header.body_len:
+        raise ProtocolError("short body")
+    if len(fds) != header.nfds:
+        raise ProtocolError(f"expected {header.nfds} descriptors, got {len(fds)}")
+    strings = body[: header.strings_len]
+    if not strings.endswith(b"\0"):
+        raise ProtocolError("strings not NUL-terminated")
+    parts = [_decode(s) for s in strings[:-1].split(b"\0")]
+    if len(parts) != header.argc + header.envc + 1:
+        raise ProtocolError("string count does not match the header")
+    argv = tuple(parts[: header.argc])
+    env: dict[str, str] = {}
+    for item in parts[header.argc : header.argc + header.envc]:
+        key, sep, value = item.partition("=")
+        if sep and key not in env:  # getenv() finds the first of duplicates
+            env[key] = value
+    flags = [flag for flag in FD_ORDER if header.flags & flag]
+    return Request(
+        header.build,
+        argv,
+        env,
+        parts[-1],
+        body[header.strings_len :],
+        dict(zip(flags, fds, strict=True)),
+    )
+
+
+def _decode(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _encode(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def encode_request(  # noqa: PLR0917 - the wire fields, in wire order
+    build: str,
+    argv: tuple[str, ...] | list[str],
+    env: Mapping[str, str],
+    cwd: str,
+    stdin: bytes,
+    flags: int,
+) -> bytes:
+    """What the launcher sends (the tests' client uses it; descriptors go separately)."""
+    strings = b"".join(_encode(s) + b"\0" for s in (*argv, *(f"{k}={v}" for k, v in env.items())))
+    strings += _encode(cwd) + b"\0"
+    head = HEADER.pack(
+        MAGIC, build.encode("ascii"), flags, len(argv), len(env), len(strings), len(stdin), 0
+    )
+    return head + strings + stdin
+
+
+def frame(kind: int, payload: bytes = b"") -> bytes:
+    return FRAME.pack(kind, len(payload)) + payload
+
+
+def accept_frame() -> bytes:
+    return frame(FRAME_ACCEPT)
+
+
+def fallback_frame(reason: str) -> bytes:
+    return frame(FRAME_FALLBACK, reason.encode("ascii", "replace"))
+
+
+def result_frame(code: int, stdout: bytes, stderr: bytes) -> bytes:
+    return frame(FRAME_RESULT, RESULT_HEAD.pack(code, len(stdout), len(stderr)) + stdout + stderr)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    kind: int
+    reason: str = ""
+    code: int = 0
+    stdout: bytes = b""
+    stderr: bytes = b""
+
+
+def parse_reply(kind: int, payload: bytes) -> Reply:
+    if kind == FRAME_ACCEPT:
+        return Reply(kind)
+    if kind == FRAME_FALLBACK:
+        return Reply(kind, reason=payload.decode("ascii", "replace"))
+    if kind == FRAME_RESULT and len(payload) >= RESULT_HEAD.size:
+        code, out_len, err_len = RESULT_HEAD.unpack_from(payload)
+        if RESULT_HEAD.size + out_len + err_len == len(payload):
+            out = payload[RESULT_HEAD.size : RESULT_HEAD.size + out_len]
+            return Reply(kind, code=code, stdout=out, stderr=payload[RESULT_HEAD.size + out_len :])
+    raise ProtocolError(f"bad reply frame (type {kind}, {len(payload)} bytes)")

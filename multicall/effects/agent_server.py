@@ -1,0 +1,553 @@
+"""The node agent's process machinery: the listening socket, a pool of pre-forked single-use
+workers, cancellation, deadlines, the admin HTTP endpoints, SIGTERM (docs/agent.md).
+
+One single-threaded parent runs a poll loop; it never runs a request itself. Each request
+goes to a worker forked earlier from the warm parent (every module already imported), which
+serves exactly one request and exits: a crash, a hang or a leak in one request cannot reach
+the parent or any other request, and the fork is off the request's critical path.
+
+Rules of this module:
+1. The parent owns: the listening socket (bound under a temporary name, then renamed over
+   the socket path, so an upgrade takes over without a window), one control socketpair per
+   worker, its own copy of each client connection (only to notice a caller that went away:
+   it never reads or writes it). The admin endpoints are the project's admin server
+   (effects/admin_server.py, on its own threads); what they show is read on the loop.
+2. A client that hangs up before its worker reported a result gets that worker SIGKILLed;
+   so does a worker past the request deadline. Either way the client sees EOF and (if it is
+   still there) runs the one-shot path; a worker that dies leaves nothing half-applied,
+   because each firewall change is one kernel transaction.
+3. Workers report to the parent over their control socket: "S" + JSON when a request was
+   accepted, "D" + JSON when its reply was sent. Metrics come from those reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from multicall.core.agent_metrics import Metrics, render
+from multicall.core.agent_protocol import accept_frame
+
+if TYPE_CHECKING:
+    from multicall.effects.admin_server import AdminServer
+
+Log = Callable[[str, str], None]  # (level, message)
+# A worker's job: serve one accepted connection, reporting through the callable.
+Serve = Callable[[socket.socket, Callable[[str, dict[str, object]], None]], None]
+# What a new worker does before it waits for its request, with the "warm" values of the
+# latest reports, merged by key (the applet: dial the API server the previous request used,
+# load the x_tables extensions of its family).
+Prepare = Callable[[object], None]
+
+T = TypeVar("T")
+
+POLLRDHUP = getattr(select, "POLLRDHUP", 0x2000)
+LOOP_ANSWER = 2.0  # seconds an admin request waits for the loop to render or answer
+TEXT = "text/plain; charset=utf-8"
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MAX_REPORT = 256 * 1024
+# After a caller hung up, how long its worker may still report a result it already sent.
+CALLER_GRACE = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    socket_path: str
+    admin_addr: str  # "HOST:PORT" or "" (no admin server)
+    workers: int = 4  # idle, pre-forked
+    max_requests: int = 256  # in flight at once; beyond, callers fall back
+    request_timeout: float = 60.0
+    shutdown_grace: float = 25.0
+    build: str = ""
+
+
+@dataclass
+class Worker:
+    pid: int
+    ctl: socket.socket
+    state: str = "idle"  # idle -> busy -> done (reported, or killed)
+    conn: socket.socket | None = None
+    watching: bool = False  # the parent polls conn for the caller hanging up
+    accepted_at: float = 0.0
+    caller_gone_at: float = 0.0
+    command: str = ""
+    killed: str = ""
+
+
+class Server:
+    def __init__(
+        self, options: ServerOptions, log: Log, serve: Serve, prepare: Prepare | None = None
+    ) -> None:
+        self.options = options
+        self.log = log
+        self.serve = serve
+        self.prepare = prepare
+        self.warm: object = None
+        self.metrics = Metrics()
+        self.workers: dict[int, Worker] = {}  # by control socket fd
+        self.by_conn: dict[int, Worker] = {}  # by the parent's client-connection fd
+        self.poll = select.poll()
+        self.listener: socket.socket | None = None
+        self.admin: AdminServer | None = None
+        self.jobs: deque[Callable[[], None]] = deque()  # from admin threads (on_loop)
+        self.socket_id: tuple[int, int] | None = None
+        self.draining = False
+        self.terminate_at = 0.0
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    # ------------------------------------------------------------------ setup
+
+    def bind(self) -> None:
+        """The admin server first (a bad --admin-addr changes nothing), then the socket."""
+        if self.options.admin_addr:
+            self.start_admin()
+        path = self.options.socket_path
+        directory = os.path.dirname(path) or "."
+        if not os.path.isdir(directory):
+            os.makedirs(directory, mode=0o700)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.bind(tmp)
+        os.chmod(tmp, 0o600)
+        sock.listen(1024)
+        sock.setblocking(False)
+        os.rename(tmp, path)  # atomic takeover from a previous agent (rule 1)
+        st = os.stat(path)
+        self.socket_id = (st.st_dev, st.st_ino)
+        self.listener = sock
+        self.poll.register(sock, select.POLLIN)
+        self.poll.register(self.wake_r, select.POLLIN)
+
+    @property
+    def admin_port(self) -> int | None:
+        return self.admin.port if self.admin is not None else None
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> int:
+        signal.set_wakeup_fd(self.wake_w)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+        self.fill_pool()
+        self.log("info", f"agent ready on {self.options.socket_path} (build {self.options.build})")
+        while True:
+            try:
+                events = self.poll.poll(self.poll_timeout())
+            except InterruptedError:
+                continue
+            # Workers' reports first: an admin request in the same round sees them counted.
+            # Each event is bound to the object that owned its descriptor when poll returned:
+            # handling one event can close a descriptor whose number a new socket of the same
+            # round then reuses, and a stale event must not reach the new owner.
+            bound = [(fd, mask, self.owner(fd)) for fd, mask in events]
+            for fd, mask, owner in sorted(bound, key=lambda e: not isinstance(e[2], Worker)):
+                if self.owner(fd) is owner:
+                    self.handle(fd, mask)
+            self.check_deadlines()
+            if self.draining and self.finished_draining():
+                break
+        self.stop_workers()
+        self.log("info", "agent stopped")
+        return 0
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if not self.draining:
+            self.start_draining(signal.Signals(signum).name)
+
+    def owner(self, fd: int) -> object:
+        """What a descriptor belongs to now (a Worker by its control socket or by its client
+        connection), or the descriptor itself for the fixed ones."""
+        return self.workers.get(fd) or self.by_conn.get(fd) or fd
+
+    def handle(self, fd: int, mask: int) -> None:
+        if fd == self.wake_r:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.wake_r, 512)
+            self.run_jobs()
+        elif self.listener is not None and fd == self.listener.fileno():
+            self.accept_clients()
+        elif fd in self.workers:
+            self.worker_event(self.workers[fd], mask)
+        elif fd in self.by_conn:
+            self.client_gone(self.by_conn[fd])
+
+    # ------------------------------------------------------------------ clients
+
+    def accept_clients(self) -> None:
+        """Accept (and answer ACCEPT to) every waiting caller first, then hand them to
+        workers, accepting again after each fork: a burst's late callers must not wait for
+        the forks of the ones before them to hear that the agent is alive (the launcher's
+        short deadline)."""
+        accepted = self.accept_waiting()
+        while accepted:
+            if self.dispatch(accepted.pop(0)):
+                accepted += self.accept_waiting()
+
+    def accept_waiting(self) -> list[socket.socket]:
+        """Every connection in the backlog now, admitted (ACCEPT sent) or closed."""
+        accepted: list[socket.socket] = []
+        while self.listener is not None:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:  # EMFILE and the like: the callers fall back
+                self.log("error", f"accept: {exc.strerror}")
+                break
+            if self.admit(conn):
+                accepted.append(conn)
+        return accepted
+
+    def admit(self, conn: socket.socket) -> bool:
+        """Root only; then ACCEPT at once (before any fork)."""
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        if uid != 0:
+            self.metrics.refused["not root"] += 1
+            self.log("warning", f"refused a client with uid {uid}: only root may call the agent")
+            conn.close()
+            return False
+        try:
+            conn.send(accept_frame(), socket.MSG_DONTWAIT)
+        except OSError:
+            conn.close()
+            return False
+        return True
+
+    def dispatch(self, conn: socket.socket) -> bool:
+        """Hand `conn` to an idle worker, or a new one; True when that took a fork."""
+        if self.in_flight() >= self.options.max_requests:
+            self.metrics.fell_back("overloaded")
+            conn.close()
+            return False
+        worker = self.idle_worker()
+        forked = worker is None
+        worker = worker or self.spawn()
+        if worker is None:
+            self.metrics.fell_back("no worker")
+            conn.close()
+            return forked
+        try:
+            socket.send_fds(worker.ctl, [b"R"], [conn.fileno()])
+        except OSError:
+            self.metrics.fell_back("no worker")
+            conn.close()
+            return forked
+        worker.state = "busy"
+        worker.conn = conn
+        worker.accepted_at = time.monotonic()
+        conn.setblocking(False)
+        self.by_conn[conn.fileno()] = worker
+        self.poll.register(conn, POLLRDHUP)
+        worker.watching = True
+        return forked
+
+    def in_flight(self) -> int:
+        return sum(1 for w in self.workers.values() if w.state == "busy")
+
+    def client_gone(self, worker: Worker) -> None:
+        """The caller closed its end. If the result was sent it is just done; if not (killed,
+        or it gave up and fell back), the worker is killed after CALLER_GRACE: its report
+        may be on the way (rule 3)."""
+        self.unwatch(worker)
+        if worker.state == "busy" and not worker.caller_gone_at:
+            worker.caller_gone_at = time.monotonic()
+
+    def unwatch(self, worker: Worker) -> None:
+        if worker.conn is not None and worker.watching:
+            self.poll.unregister(worker.conn.fileno())
+            worker.watching = False
+
+    def release_conn(self, worker: Worker) -> None:
+        if worker.conn is None:
+            return
+        self.unwatch(worker)
+        del self.by_conn[worker.conn.fileno()]
+        worker.conn.close()
+        worker.conn = None
+
+    # ------------------------------------------------------------------ workers
+
+    def idle_worker(self) -> Worker | None:
+        return next((w for w in self.workers.values() if w.state == "idle"), None)
+
+    def idle_count(self) -> int:
+        return sum(1 for w in self.workers.values() if w.state == "idle")
+
+    def fill_pool(self) -> None:
+        """Fork idle workers up to --workers. Called when a worker exits, not when one
+        takes a request: on a small node the fork would compete with that request for CPU
+        (a burst beyond the pool forks on demand instead)."""
+        if self.draining:
+            return
+        while self.idle_count() < self.options.workers:
+            if self.spawn() is None:
+                return
+
+    def spawn(self) -> Worker | None:
+        parent_end, child_end = socket.socketpair(
+            socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC
+        )
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            self.log("error", f"cannot fork a worker: {exc.strerror}")
+            parent_end.close()
+            child_end.close()
+            return None
+        if pid == 0:  # pragma: no cover - the child's coverage is not collected
+            os.close(parent_end.detach())
+            self._become_worker(child_end)
+        child_end.close()
+        worker = Worker(pid, parent_end)
+        parent_end.setblocking(False)
+        self.workers[parent_end.fileno()] = worker
+        self.poll.register(parent_end, select.POLLIN)
+        return worker
+
+    def _become_worker(self, ctl: socket.socket) -> None:  # pragma: no cover - in the child
+        """Drop everything of the parent's, wait for one connection, serve it, exit."""
+        code = 0
+        try:
+            signal.set_wakeup_fd(-1)
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, signal.SIG_IGN)  # the parent decides when workers stop
+            for fd in self._parent_fds():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            # One short request: nothing worth collecting, and a collection would walk (and
+            # so copy-on-write) every object inherited from the parent.
+            gc.disable()
+            if self.prepare is not None and self.warm is not None:
+                with contextlib.suppress(Exception):
+                    self.prepare(self.warm)
+            ctl.setblocking(True)
+            msg, fds, _flags, _addr = socket.recv_fds(ctl, 16, 1)
+            if msg == b"R" and len(fds) == 1:
+                conn = socket.socket(fileno=fds[0])
+                self.serve(conn, lambda kind, data: _report(ctl, kind, data))
+        except BaseException as exc:  # noqa: BLE001 - a worker never returns into the loop
+            with contextlib.suppress(Exception):
+                self.log("error", f"worker {os.getpid()} failed: {type(exc).__name__}: {exc}")
+            code = 70
+        os._exit(code)
+
+    def _parent_fds(self) -> list[int]:
+        """Every descriptor the parent owns, detached from its Python object (a later
+        collection of that object must not close a reused number)."""
+        fds = [self.wake_r, self.wake_w]  # (the admin server's sockets: closed at fork)
+        socks = [self.listener]
+        socks += [w.ctl for w in self.workers.values()]
+        socks += [w.conn for w in self.workers.values()]
+        for sock in socks:
+            if sock is not None and sock.fileno() >= 0:
+                fds.append(sock.detach())
+        return fds
+
+    def worker_event(self, worker: Worker, mask: int) -> None:
+        while (msg := _recv_ready(worker.ctl, MAX_REPORT)) is not None:
+            if not msg:
+                self.worker_exited(worker)
+                return
+            self.worker_report(worker, msg)
+        if mask & (select.POLLHUP | select.POLLERR):
+            self.worker_exited(worker)
+
+    def worker_report(self, worker: Worker, msg: bytes) -> None:
+        try:
+            data = json.loads(msg[1:])
+        except ValueError:
+            data = {}
+        if msg[:1] == b"S":
+            worker.command = str(data.get("command", ""))
+            return
+        if msg[:1] != b"D" or worker.state != "busy":
+            return
+        worker.state = "done"
+        seconds = time.monotonic() - worker.accepted_at
+        fallback = str(data.get("fallback", ""))
+        command = str(data.get("command", worker.command)) or "unknown"
+        if isinstance(warm := data.get("warm"), dict):
+            # Each key is what the latest request that knew it needed (the API server it
+            # used, the x_tables family it loaded): keys a request did not report stay.
+            merged = {**(self.warm if isinstance(self.warm, dict) else {}), **warm}
+            if merged != self.warm:
+                self.warm = merged
+                self.recycle_idle()
+        if isinstance(loads := data.get("xt_loads"), int) and loads > 0:
+            self.metrics.extension_loads += loads
+        if fallback:
+            self.metrics.fell_back(fallback)
+            self.log("info", f"handed a {command} back to the caller: {fallback}")
+        else:
+            result = "ok" if data.get("exit") == 0 else "error"
+            code = str(data.get("cni_code", ""))
+            self.metrics.served(command, result, code, seconds)
+            self.log("debug", f"served {command} ({result}) in {seconds * 1000:.1f} ms")
+        self.release_conn(worker)
+
+    def worker_exited(self, worker: Worker) -> None:
+        fd = worker.ctl.fileno()
+        self.poll.unregister(fd)
+        del self.workers[fd]
+        worker.ctl.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(worker.pid, 0)
+        if worker.state == "busy":  # died without a report, and nobody killed it
+            self.metrics.worker_crashes += 1
+            self.metrics.fell_back("worker died")
+            self.log("error", f"worker {worker.pid} died serving {worker.command or 'a request'}")
+        worker.state = "done"
+        self.release_conn(worker)
+        self.fill_pool()
+
+    def recycle_idle(self) -> None:
+        """Idle workers forked before the latest warm value exit (EOF on their control
+        socket) and are forked again with it."""
+        for worker in list(self.workers.values()):
+            if worker.state == "idle":
+                worker.state = "done"
+                worker.ctl.shutdown(socket.SHUT_RDWR)
+
+    def kill(self, worker: Worker, why: str) -> None:
+        """SIGKILL a busy worker; counted as a fallback for `why` (its caller, if alive,
+        runs the one-shot path)."""
+        worker.state = "done"
+        worker.killed = why
+        self.metrics.fell_back(why)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker.pid, signal.SIGKILL)
+
+    def check_deadlines(self) -> None:
+        now = time.monotonic()
+        for worker in list(self.workers.values()):
+            if worker.state != "busy":
+                continue
+            if worker.caller_gone_at and now - worker.caller_gone_at > CALLER_GRACE:
+                self.kill(worker, "caller gone")
+            elif now - worker.accepted_at > self.options.request_timeout:
+                self.log("error", f"worker {worker.pid} passed the request deadline; killed")
+                self.kill(worker, "deadline")
+            elif self.draining and now > self.terminate_at:
+                self.kill(worker, "shutdown")
+
+    def poll_timeout(self) -> int:
+        """Milliseconds until the next deadline check is due (short while a caller is gone)."""
+        pending = any(w.state == "busy" and w.caller_gone_at for w in self.workers.values())
+        return int(CALLER_GRACE * 1000) if pending else 250
+
+    # ------------------------------------------------------------------ shutdown
+
+    def start_draining(self, why: str) -> None:
+        """Stop taking requests (the socket goes first: new callers fall back at once), let
+        the ones in flight finish until the grace period ends."""
+        self.draining = True
+        self.terminate_at = time.monotonic() + self.options.shutdown_grace
+        self.log("info", f"{why}: stopping; {self.in_flight()} request(s) in flight")
+        self.remove_socket()
+        if self.listener is not None:
+            self.poll.unregister(self.listener)
+            self.listener.close()
+            self.listener = None
+
+    def remove_socket(self) -> None:
+        """Unlink the socket path only while it is still ours (not a successor's)."""
+        path = self.options.socket_path
+        with contextlib.suppress(FileNotFoundError):
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) == self.socket_id:
+                os.unlink(path)
+
+    def finished_draining(self) -> bool:
+        return self.in_flight() == 0
+
+    def stop_workers(self) -> None:
+        for worker in list(self.workers.values()):
+            if worker.state == "idle":
+                worker.ctl.shutdown(socket.SHUT_RDWR)  # an idle worker exits on EOF
+        deadline = time.monotonic() + 5
+        while self.workers and time.monotonic() < deadline:
+            for fd, mask in self.poll.poll(100):
+                if fd in self.workers:
+                    self.worker_event(self.workers[fd], mask)
+        for worker in list(self.workers.values()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGKILL)
+            self.worker_exited(worker)
+        if self.admin is not None:
+            self.admin.stop()
+
+    # ------------------------------------------------------------------ admin HTTP
+
+    def start_admin(self) -> None:
+        """/healthz, /readyz, /metrics on the project's admin server (its own threads). State
+        lives in the loop: a scrape is rendered by the loop (`on_loop`), so it sees every
+        report handled before it, and /healthz answers only while the loop turns."""
+        from multicall.effects.admin_server import AdminServer, Reply, Route, probe
+
+        def metrics(_headers: object) -> Reply:
+            body = self.on_loop(self.render_metrics)
+            if body is None:
+                return Reply(500, b"the agent's event loop did not answer\n", TEXT)
+            return Reply(200, body, METRICS_TYPE)
+
+        routes = {
+            "/healthz": probe(lambda: self.on_loop(lambda: True) is True, b"ok\n", b"stuck\n"),
+            "/readyz": probe(lambda: not self.draining, b"ready\n", b"stopping\n"),
+            "/metrics": Route(metrics, announce_allow=True),
+        }
+        self.admin = AdminServer(self.options.admin_addr, routes)
+        self.admin.start()
+
+    def render_metrics(self) -> bytes:
+        self.metrics.idle_workers = self.idle_count()
+        self.metrics.in_flight = self.in_flight()
+        return render(self.metrics, self.options.build).encode()
+
+    def on_loop(self, job: Callable[[], T], timeout: float = LOOP_ANSWER) -> T | None:
+        """Run `job` on the event loop's thread (from an admin thread); None when the loop
+        did not get to it within `timeout`."""
+        done = threading.Event()
+        box: list[T] = []
+
+        def run() -> None:
+            box.append(job())
+            done.set()
+
+        self.jobs.append(run)  # deque.append: atomic, no lock needed
+        with contextlib.suppress(BlockingIOError):
+            os.write(self.wake_w, b"\0")  # a full pipe means the loop has a wake-up pending
+        return box[0] if done.wait(timeout) and box else None
+
+    def run_jobs(self) -> None:
+        while self.jobs:
+            self.jobs.popleft()()
+
+
+def _recv_ready(sock: socket.socket, size: int) -> bytes | None:
+    """What a non-blocking socket has: None when nothing yet, b"" at EOF or on an error."""
+    try:
+        return sock.recv(size)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
+
+
+def _report(ctl: socket.socket, kind: str, data: dict[str, object]) -> None:
+    with contextlib.suppress(OSError):
+        ctl.send(kind.encode() + json.dumps(data).encode())

@@ -1,0 +1,284 @@
+"""The node agent run from source (`python -m multicall agent`), driven by the tests' Python
+client (tests/support/agent_client.py, the launcher's protocol): the agent's Python half in the
+suites without a built file. The launcher's half is tests/agent/test_agent.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from multicall.core.agent_protocol import SOURCE_BUILD
+from tests.support import REPO, require_root, require_tool
+from tests.support.agent import AgentProcess
+from tests.support.kubeapi import KubeApi
+from tests.support.libcni import CHART_LINKERD
+from tests.support.oracles import SAVE, save_text
+from tests.support.pki import Pki
+from tests.support.pods import MESHED, NOT_INJECTED
+from tests.support.rig import Netns, Rig
+from tests.support.scenarios import fixture_text
+
+pytestmark = pytest.mark.netns
+STAMP = re.compile(r'time="[^"]*"')
+PREV = {"cniVersion": "1.0.0", "ips": [{"address": "10.89.0.7/24"}]}
+
+
+@pytest.fixture
+def setup(tmp_path: Path, pki: Pki) -> Iterator[tuple[Rig, Netns, Path, AgentProcess]]:
+    require_root()
+    require_tool("iptables-nft-save")
+    rig, api = Rig(), KubeApi(pki)
+    agent = AgentProcess(
+        tmp_path / "run" / "agent.sock",
+        argv=[sys.executable, "-m", "multicall"],
+        env={"PYTHONPATH": str(REPO)},
+    )
+    try:
+        node = rig.node()
+        api.add_pod(MESHED)
+        api.add_pod(NOT_INJECTED)
+        api.start(node.path)
+        with agent:
+            yield rig, node, api.kubeconfig(tmp_path / "kubeconfig"), agent
+    finally:
+        api.stop()
+        rig.cleanup()
+
+
+def invoke(
+    node: Netns, argv: list[str], env: dict[str, str], stdin: str
+) -> tuple[int, str, list[str]]:
+    proc = subprocess.run(
+        ["ip", "netns", "exec", node.name, *argv],
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        check=False,
+    )
+    return proc.returncode, proc.stdout, [STAMP.sub("time=T", x) for x in proc.stderr.splitlines()]
+
+
+def env_for(pod_ns: Netns, pod: dict[str, Any], command: str = "ADD") -> dict[str, str]:
+    meta = pod["metadata"]
+    return {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "PYTHONPATH": str(REPO),
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": "cbxsrc",
+        "CNI_NETNS": pod_ns.path,
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/opt/cni/bin",
+        "CNI_ARGS": f"K8S_POD_NAMESPACE={meta['namespace']};K8S_POD_NAME={meta['name']}",
+    }
+
+
+def conf(kubeconfig: Path, mode: str, **linkerd: Any) -> str:
+    return json.dumps(
+        {
+            "cniVersion": "1.0.0",
+            "name": "cbxnet",
+            "type": "linkerd-cni",
+            "log_level": "debug",
+            "kubernetes": {"kubeconfig": str(kubeconfig)},
+            "linkerd": {**CHART_LINKERD, "iptables-mode": mode, **linkerd},
+            "prevResult": PREV,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "pod", "command"),
+    [
+        ("nft", MESHED, "ADD"),
+        ("legacy", MESHED, "ADD"),
+        ("nft", NOT_INJECTED, "ADD"),
+        ("nft", MESHED, "DEL"),
+        ("nft", MESHED, "CHECK"),
+    ],
+)
+def test_agent_result_is_the_one_shot_result(
+    setup: tuple[Rig, Netns, Path, AgentProcess], mode: str, pod: dict[str, Any], command: str
+) -> None:
+    rig, node, kubeconfig, agent = setup
+    client = [sys.executable, "-m", "tests.support.agent_client", agent.socket]
+    one_shot = [sys.executable, "-m", "multicall", "linkerd-cni"]
+    results = []
+    for argv in (client, one_shot):
+        pod_ns = rig.pod().netns
+        env = env_for(pod_ns, pod, command)
+        code, out, err = invoke(node, argv, env, conf(kubeconfig, mode))
+        out = out.replace(pod_ns.name, "POD")
+        results.append((code, out, [line.replace(pod_ns.name, "POD") for line in err]))
+        if pod is MESHED and command == "ADD":
+            assert save_text(pod_ns, SAVE[mode]) == fixture_text(f"default-{mode}")
+    assert results[0] == results[1]
+    assert (
+        agent.served(
+            command, "ok" if results[0][0] == 0 else "error", "" if results[0][0] == 0 else "999"
+        )
+        == 1
+    )
+
+
+def test_another_build_is_handed_back(setup: tuple[Rig, Netns, Path, AgentProcess]) -> None:
+    rig, node, kubeconfig, agent = setup
+    env = {**env_for(rig.pod().netns, MESHED), "CNIBOX_TEST_BUILD": "0000000000000000"}
+    code, _out, err = invoke(
+        node,
+        [sys.executable, "-m", "tests.support.agent_client", agent.socket],
+        env,
+        conf(kubeconfig, "nft"),
+    )
+    assert (code, err) == (99, ["fallback: other build"])
+    assert agent.fallbacks("other build") == 1
+    assert SOURCE_BUILD != "0000000000000000"
+
+
+def test_concurrent_requests_are_all_served(
+    setup: tuple[Rig, Netns, Path, AgentProcess], tmp_path: Path
+) -> None:
+    """60 callers at once against an agent in their netns (warm API connections): every one
+    served by it, none handed back, no worker lost (a reused descriptor number once made a
+    stale hang-up event reach a new worker)."""
+    rig, node, kubeconfig, _ = setup
+    near = AgentProcess(tmp_path / "near" / "agent.sock", argv=[sys.executable, "-m", "multicall"],
+                        env={"PYTHONPATH": str(REPO)}, netns=node.path)  # fmt: skip
+    client = [sys.executable, "-m", "tests.support.agent_client", near.socket]
+    with near:
+        pods = [rig.pod().netns for _ in range(60)]
+        procs = [
+            subprocess.Popen(
+                ["ip", "netns", "exec", node.name, *client],
+                env=env_for(p, MESHED),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=REPO,
+            )
+            for p in pods
+        ]
+        results = [proc.communicate(conf(kubeconfig, "nft"), timeout=120) for proc in procs]
+        assert [proc.returncode for proc in procs] == [0] * 60, results[0]
+        for pod_ns in pods:
+            assert save_text(pod_ns, SAVE["nft"]) == fixture_text("default-nft")
+        metrics = near.metrics()
+    key = 'cnibox_agent_requests_total{command="ADD",result="ok",cni_code=""}'
+    assert metrics[key] == 60
+    assert metrics["cnibox_agent_worker_crashes_total"] == 0
+    assert not [k for k in metrics if k.startswith("cnibox_agent_fallbacks_total")]
+
+
+@pytest.mark.parametrize(
+    ("target", "reason"),
+    [
+        ("regular file", "CNI_NETNS is not a network namespace"),
+        ("none", "CNI_NETNS not handed over"),
+    ],
+)
+def test_a_pod_netns_the_worker_cannot_trust_is_handed_back(
+    setup: tuple[Rig, Netns, Path, AgentProcess], tmp_path: Path, target: str, reason: str
+) -> None:
+    """The worker checks the handed CNI_NETNS descriptor as run_plugin checks what it opens
+    (nsfs, type net) and never looks CNI_NETNS up by path in its own mount namespace: either
+    problem is handed back before anything runs, for the one-shot path to word."""
+    import os
+    import socket
+
+    from multicall.core import agent_protocol as proto
+    from tests.support import agent_client
+
+    rig, _node, kubeconfig, agent = setup
+    env = env_for(rig.pod().netns, MESHED)
+    flags, fds = (
+        proto.FD_ROOT | proto.FD_CALLER_NETNS,
+        [
+            os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
+            os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC),
+        ],
+    )
+    if target == "regular file":
+        plain = tmp_path / "not-a-netns"
+        plain.write_bytes(b"")
+        env["CNI_NETNS"] = str(plain)
+        flags |= proto.FD_TARGET_NETNS
+        fds.append(os.open(plain, os.O_RDONLY | os.O_CLOEXEC))
+    data = proto.encode_request(
+        SOURCE_BUILD, ("linkerd-cni",), env, "/", conf(kubeconfig, "nft").encode(), flags
+    )
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    call = agent_client.Call(sock, fds)
+    try:
+        sock.settimeout(30)
+        sock.connect(agent.socket)
+        socket.send_fds(sock, [data[: proto.HEADER.size]], fds)
+        sock.sendall(data[proto.HEADER.size :])
+        kinds = []
+        while (reply := agent_client.read_reply(sock)) is not None:
+            kinds.append(reply.kind)
+            if reply.kind != proto.FRAME_ACCEPT:
+                break
+    finally:
+        call.close()
+    assert kinds == [proto.FRAME_ACCEPT, proto.FRAME_FALLBACK]
+    assert reply is not None
+    assert reply.reason == reason
+    assert agent.fallbacks(reason) == 1
+
+
+LOADS = "cnibox_agent_xtables_extension_loads_total"
+
+
+def test_workers_preload_the_previous_legacy_family(
+    setup: tuple[Rig, Netns, Path, AgentProcess],
+) -> None:
+    """After a one-family legacy ADD, new workers load that family's x_tables extensions
+    before their request (effects/firewall/legacy.py `preload`): the next such ADD loads
+    none while served. A dual-stack legacy ADD, which such a worker cannot serve (libxtables
+    holds one family per process), is handed back before anything changed; the one-shot
+    path then programs both families exactly as alone, and workers stop preloading."""
+    rig, node, kubeconfig, agent = setup
+    client = [sys.executable, "-m", "tests.support.agent_client", agent.socket]
+    one_shot = [sys.executable, "-m", "multicall", "linkerd-cni"]
+    legacy = conf(kubeconfig, "legacy")
+    loads = []
+    for _ in range(3):
+        pod_ns = rig.pod().netns
+        code, out, err = invoke(node, client, env_for(pod_ns, MESHED), legacy)
+        assert code == 0, out + "\n".join(err)
+        assert save_text(pod_ns, SAVE["legacy"]) == fixture_text("default-legacy")
+        loads.append(agent.metrics()[LOADS])  # (the report, so the new hint, came first)
+    assert loads[0] > 0, "the first worker had nothing to preload"
+    assert loads[1:] == [loads[0]] * 2, "a preloaded worker loaded extensions while serving"
+
+    dual = conf(kubeconfig, "legacy", ipv6=True)
+    handed, alone = rig.pod().netns, rig.pod().netns
+    code, _out, err = invoke(node, client, env_for(handed, MESHED), dual)
+    reason = "x_tables extensions of the other family loaded"
+    assert (code, err[-1:]) == (99, [f"fallback: {reason}"])
+    assert agent.fallbacks(reason) == 1  # (its report, so the parent's new hint, came first)
+    for tool in ("iptables-legacy-save", "ip6tables-legacy-save"):
+        assert "PROXY_INIT" not in save_text(handed, tool), "changed before handing back"
+    for pod_ns in (handed, alone):  # the launcher's one-shot path, and a pod never served
+        code, out, err = invoke(node, one_shot, env_for(pod_ns, MESHED), dual)
+        assert code == 0, out + "\n".join(err)
+    for tool in ("iptables-legacy-save", "ip6tables-legacy-save"):
+        assert save_text(handed, tool) == save_text(alone, tool)
+        assert "PROXY_INIT_REDIRECT" in save_text(handed, tool)
+
+    served = rig.pod().netns  # the fallback told the parent: no preload any more
+    code, out, err = invoke(node, client, env_for(served, MESHED), dual)
+    assert code == 0, out + "\n".join(err)
+    for tool in ("iptables-legacy-save", "ip6tables-legacy-save"):
+        assert save_text(served, tool) == save_text(alone, tool)
+    assert agent.served("ADD") == 4

@@ -1,0 +1,147 @@
+"""The node agent's wire format (multicall/core/agent_protocol.py), its metrics exposition
+and its flags: pure functions, no agent running."""
+
+from __future__ import annotations
+
+import pytest
+
+from multicall.applets.linkerd_cni_agent import parse_args
+from multicall.core import agent_metrics
+from multicall.core import agent_protocol as proto
+from multicall.errors import UsageError
+
+BUILD = "0123456789abcdef"
+
+
+def roundtrip(data: bytes, fds: list[int]) -> proto.Request:
+    header = proto.parse_header(data[: proto.HEADER.size])
+    return proto.parse_body(header, data[proto.HEADER.size :], fds)
+
+
+def test_request_roundtrip() -> None:
+    env = {"CNI_COMMAND": "ADD", "CNI_NETNS": "/var/run/netns/x", "EMPTY": ""}
+    flags = proto.FD_ROOT | proto.FD_CALLER_NETNS | proto.FD_NETLINK
+    data = proto.encode_request(BUILD, ("linkerd-cni",), env, "/root", b'{"a": 1}\n', flags)
+    req = roundtrip(data, [7, 8, 9])
+    assert req.build == BUILD
+    assert req.argv == ("linkerd-cni",)
+    assert dict(req.env) == env
+    assert req.cwd == "/root"
+    assert req.stdin == b'{"a": 1}\n'
+    assert dict(req.fds) == {proto.FD_ROOT: 7, proto.FD_CALLER_NETNS: 8, proto.FD_NETLINK: 9}
+    assert req.command == "ADD"
+
+
+def test_the_first_of_duplicate_variables_wins_as_getenv() -> None:
+    header = proto.HEADER.pack(proto.MAGIC, BUILD.encode(), 0, 1, 2, 0, 0, 0)
+    strings = b"linkerd-cni\0CNI_COMMAND=ADD\0CNI_COMMAND=DEL\0/\0"
+    header = proto.HEADER.pack(proto.MAGIC, BUILD.encode(), 0, 1, 2, len(strings), 0, 0)
+    assert roundtrip(header + strings, []).command == "ADD"
+
+
+def test_non_utf8_survives() -> None:
+    data = proto.encode_request(BUILD, ("linkerd-cni",), {"X": "\udcff"}, "/", b"", 0)
+    assert roundtrip(data, []).env["X"] == "\udcff"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"magic": b"CBXAGNT0"}, "bad magic"),
+        ({"flags": 16}, "unknown flags"),
+        ({"argc": 0}, "too many"),
+        ({"argc": proto.MAX_ARGS + 1}, "too many"),
+        ({"envc": proto.MAX_ENV + 1}, "too many"),
+        ({"strings": proto.MAX_STRINGS + 1}, "too large"),
+        ({"stdin": proto.MAX_STDIN + 1}, "too large"),
+        ({"reserved": 1}, "unknown flags"),
+    ],
+)
+def test_header_bounds(fields: dict[str, object], message: str) -> None:
+    values: dict[str, object] = {
+        "magic": proto.MAGIC,
+        "flags": 0,
+        "argc": 1,
+        "envc": 0,
+        "strings": 2,
+        "stdin": 0,
+        "reserved": 0,
+        **fields,
+    }
+    raw = proto.HEADER.pack(
+        values["magic"],
+        BUILD.encode(),
+        values["flags"],
+        values["argc"],
+        values["envc"],
+        values["strings"],
+        values["stdin"],
+        values["reserved"],
+    )
+    with pytest.raises(proto.ProtocolError, match=message):
+        proto.parse_header(raw)
+
+
+def test_body_must_match_its_header() -> None:
+    data = proto.encode_request(BUILD, ("a", "b"), {"K": "V"}, "/", b"in", proto.FD_ROOT)
+    header = proto.parse_header(data[: proto.HEADER.size])
+    body = data[proto.HEADER.size :]
+    with pytest.raises(proto.ProtocolError, match="descriptors"):
+        proto.parse_body(header, body, [])
+    with pytest.raises(proto.ProtocolError, match="short body"):
+        proto.parse_body(header, body[:-1], [3])
+    bad = bytearray(body)
+    bad[5] = 0  # "K=V" becomes "K", "V": one string too many
+    with pytest.raises(proto.ProtocolError, match="string count"):
+        proto.parse_body(header, bytes(bad), [3])
+
+
+def test_replies() -> None:
+    frame = proto.result_frame(1, b"out", b"err\n")
+    kind, length = proto.FRAME.unpack(frame[: proto.FRAME.size])
+    reply = proto.parse_reply(kind, frame[proto.FRAME.size :])
+    assert (reply.code, reply.stdout, reply.stderr) == (1, b"out", b"err\n")
+    assert length == len(frame) - proto.FRAME.size
+    assert proto.parse_reply(proto.FRAME_FALLBACK, b"other build").reason == "other build"
+    assert proto.accept_frame() == proto.FRAME.pack(proto.FRAME_ACCEPT, 0)
+    with pytest.raises(proto.ProtocolError):
+        proto.parse_reply(proto.FRAME_RESULT, proto.RESULT_HEAD.pack(0, 5, 0) + b"abc")
+
+
+def test_metrics_exposition() -> None:
+    m = agent_metrics.Metrics()
+    m.served("ADD", "ok", "", 0.004)
+    m.served("ADD", "error", "999", 0.2)
+    m.fell_back("other build")
+    m.refused["not root"] += 1
+    text = agent_metrics.render(m, BUILD)
+    assert 'cnibox_agent_requests_total{command="ADD",result="ok",cni_code=""} 1\n' in text
+    assert 'cnibox_agent_requests_total{command="ADD",result="error",cni_code="999"} 1\n' in text
+    assert 'cnibox_agent_request_duration_seconds_bucket{command="ADD",le="0.005"} 1\n' in text
+    assert 'cnibox_agent_request_duration_seconds_bucket{command="ADD",le="0.25"} 2\n' in text
+    assert 'cnibox_agent_request_duration_seconds_bucket{command="ADD",le="+Inf"} 2\n' in text
+    assert 'cnibox_agent_request_duration_seconds_count{command="ADD"} 2\n' in text
+    assert 'cnibox_agent_fallbacks_total{reason="other build"} 1\n' in text
+    assert 'cnibox_agent_refused_total{reason="not root"} 1\n' in text
+    assert f'cnibox_agent_info{{build="{BUILD}"}} 1\n' in text
+    for line in text.splitlines():  # every family is declared before its samples
+        if line.startswith("# TYPE"):
+            assert line.split()[3] in ("counter", "gauge", "histogram")
+
+
+def test_label_values_are_escaped() -> None:
+    m = agent_metrics.Metrics()
+    m.fell_back('a "quoted"\nreason\\')
+    assert 'reason="a \\"quoted\\"\\nreason\\\\"' in agent_metrics.render(m, BUILD)
+
+
+def test_flags() -> None:
+    opts = parse_args(["--socket", "/s", "--admin-addr=", "--log-level", "warn"])
+    assert (opts["socket"], opts["admin-addr"], opts["log-level"]) == ("/s", "", "warning")
+    assert parse_args(["--sock=/t", "--workers", "2"])["socket"] == "/t"  # getopt's prefixes
+    defaults = parse_args([])
+    assert defaults["socket"] == "/var/run/linkerd-cni/agent.sock"
+    assert defaults["admin-addr"] == "0.0.0.0:9991"
+    for bad in (["--nope"], ["--socket"], ["--log-level", "loud"], ["--log-format", "xml"], ["x"]):
+        with pytest.raises(UsageError):
+            parse_args(bad)
