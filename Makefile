@@ -153,7 +153,7 @@ else
 $(error ARCH=$(ARCH): use amd64 or arm64)
 endif
 
-$(NUITKA_DIST): $(APP_SOURCES) build/build.py build/cnibox_main.py build/selfcontained.py | deps
+$(NUITKA_DIST): $(APP_SOURCES) build/build.py build/cnibox_main.py build/selfcontained.py build/lazy_inspect.py | deps
 	$(BUILD) dist
 
 build/out/launcher: build/launcher.c build/agent_client.c build/build.py | deps
@@ -170,7 +170,7 @@ ARM64_DIST := build/out/arm64/cnibox_main.dist/cnibox.bin
 $(ARM64_ROOT): build/arm64_root.py pyproject.toml | deps
 	$(PY) build/arm64_root.py ensure
 
-$(ARM64_DIST): $(APP_SOURCES) build/build.py build/cnibox_main.py build/selfcontained.py \
+$(ARM64_DIST): $(APP_SOURCES) build/build.py build/cnibox_main.py build/selfcontained.py build/lazy_inspect.py \
 		build/cross/gcc build/cross/objcopy $(ARM64_ROOT) | deps
 	$(BUILD) --arch arm64 dist
 

@@ -141,6 +141,8 @@ def nuitka_command(target: Target) -> list[str]:
         "nuitka",
         "--mode=standalone",
         f"--user-plugin={REPO / 'build' / 'selfcontained.py'}",
+        # inspect imported when first used, not by Nuitka's start-up (docs/binary.md).
+        f"--user-plugin={REPO / 'build' / 'lazy_inspect.py'}",
         "--python-flag=no_site",
         # Without it the runtime exits 2 whenever any argument is "-c" or "-m" followed by
         # another (a guard against self-spawning): `nsenter -m …` and `… sh -c …` are ours.

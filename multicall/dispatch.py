@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import BinaryIO, NoReturn
 
 from multicall import __version__
@@ -45,6 +45,7 @@ MULTIPLEXER_NAMES = frozenset({"cnibox", "cnibox.bin", "multicall", "__main__.py
 # Test-only, undocumented in --help: proves SIGTERM reaches a Python handler in the built
 # binary (tests/binary). Prints "ready PID", exits 42 on SIGTERM, 1 after 60 s.
 SELFTEST_SIGNAL = "--selftest-signal"
+SELFTEST_INSPECT = "--selftest-inspect"  # test-only: inspect imported late (docs/binary.md)
 SELFTEST_SIGTERM_EXIT = 42
 
 
@@ -207,6 +208,8 @@ def _option(args: Sequence[str], stdout: BinaryIO, stderr: BinaryIO) -> int:
     """The multiplexer's own options (UsageError for a bad command line)."""
     if args[0] == SELFTEST_SIGNAL:
         return _selftest_signal(stdout)
+    if args[0] == SELFTEST_INSPECT:
+        return _selftest_inspect(stdout)
     if list(args[:2]) == ["--install", "-s"]:  # the documented order: -s is no DIR
         args = ["-s", "--install", *args[2:]]
     line = usage.parse(args, MULTIPLEXER_OPTIONS)
@@ -253,6 +256,27 @@ def _selftest_signal(stdout: BinaryIO) -> int:
     except Terminated:
         return SELFTEST_SIGTERM_EXIT
     return EXIT_FAILURE
+
+
+def _selftest_inspect(stdout: BinaryIO) -> int:
+    """Import `inspect` late, as the binary now does (build/lazy_inspect.py), and check that
+    Nuitka's patch for compiled generators ran with it: stock `getgeneratorstate` reads
+    attributes compiled generators lack. Prints the states seen; 0 when they are right."""
+    import inspect
+
+    def numbers() -> Generator[int, None, None]:
+        yield 1
+
+    gen = numbers()
+    states = [inspect.getgeneratorstate(gen)]
+    next(gen)
+    states.append(inspect.getgeneratorstate(gen))
+    gen.close()
+    states.append(inspect.getgeneratorstate(gen))
+    signature = str(inspect.signature(_selftest_inspect))
+    write_text(stdout, f"{' '.join(states)} {signature}\n")
+    expected = [inspect.GEN_CREATED, inspect.GEN_SUSPENDED, inspect.GEN_CLOSED]
+    return EXIT_OK if states == expected else EXIT_FAILURE
 
 
 def _install(directory: str, symbolic: bool, stdout: BinaryIO, stderr: BinaryIO) -> int:

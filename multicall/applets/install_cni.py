@@ -70,6 +70,8 @@ JOURNAL_LIMIT = UNDO_JOURNAL
 
 @dataclass(frozen=True, slots=True)
 class Options:
+    """The installer's command line, parsed."""
+
     mode: str = "watch"  # watch | once | uninstall
     link_nsenter: bool = False
     log_level: str = "info"

@@ -72,6 +72,8 @@ class InputError(CniboxError):
 
 @dataclass(frozen=True, slots=True)
 class Options:
+    """The verifier's command line, parsed."""
+
     config: str = ""
     pod: str | None = None
     namespace_object: str | None = None
@@ -221,6 +223,8 @@ def _load_yaml(data: bytes, path: str) -> object:
 
 @dataclass(frozen=True, slots=True)
 class Expectation:
+    """The rules a pod should have, and why."""
+
     table: Table
     mode: Mode
     pod: str | None  # "namespace/name" when a pod was given
@@ -313,6 +317,8 @@ def _pod_options(
 
 @dataclass(frozen=True, slots=True)
 class Actual:
+    """The rules found (in a save text or a live netns), and where."""
+
     table: Table
     source: str  # the file, <stdin>, or the netns path
     warnings: tuple[str, ...] = ()  # iptables-nft-save's "# Warning: ..." lines

@@ -152,6 +152,8 @@ class Metrics:
 
 @dataclass(frozen=True, slots=True)
 class Work:
+    """One pod the controller is to look at (a failed validator run)."""
+
     ref: policy.PodRef
     pod: Mapping[str, object]
     failure: str  # "<uid>@<validator finishedAt>": one failed validator run

@@ -14,6 +14,8 @@ BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 
 @dataclass
 class Histogram:
+    """Latency counts per bucket of one metric series."""
+
     counts: list[int] = field(default_factory=lambda: [0] * len(BUCKETS))
     total: float = 0.0
     n: int = 0

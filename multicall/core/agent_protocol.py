@@ -53,6 +53,8 @@ class ProtocolError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Header:
+    """The fixed-size start of a request frame."""
+
     build: str
     flags: int
     argc: int
@@ -71,6 +73,8 @@ class Header:
 
 @dataclass(frozen=True, slots=True)
 class Request:
+    """One plugin invocation as the launcher sends it."""
+
     build: str
     argv: tuple[str, ...]
     env: Mapping[str, str]
@@ -170,6 +174,8 @@ def result_frame(code: int, stdout: bytes, stderr: bytes) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Reply:
+    """The agent's answer: a result to print, or a reason to fall back."""
+
     kind: int
     reason: str = ""
     code: int = 0

@@ -64,6 +64,8 @@ CWD = "cwd"
 
 @dataclass(frozen=True, slots=True)
 class Option:
+    """One nsenter option: its names, its argument and what it sets."""
+
     short: str | None
     long: str | None
     arg: ArgKind
@@ -134,6 +136,8 @@ class ArgError:
 
 @dataclass(frozen=True, slots=True)
 class Parsed:
+    """An nsenter command line: what to open, then what to do."""
+
     opens: tuple[FileOpen, ...]
     outcome: Invocation | Show | ArgError
 

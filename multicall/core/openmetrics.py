@@ -40,6 +40,8 @@ def format_float(value: float) -> str:
 
 @dataclass(slots=True)
 class Counter:
+    """A counter metric."""
+
     name: str
     help: str
     value: int = 0
@@ -54,6 +56,8 @@ class Counter:
 
 @dataclass(frozen=True, slots=True)
 class _HistogramState:
+    """A histogram's sums and bucket counts at one moment."""
+
     total: float = 0.0
     count: int = 0
     buckets: tuple[int, ...] = ()  # per-bucket (not cumulative) counts, +Inf last
@@ -61,6 +65,8 @@ class _HistogramState:
 
 @dataclass(slots=True)
 class Histogram:
+    """A histogram metric."""
+
     name: str
     help: str
     bounds: Sequence[float] = DEFAULT_BUCKETS

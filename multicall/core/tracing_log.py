@@ -26,6 +26,8 @@ NAMES = {0: "TRACE", 1: "DEBUG", 2: "INFO", 3: "WARN", 4: "ERROR"}
 
 @dataclass(frozen=True, slots=True)
 class LogFilter:
+    """Which levels are logged, per target prefix."""
+
     default: int
     targets: tuple[tuple[str, int], ...] = ()  # longest target first
 

@@ -41,6 +41,8 @@ MAX_CONNECTIONS = 16
 
 @dataclass(frozen=True, slots=True)
 class Reply:
+    """An HTTP response of the admin server."""
+
     status: int
     body: bytes = b""
     content_type: str = ""
@@ -82,6 +84,8 @@ Handler = Callable[[Mapping[str, str]], Reply]  # the request's headers (lower-c
 
 @dataclass(frozen=True, slots=True)
 class Route:
+    """The handler of one admin path."""
+
     handler: Handler
     announce_allow: bool = False  # a 405 says `Allow: GET, HEAD`
 

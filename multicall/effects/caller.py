@@ -47,6 +47,8 @@ class ServeElsewhere(BaseException):
 
 @dataclass(frozen=True, slots=True)
 class CallerContext:
+    """The caller's root, cwd and namespaces, as descriptors handed over."""
+
     root_fd: int
     cwd: str
     netns_path: str  # CNI_NETNS as the caller wrote it

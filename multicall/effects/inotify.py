@@ -55,6 +55,8 @@ def _raise_errno(what: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Event:
+    """One inotify event."""
+
     wd: int
     mask: int
     cookie: int

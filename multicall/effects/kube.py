@@ -136,6 +136,8 @@ def read_text_file(path: str, *, limit: int, what: str, missing_verb: str = "ope
 
 @dataclass(frozen=True, slots=True)
 class _Endpoint:
+    """Where the API server is: scheme, host, port and path prefix."""
+
     scheme: str
     host: str
     port: int
@@ -423,6 +425,8 @@ _WarmKey = tuple[str, str, int, bytes, str, bool]
 
 @dataclass
 class _Warm:
+    """A kept-alive connection and what it was made for."""
+
     key: _WarmKey
     sock: socket.socket
     made: float

@@ -176,6 +176,8 @@ class Token:
 
 @dataclass(frozen=True, slots=True)
 class Response:
+    """A complete API response."""
+
     status: int
     body: bytes
     url: str = ""

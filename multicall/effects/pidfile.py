@@ -31,6 +31,8 @@ LIMIT = PID_FILE  # core/limits.py
 
 @dataclass(frozen=True, slots=True)
 class Identity:
+    """What tells a process apart from a later one with the same pid."""
+
     pid: int
     start: str
     exe: str

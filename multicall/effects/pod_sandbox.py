@@ -33,6 +33,8 @@ class Refused(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Sandbox:
+    """A pod's sandbox as the runtime set it up."""
+
     entry: sandbox.CacheEntry  # the runtime's cached ADD for the pod
     netns: str  # its netns path as seen from this process (under the host root)
     plugin_config: bytes  # the linkerd-cni entry of the network list, as libcni hands it over
@@ -40,6 +42,8 @@ class Sandbox:
 
 @dataclass(frozen=True, slots=True)
 class SandboxFinder:
+    """Finds a pod's sandbox in the node's CNI directories."""
+
     net_dir: str  # the node's CNI config dir
     cache_dir: str  # libcni's cache dir (results/ inside)
     host_root: str  # where the node's / is mounted ("" when this is the node's /)

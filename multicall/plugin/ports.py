@@ -68,6 +68,8 @@ class Firewall(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class PluginDeps:
+    """What run_plugin talks to: the API and the firewall."""
+
     kube: Kube
     firewall: Firewall
 

@@ -47,6 +47,8 @@ API_TIMEOUT = 5.0  # each GET of the ADD, as the plugin's default
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
+    """Whether a pod was repaired in place, and if not why."""
+
     repaired: bool
     reason: str = ""
     netns: str = ""

@@ -45,6 +45,8 @@ class PluginRequest:
 
 @dataclass(frozen=True, slots=True)
 class PluginResult:
+    """What one invocation prints on stdout and exits with."""
+
     stdout: bytes  # exactly what `linkerd-cni` prints: result, VERSION reply or error JSON
     exit_code: int  # 0, or 1 with a CNI error in `stdout`
 

@@ -91,6 +91,22 @@ def test_exit_codes_pass_through(artifact: Path, cache: Path) -> None:
     assert "tried to call itself" not in nsenter_m.stderr
 
 
+def test_inspect_is_imported_late_and_still_patched_for_compiled_code(
+    artifact: Path, cache: Path
+) -> None:
+    """build/lazy_inspect.py: start-up no longer imports inspect (Nuitka did, ~5-10 ms), and
+    importing it later still applies Nuitka's patch (stock getgeneratorstate fails on a
+    compiled generator)."""
+    version = run([str(artifact), "--version"], cache, PYTHONPROFILEIMPORTTIME="1")
+    assert version.returncode == 0, version.stderr
+    imported = {line.split("|")[-1].strip() for line in version.stderr.splitlines()}
+    assert "dataclasses" in imported, "PYTHONPROFILEIMPORTTIME must list the imports"
+    assert not imported & {"inspect", "ast", "dis", "tokenize"}, sorted(imported)
+    done = run([str(artifact), "--selftest-inspect"], cache)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert done.stdout.startswith("GEN_CREATED GEN_SUSPENDED GEN_CLOSED ("), done.stdout
+
+
 def test_sigterm_reaches_the_python_handler_in_the_same_process(
     artifact: Path, cache: Path
 ) -> None:

@@ -42,6 +42,8 @@ from multicall.core.go.strconv import go_quote
 
 @dataclass(frozen=True, slots=True)
 class Interface:
+    """One entry of a CNI result's `interfaces`."""
+
     name: str = ""
     mac: str = ""
     mtu: int = 0
@@ -52,6 +54,8 @@ class Interface:
 
 @dataclass(frozen=True, slots=True)
 class IPConfig:
+    """One entry of a CNI result's `ips`."""
+
     address: str  # Go's IPNet.String(): the address keeps its host bits
     interface: int | None = None
     gateway: str | None = None
@@ -60,6 +64,8 @@ class IPConfig:
 
 @dataclass(frozen=True, slots=True)
 class Route:
+    """One entry of a CNI result's `routes`."""
+
     dst: str
     gw: str | None = None
     mtu: int = 0
@@ -71,6 +77,8 @@ class Route:
 
 @dataclass(frozen=True, slots=True)
 class DNS:
+    """A CNI result's `dns` object."""
+
     nameservers: tuple[str, ...] = ()
     domain: str = ""
     search: tuple[str, ...] = ()

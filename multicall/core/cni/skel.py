@@ -219,6 +219,8 @@ def render_error(code: int, msg: str, details: str = "") -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class PodIdentity:
+    """The pod named by CNI_ARGS (K8S_POD_NAMESPACE, K8S_POD_NAME)."""
+
     namespace: str
     name: str
 

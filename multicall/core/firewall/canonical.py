@@ -110,6 +110,8 @@ STATELESS_MATCHES = frozenset(
 
 @dataclass(frozen=True, slots=True, order=True)
 class Option:
+    """One option of a rule in canonical form."""
+
     name: str
     negated: bool
     values: tuple[str, ...]
@@ -117,6 +119,8 @@ class Option:
 
 @dataclass(frozen=True, slots=True, order=True)
 class Match:
+    """One match module of a rule with its options, in canonical form."""
+
     module: str
     options: tuple[Option, ...]
 
@@ -158,6 +162,8 @@ def _option_tokens(opt: Option) -> list[str]:
 
 @dataclass(slots=True)
 class _Owner:
+    """A match or target being collected while a rule is canonicalised."""
+
     module: str
     known: tuple[str, ...] | None  # None: an extension this module does not know
     options: list[Option] = field(default_factory=list)
@@ -165,6 +171,8 @@ class _Owner:
 
 @dataclass(slots=True)
 class _RuleBuilder:
+    """The parts of one rule while it is canonicalised."""
+
     base: list[Option] = field(default_factory=list)
     matches: list[_Owner] = field(default_factory=list)
     verdict: str = ""

@@ -37,6 +37,8 @@ class ChainProblem(Enum):
 
 @dataclass(frozen=True, slots=True)
 class RuleDelta:
+    """One rule that is missing, unexpected or out of order."""
+
     problem: RuleProblem
     chain: str
     rule: Rule  # the expected rule (missing, out-of-order) or the actual one (unexpected)
@@ -51,6 +53,8 @@ class RuleDelta:
 
 @dataclass(frozen=True, slots=True)
 class ChainDelta:
+    """One chain that is missing, unexpected or has another policy."""
+
     problem: ChainProblem
     chain: str
     expected_policy: str | None = None
@@ -68,12 +72,16 @@ class DiffLine:
 
 @dataclass(frozen=True, slots=True)
 class ChainHunk:
+    """The diff lines of one chain."""
+
     chain: str
     lines: tuple[DiffLine, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class RulesetDiff:
+    """Every difference between an expected and an actual table."""
+
     table: str
     strict: bool
     prefix: str

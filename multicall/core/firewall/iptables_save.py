@@ -59,12 +59,16 @@ KeepRule = Callable[[Rule], bool]
 
 @dataclass(frozen=True, slots=True)
 class Token:
+    """One word of a save-text line, with its column."""
+
     text: str
     column: int  # 1-based
 
 
 @dataclass(slots=True)
 class _OpenTable:
+    """The table being parsed (between `*name` and COMMIT)."""
+
     name: str
     line: int
     kept: bool = True  # False: validated only, its chains and rules are not kept

@@ -46,6 +46,8 @@ class Mode(Enum):
 
 @dataclass(frozen=True, slots=True)
 class ProxyInitOptions:
+    """proxy-init's settings: what the redirect rules are made from."""
+
     incoming_proxy_port: int = 4143
     outgoing_proxy_port: int = 4140
     proxy_uid: int = 2102

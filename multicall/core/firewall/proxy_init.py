@@ -55,6 +55,8 @@ OWNER_ID_MAX = 4294967294  # libxt_owner accepts 0..UINT32_MAX-1
 
 @dataclass(frozen=True, slots=True)
 class InvalidPort:
+    """A port or range upstream drops (with a log line) instead of failing."""
+
     item: str
     reason: str
 

@@ -31,6 +31,8 @@ QUOTED_OPTIONS = frozenset({"--comment", "--log-prefix", "--nflog-prefix"})
 
 @dataclass(frozen=True, slots=True)
 class Counters:
+    """A chain's packet and byte counters."""
+
     packets: int
     bytes: int
 
@@ -59,6 +61,8 @@ class Rule:
 
 @dataclass(frozen=True, slots=True)
 class Table:
+    """One table: its chains and its rules in order."""
+
     name: str
     chains: tuple[Chain, ...]
     rules: tuple[Rule, ...] = ()

@@ -45,6 +45,8 @@ class Patched:
 
 @dataclass(frozen=True, slots=True)
 class Journal:
+    """What the installer changed, so that it can be undone."""
+
     patched: tuple[Patched, ...] = ()
     copied: tuple[tuple[str, str], ...] = ()  # (binary path, sha256)
     kubeconfig: str = ""

@@ -21,6 +21,8 @@ CONTEXT = "linkerd-cni-context"
 
 @dataclass(frozen=True, slots=True)
 class KubeConfig:
+    """What a request to the API needs from a kubeconfig."""
+
     server: str
     token: str = ""
     token_file: str = ""

@@ -15,6 +15,8 @@ from multicall.errors import ConfigError
 
 @dataclass(frozen=True, slots=True)
 class Pod:
+    """The fields of a Pod the plugin reads."""
+
     name: str
     namespace: str
     containers: tuple[str, ...] = ()
@@ -31,18 +33,24 @@ class Pod:
 
 @dataclass(frozen=True, slots=True)
 class Namespace:
+    """The fields of a Namespace the plugin reads."""
+
     name: str
     annotations: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ServicePort:
+    """One port of a Service."""
+
     port: int
     target_port: int | str | None = None  # an IntOrString; None when unset
 
 
 @dataclass(frozen=True, slots=True)
 class Service:
+    """The fields of a Service the plugin reads."""
+
     name: str
     namespace: str
     ports: tuple[ServicePort, ...] = ()

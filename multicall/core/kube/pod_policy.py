@@ -36,6 +36,8 @@ API_SERVER_FALLBACK_PORTS = ("443", "6443")
 
 @dataclass(frozen=True, slots=True)
 class Decision:
+    """Whether a pod gets redirect rules, and the line upstream logs for it."""
+
     meshed: bool
     message: str  # upstream's debug log line for this outcome
 

@@ -129,6 +129,8 @@ class BodyLines:
 
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
+    """One line of a watch stream."""
+
     type: str  # ADDED | MODIFIED | DELETED | BOOKMARK | ERROR
     object: Json
 
@@ -177,12 +179,16 @@ class Kind(Enum):
 
 @dataclass(frozen=True, slots=True)
 class Event:
+    """What a watch produced for its consumer."""
+
     kind: Kind
     object: Json | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Selector:
+    """A watch's label and field selectors."""
+
     labels: str = ""
     fields: str = ""
 

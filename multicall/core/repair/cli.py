@@ -47,6 +47,8 @@ SWITCHES = {"--repair-in-place": "repair_in_place"}
 
 @dataclass(frozen=True, slots=True)
 class Options:
+    """The repair controller's flags and environment, parsed."""
+
     log_level: str = DEFAULT_LOG_LEVEL
     log_format: str = "plain"
     node_name: str = ""

@@ -29,6 +29,8 @@ CNI_PATH = "/opt/cni/bin"  # required by skel for ADD; linkerd-cni execs no othe
 
 @dataclass(frozen=True, slots=True)
 class CacheEntry:
+    """libcni's cached ADD of one sandbox (its results/ file)."""
+
     container_id: str
     network: str
     ifname: str

@@ -181,12 +181,16 @@ class Scalar:
 
 @dataclass(frozen=True, slots=True)
 class Slice:
+    """A Go slice type (for decoding and its error messages)."""
+
     elem: GoType
     go_type: str
 
 
 @dataclass(frozen=True, slots=True)
 class Struct:
+    """A Go struct type: its JSON fields and how errors name it."""
+
     name: str  # the Go type's name, as it appears in "Go struct field NAME.path"
     go_type: str  # reflect's Type.String(), e.g. "main.ProxyInit"
     fields: tuple[tuple[str, GoType], ...]
