@@ -474,11 +474,15 @@ class Stop:
         self.previous_wakeup = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
 
     def restore(self) -> None:
+        """Back to the previous handlers, unless a signal ended the run: then the process is
+        exiting, and a SIGTERM or SIGINT arriving after the undo (a burst of them, kubelet and
+        `--uninstall` both asking) must not turn the finished undo's exit 0 into death by
+        signal, so further ones are ignored."""
         import signal
 
         signal.set_wakeup_fd(self.previous_wakeup)
         for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, signal.SIG_IGN if self.signum else handler)
         os.close(self.read_fd)
         os.close(self.write_fd)
 

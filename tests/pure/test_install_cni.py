@@ -199,6 +199,31 @@ class TestUndo:
         assert proc.returncode == 0, err
         assert snapshot(host.prefix) == before
 
+    def test_a_signal_after_the_undo_cannot_kill_the_exiting_installer(self) -> None:
+        """The burst above raced: the undo finished within the 5 ms between two signals, the
+        handlers went back to SIG_DFL, and the next SIGTERM killed the process (-15) after a
+        complete undo. A run a signal ended leaves further SIGTERM/SIGINT ignored."""
+        from multicall.applets.install_cni import Stop
+
+        saved = {n: signal.getsignal(n) for n in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            stop = Stop()
+            stop.install()
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert stop.signum == signal.SIGTERM
+            stop.restore()
+            assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+            assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGTERM)  # ignored: the test process lives on
+
+            quiet = Stop()  # a run no signal ended gives the previous handlers back
+            quiet.install()
+            quiet.restore()
+            assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        finally:
+            for signum, handler in saved.items():
+                signal.signal(signum, handler)
+
     def test_uninstall_stops_the_running_installer_first(self, tmp_path: Path) -> None:
         """--uninstall signals the watcher via its pid file, so nothing re-patches afterwards."""
         host = make_host(tmp_path)
