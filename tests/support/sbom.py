@@ -119,6 +119,8 @@ def check_real_sbom(binary: Path, arch: str, tmp: Path) -> dict[str, Any]:
     compiled = modules(document)
     assert {"iptc.util", "yaml", "multicall.dispatch"} <= set(compiled)
     assert not [m for m in compiled if m.split(".")[0] in ("distutils", "setuptools")]
+    # build/lazy_inspect.py's code run after inspect's import is cnibox's, not CPython's.
+    assert compiled["inspect-postLoad"] == "cnibox"
     notice = (REPO / "NOTICE").read_text()
     for component in document["components"]:
         for prop in component.get("properties", []):
