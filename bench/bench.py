@@ -870,7 +870,8 @@ def agent_running(
     sock = workdir / "agent" / "agent.sock"
     log = workdir / "agent.log"
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNIBOX_CACHE": str(workdir / "cache-warm")}
-    argv = [str(binary), "agent", "--socket", str(sock), "--admin-addr", "127.0.0.1:0"]
+    argv = [str(binary), "agent", "--socket", str(sock), "--admin-addr", "127.0.0.1:0",
+            *os.environ.get("BENCH_AGENT_ARGS", "").split()]  # fmt: skip
     with open(log, "wb") as out, entered_netns(cl.node):
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
     try:

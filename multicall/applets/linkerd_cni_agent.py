@@ -12,7 +12,8 @@ serve a request, the plugin runs as a one-shot process (docs/agent.md).
   --workers N              pre-forked idle workers (default 4)
   --max-requests N         requests in flight or queued before callers are handed back
                            (default 256)
-  --max-workers N          requests served at once; callers beyond wait (default 16)
+  --max-workers N          requests served at once; callers beyond wait, unless all
+                           those are waiting on the API (default twice the CPUs, min 4)
   --worker-requests N      requests one worker serves before it exits (default 64; 1: a
                            new process for every request)
   --request-timeout SECS   a request still running after this is killed (default 60)
@@ -63,7 +64,7 @@ def main(
     log = Logger(stderr, opts["log-level"], opts["log-format"]).log
     preload()
     from multicall.core.agent_protocol import SOURCE_BUILD
-    from multicall.effects.agent_server import Server, ServerOptions
+    from multicall.effects.agent_server import Server, ServerOptions, default_max_workers
 
     build = env.get("CNIBOX_BUILD", "") or SOURCE_BUILD
     options = ServerOptions(
@@ -71,7 +72,7 @@ def main(
         admin_addr=opts["admin-addr"],
         workers=_int(opts, "workers", 1),
         max_requests=_int(opts, "max-requests", 1),
-        max_workers=_int(opts, "max-workers", 1),
+        max_workers=_int(opts, "max-workers", 1) if opts["max-workers"] else default_max_workers(),
         worker_requests=_int(opts, "worker-requests", 1),
         request_timeout=_float(opts, "request-timeout"),
         shutdown_grace=_float(opts, "shutdown-grace"),
@@ -98,7 +99,7 @@ FLAGS = {
     "admin-addr": DEFAULT_ADMIN,
     "workers": "4",
     "max-requests": "256",
-    "max-workers": "16",
+    "max-workers": "",
     "worker-requests": "64",
     "request-timeout": "60",
     "shutdown-grace": "25",

@@ -24,9 +24,13 @@ Rules of this module:
 4. A worker takes another request only when its `serve` said it may (the applet knows what
    a request leaves behind: x_tables extensions, another netns) and the request left no new
    descriptor and no other thread; between requests it collects its own garbage (never the
-   objects inherited from the parent: frozen at fork) and prepares for the next one. At most
-   --max-workers run at once; callers beyond wait in the parent's queue (their time there
-   counts against --request-timeout), so a burst costs a few forks, not one per pod.
+   objects inherited from the parent: frozen at fork) and prepares for the next one.
+5. At most --max-workers (default: twice the CPUs, at least 4) serve at once; callers beyond
+   wait in the parent's queue, oldest first (their time there counts against
+   --request-timeout): a burst costs a few forks, not one per pod, and does not split the
+   CPUs between more processes than they can run. When every serving worker has been on its
+   request for STUCK seconds (waiting on a slow API server, not using a CPU), one more may
+   start, so a slow server does not hold the queue.
 """
 
 from __future__ import annotations
@@ -80,6 +84,12 @@ METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_REPORT = 256 * 1024
 # After a caller hung up, how long its worker may still report a result it already sent.
 CALLER_GRACE = 0.05
+# A request still running after this is taken to be waiting, not computing (rule 5).
+STUCK = 0.2
+
+
+def default_max_workers() -> int:
+    return max(4, 2 * (os.cpu_count() or 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +98,7 @@ class ServerOptions:
     admin_addr: str  # "HOST:PORT" or "" (no admin server)
     workers: int = 4  # idle, pre-forked
     max_requests: int = 256  # in flight and queued at once; beyond, callers fall back
-    max_workers: int = 16  # serving at once; beyond, callers wait in the queue
+    max_workers: int = 4  # serving at once; beyond, callers wait in the queue (rule 5)
     worker_requests: int = 64  # requests one worker may serve (rule 4)
     request_timeout: float = 60.0
     shutdown_grace: float = 25.0
@@ -103,6 +113,7 @@ class Worker:
     conn: socket.socket | None = None
     watching: bool = False  # the parent polls conn for the caller hanging up
     accepted_at: float = 0.0
+    dispatched_at: float = 0.0
     caller_gone_at: float = 0.0
     command: str = ""
     killed: str = ""
@@ -260,10 +271,10 @@ class Server:
             conn.close()
             return False
         accepted_at = time.monotonic() if accepted_at is None else accepted_at
-        worker = self.idle_worker()
-        if worker is None and self.running() >= self.options.max_workers:
+        if not self.may_serve_another():
             self.queue.append((conn, accepted_at))
             return False
+        worker = self.idle_worker()
         forked = worker is None
         worker = worker or self.spawn()
         if worker is None:
@@ -279,6 +290,7 @@ class Server:
         worker.state = "busy"
         worker.conn = conn
         worker.accepted_at = accepted_at
+        worker.dispatched_at = time.monotonic()
         worker.caller_gone_at = 0.0
         worker.command = ""
         conn.setblocking(False)
@@ -294,10 +306,17 @@ class Server:
         """Workers not waiting for a request (serving, or finishing one)."""
         return sum(1 for w in self.workers.values() if w.state != "idle")
 
+    def may_serve_another(self) -> bool:
+        """Below --max-workers serving, or every serving worker is waiting (rule 5)."""
+        running = [w for w in self.workers.values() if w.state != "idle"]
+        if len(running) < self.options.max_workers:
+            return True
+        now = time.monotonic()
+        return all(w.state == "busy" and now - w.dispatched_at >= STUCK for w in running)
+
     def dispatch_queued(self) -> None:
         """Callers waiting in the queue, to the workers free now (oldest first)."""
-        while self.queue and (self.idle_worker() is not None or
-                              self.running() < self.options.max_workers):  # fmt: skip
+        while self.queue and self.may_serve_another():
             conn, accepted_at = self.queue.popleft()
             self.dispatch(conn, accepted_at)
 
@@ -530,6 +549,7 @@ class Server:
             os.kill(worker.pid, signal.SIGKILL)
 
     def check_deadlines(self) -> None:
+        self.dispatch_queued()  # workers that became stuck let one more start (rule 5)
         now = time.monotonic()
         while self.queue and (
             now - self.queue[0][1] > self.options.request_timeout
@@ -552,7 +572,7 @@ class Server:
     def poll_timeout(self) -> int:
         """Milliseconds until the next deadline check is due (short while a caller is gone)."""
         pending = any(w.state == "busy" and w.caller_gone_at for w in self.workers.values())
-        return int(CALLER_GRACE * 1000) if pending else 250
+        return int(CALLER_GRACE * 1000) if pending or self.queue else 250
 
     # ------------------------------------------------------------------ shutdown
 
