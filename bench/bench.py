@@ -39,6 +39,7 @@ one path).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -869,7 +870,8 @@ def agent_running(
     sock = workdir / "agent" / "agent.sock"
     log = workdir / "agent.log"
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNIBOX_CACHE": str(workdir / "cache-warm")}
-    argv = [str(binary), "agent", "--socket", str(sock), "--admin-addr", "127.0.0.1:0"]
+    argv = [str(binary), "agent", "--socket", str(sock), "--admin-addr", "127.0.0.1:0",
+            *os.environ.get("BENCH_AGENT_ARGS", "").split()]  # fmt: skip
     with open(log, "wb") as out, entered_netns(cl.node):
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
     try:
@@ -1004,8 +1006,11 @@ def agent_rows(  # noqa: PLR0917 - the bench's state, passed down as run_bench h
             add(row)
 
         # Each agent ADD right after one upstream replay: on a shared machine both see the
-        # same load, so their ratio holds even when the load moves during the run.
-        for mode, meshed in (("nft", True), ("legacy", True), ("nft", False)):
+        # same load, so their ratio holds even when the load moves during the run. The
+        # unmeshed row follows the nft one, as on a node of an nft cluster: after legacy
+        # ADDs the agent forks a worker per request for any pod (docs/agent.md, x_tables
+        # preload), which `--only agent` after a legacy row would measure instead.
+        for mode, meshed in (("nft", True), ("nft", False), ("legacy", True)):
             pair: list[Row] = []
             measured(partial(interleaved, bench, plugin, mode, n, meshed=meshed, pair=pair), n + 1)
             add(pair[0])
@@ -1021,12 +1026,16 @@ def agent_rows(  # noqa: PLR0917 - the bench's state, passed down as run_bench h
     caller_cache = Path(plugin.env["CNIBOX_CACHE"])
     unpacked = any(caller_cache.iterdir())
     own = calls - served - sum(handed.values())
+    forks = int(metrics.get("cnibox_agent_workers_started_total", 0))
+    reuses = int(metrics.get("cnibox_agent_worker_reuses_total", 0))
     print(f"agent served {served} of {calls} ADDs; handed back {dict(handed)}; "
           f"callers that fell back on their own (no ACCEPT in time, connect failed): {own}; "
-          f"caller cache unpacked: {unpacked}")  # fmt: skip
+          f"caller cache unpacked: {unpacked}; "
+          f"workers forked {forks}, reused {reuses}")  # fmt: skip
     if served != calls or unpacked:
         bench.problems.append(f"agent served {served} of {calls} ADDs (unpacked: {unpacked})")
-    return {"served": served, "calls": calls, "handed_back": dict(handed), "own_fallbacks": own}
+    return {"served": served, "calls": calls, "handed_back": dict(handed), "own_fallbacks": own,
+            "workers_forked": forks, "worker_reuses": reuses}  # fmt: skip
 
 
 SERVED_ADD = 'cnibox_agent_requests_total{command="ADD",result="ok"'
@@ -1074,10 +1083,19 @@ def interleaved(
 
 
 def _agent_cpu_ms(pid: int) -> float:
-    """utime + stime + cutime + cstime of a process, in ms (/proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = sum(int(x) for x in fields[11:15])
+    """The CPU the agent used so far, in ms: its own and its reaped children's (utime + stime
+    + cutime + cstime, /proc/PID/stat) plus the same of its live children (workers serve
+    several requests: most are alive when a row ends)."""
+    ticks = _cpu_ticks(pid)
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            ticks += _cpu_ticks(int(child))
     return 1000 * ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15])
 
 
 def _settle(pid: int) -> None:

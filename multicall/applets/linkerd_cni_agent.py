@@ -10,7 +10,12 @@ serve a request, the plugin runs as a one-shot process (docs/agent.md).
                            plugin uses $CNIBOX_AGENT_SOCKET when set)
   --admin-addr HOST:PORT   /healthz, /readyz, /metrics (default 0.0.0.0:9991; "" disables)
   --workers N              pre-forked idle workers (default 4)
-  --max-requests N         requests in flight before callers are handed back (default 256)
+  --max-requests N         requests in flight or queued before callers are handed back
+                           (default 256)
+  --max-workers N          requests served at once; callers beyond wait, unless all
+                           those are waiting on the API (default twice the CPUs, min 4)
+  --worker-requests N      requests one worker serves before it exits (default 64; 1: a
+                           new process for every request)
   --request-timeout SECS   a request still running after this is killed (default 60)
   --shutdown-grace SECS    how long SIGTERM waits for requests in flight (default 25)
   --log-level LEVEL        debug, info (default), warn, error
@@ -21,6 +26,7 @@ serve a request, the plugin runs as a one-shot process (docs/agent.md).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -38,6 +44,7 @@ if TYPE_CHECKING:
     from multicall.core.agent_protocol import Request
     from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
     from multicall.core.firewall.ruleset import Table
+    from multicall.effects.agent_server import Again
     from multicall.effects.ns import NetnsRef
     from multicall.plugin.ports import Firewall
 
@@ -57,7 +64,7 @@ def main(
     log = Logger(stderr, opts["log-level"], opts["log-format"]).log
     preload()
     from multicall.core.agent_protocol import SOURCE_BUILD
-    from multicall.effects.agent_server import Server, ServerOptions
+    from multicall.effects.agent_server import Server, ServerOptions, default_max_workers
 
     build = env.get("CNIBOX_BUILD", "") or SOURCE_BUILD
     options = ServerOptions(
@@ -65,6 +72,8 @@ def main(
         admin_addr=opts["admin-addr"],
         workers=_int(opts, "workers", 1),
         max_requests=_int(opts, "max-requests", 1),
+        max_workers=_int(opts, "max-workers", 1) if opts["max-workers"] else default_max_workers(),
+        worker_requests=_int(opts, "worker-requests", 1),
         request_timeout=_float(opts, "request-timeout"),
         shutdown_grace=_float(opts, "shutdown-grace"),
         build=build,
@@ -90,6 +99,8 @@ FLAGS = {
     "admin-addr": DEFAULT_ADMIN,
     "workers": "4",
     "max-requests": "256",
+    "max-workers": "",
+    "worker-requests": "64",
     "request-timeout": "60",
     "shutdown-grace": "25",
     "log-level": "info",
@@ -209,9 +220,15 @@ def preload() -> None:
 # ----------------------------------------------------------------------------- a worker
 
 
-def serve(conn: socket.socket, report: Report, build: str, own_netns: tuple[int, int]) -> None:
-    """One request on `conn`, in a single-use worker process (agent_server)."""
+def serve(
+    conn: socket.socket, report: Report, build: str, own_netns: tuple[int, int]
+) -> Again | None:
+    """One request on `conn`, in a worker process (agent_server). Returns what the worker
+    prepares its next request with when it may serve another (agent_server rule 4): the
+    request ran no x_tables code here (libxtables keeps one family's extensions per process)
+    and left the worker in its own netns. None: the worker exits."""
     from multicall.core import agent_protocol as proto
+    from multicall.effects import caller
 
     conn.settimeout(READ_TIMEOUT)
     try:
@@ -219,12 +236,32 @@ def serve(conn: socket.socket, report: Report, build: str, own_netns: tuple[int,
     except (proto.ProtocolError, OSError) as exc:
         report("D", {"fallback": f"bad request: {exc}"})
         _send(conn, proto.fallback_frame("bad request"))
-        return
+        return None
+    try:
+        return _serve_request(conn, report, build, own_netns, request)
+    finally:
+        caller.clear()
+        for fd in request.fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _serve_request(
+    conn: socket.socket,
+    report: Report,
+    build: str,
+    own_netns: tuple[int, int],
+    request: Request,
+) -> Again | None:
+    from multicall.core import agent_protocol as proto
+    from multicall.effects import kube
+    from multicall.effects.agent_server import Again
+
     command = request.command or "unknown"
     if request.build != build:
         report("D", {"command": command, "fallback": "other build"})
         _send(conn, proto.fallback_frame("other build"))
-        return
+        return None
     report("S", {"command": command})
     from multicall.effects.firewall import legacy
 
@@ -238,14 +275,19 @@ def serve(conn: socket.socket, report: Report, build: str, own_netns: tuple[int,
             fell_back["warm"] = {"xtables": ""}
         report("D", fell_back)
         _send(conn, proto.fallback_frame(exc.reason))
-        return
+        return None
     # Reported first: whoever asks /metrics once the caller has its result sees it counted.
     done: dict[str, object] = {"command": command, "exit": code, "cni_code": _cni_code(code, out)}
     done["xt_loads"] = legacy.extensions_loaded() - loaded
+    warm = _warm_report(firewall[0] if firewall else None)
     if code == 0:
-        done["warm"] = _warm_report(firewall[0] if firewall else None)
+        done["warm"] = warm
     report("D", done)
     _send(conn, proto.result_frame(code, out, err))
+    reusable = legacy.extensions_loaded() == 0 and legacy.ran_here() is None
+    if not reusable or _identity("/proc/thread-self/ns/net") != own_netns:
+        return None
+    return Again({"api": warm["api"]} if "api" in warm else {}, kube.warm_fds())
 
 
 class _WatchedFirewall:
@@ -307,7 +349,7 @@ def run_request(
     """The plugin, in this process, in the caller's context (effects.caller). `watched`
     receives the firewall it used."""
     from multicall.core import agent_protocol as proto
-    from multicall.effects import caller, ns
+    from multicall.effects import caller, kube, ns
     from multicall.effects.firewall import legacy
     from multicall.effects.firewall.locks import XtablesLock
     from multicall.errors import NetnsError
@@ -338,8 +380,6 @@ def run_request(
             ns.setns(home, ns.CLONE_NEWNET)
         except OSError as exc:
             raise _Fallback(f"cannot enter the caller's netns: {exc.strerror}") from None
-        from multicall.effects import kube
-
         kube.drop_warm()  # dialled from the agent's netns, not the caller's
     caller.install(
         caller.CallerContext(
@@ -358,9 +398,10 @@ def run_request(
         netns_fd=target,
         caller_netns_fd=home,
     )
-    # A worker serves one request and exits: a legacy apply of one family runs libiptc here
-    # instead of forking a child per table operation (effects/firewall/legacy.py rule 3).
+    # A worker serves one request at a time, and exits after a legacy apply: one of one family
+    # runs libiptc here instead of forking a child per table operation (legacy.py rule 3).
     legacy.single_use()
+    kube.park_connections()  # the request's API connection: the next request's warm one
     # Legacy ADDs take the caller's xtables lock: its XTABLES_LOCKFILE (or /run/xtables.lock)
     # opened through its root (locks.py rule 4), the lock the one-shot plugin would take.
     firewall = _WatchedFirewall(RealFirewall(XtablesLock(env=request.env)))

@@ -40,6 +40,9 @@ class Metrics:
     idle_workers: int = 0
     worker_crashes: int = 0
     extension_loads: int = 0
+    queued: int = 0
+    workers_started: int = 0
+    worker_reuses: int = 0
 
     def served(self, command: str, result: str, cni_code: str, seconds: float) -> None:
         self.requests[(command, result, cni_code)] += 1
@@ -101,6 +104,16 @@ def render(metrics: Metrics, build: str) -> str:
     out.append(f"cnibox_agent_in_flight {metrics.in_flight}\n")
     family("cnibox_agent_idle_workers", "gauge", "Pre-forked workers waiting for a request.")
     out.append(f"cnibox_agent_idle_workers {metrics.idle_workers}\n")
+    family("cnibox_agent_queued", "gauge", "Callers waiting for a worker (--max-workers busy).")
+    out.append(f"cnibox_agent_queued {metrics.queued}\n")
+    family("cnibox_agent_workers_started_total", "counter", "Worker processes forked.")
+    out.append(f"cnibox_agent_workers_started_total {metrics.workers_started}\n")
+    family(
+        "cnibox_agent_worker_reuses_total",
+        "counter",
+        "Times a worker took another request after serving one (--worker-requests).",
+    )
+    out.append(f"cnibox_agent_worker_reuses_total {metrics.worker_reuses}\n")
     family("cnibox_agent_worker_crashes_total", "counter", "Workers that died without a result.")
     out.append(f"cnibox_agent_worker_crashes_total {metrics.worker_crashes}\n")
     family(

@@ -1,10 +1,12 @@
-"""The node agent's process machinery: the listening socket, a pool of pre-forked single-use
-workers, cancellation, deadlines, the admin HTTP endpoints, SIGTERM (docs/agent.md).
+"""The node agent's process machinery: the listening socket, a pool of pre-forked workers,
+a queue, cancellation, deadlines, the admin HTTP endpoints, SIGTERM (docs/agent.md).
 
 One single-threaded parent runs a poll loop; it never runs a request itself. Each request
 goes to a worker forked earlier from the warm parent (every module already imported), which
-serves exactly one request and exits: a crash, a hang or a leak in one request cannot reach
-the parent or any other request, and the fork is off the request's critical path.
+serves it in its own process: a crash or a hang in one request cannot reach the parent or
+any other request, and the fork is off the request's critical path. A worker serves up to
+--worker-requests requests one after the other when its last one left it as it was forked
+(rule 4); otherwise it exits after one.
 
 Rules of this module:
 1. The parent owns: the listening socket (bound under a temporary name, then renamed over
@@ -17,7 +19,18 @@ Rules of this module:
    still there) runs the one-shot path; a worker that dies leaves nothing half-applied,
    because each firewall change is one kernel transaction.
 3. Workers report to the parent over their control socket: "S" + JSON when a request was
-   accepted, "D" + JSON when its reply was sent. Metrics come from those reports.
+   accepted, "D" + JSON when its reply was sent, "I" when it waits for another request.
+   Metrics come from those reports.
+4. A worker takes another request only when its `serve` said it may (the applet knows what
+   a request leaves behind: x_tables extensions, another netns) and the request left no new
+   descriptor and no other thread; between requests it collects its own garbage (never the
+   objects inherited from the parent: frozen at fork) and prepares for the next one.
+5. At most --max-workers (default: twice the CPUs, at least 4) serve at once; callers beyond
+   wait in the parent's queue, oldest first (their time there counts against
+   --request-timeout): a burst costs a few forks, not one per pod, and does not split the
+   CPUs between more processes than they can run. When every serving worker has been on its
+   request for STUCK seconds (waiting on a slow API server, not using a CPU), one more may
+   start, so a slow server does not hold the queue.
 """
 
 from __future__ import annotations
@@ -44,8 +57,19 @@ if TYPE_CHECKING:
     from multicall.effects.admin_server import AdminServer
 
 Log = Callable[[str, str], None]  # (level, message)
-# A worker's job: serve one accepted connection, reporting through the callable.
-Serve = Callable[[socket.socket, Callable[[str, dict[str, object]], None]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Again:
+    """A served request left this worker fit for another (rule 4)."""
+
+    warm: object  # what `Prepare` gets before the next request
+    kept: frozenset[int] = frozenset()  # descriptors it leaves open on purpose (a warm one)
+
+
+# A worker's job: serve one accepted connection, reporting through the callable; `Again` when
+# this process may serve another request (rule 4), None when it must exit.
+Serve = Callable[[socket.socket, Callable[[str, dict[str, object]], None]], Again | None]
 # What a new worker does before it waits for its request, with the "warm" values of the
 # latest reports, merged by key (the applet: dial the API server the previous request used,
 # load the x_tables extensions of its family).
@@ -60,6 +84,12 @@ METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_REPORT = 256 * 1024
 # After a caller hung up, how long its worker may still report a result it already sent.
 CALLER_GRACE = 0.05
+# A request still running after this is taken to be waiting, not computing (rule 5).
+STUCK = 0.2
+
+
+def default_max_workers() -> int:
+    return max(4, 2 * (os.cpu_count() or 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +97,9 @@ class ServerOptions:
     socket_path: str
     admin_addr: str  # "HOST:PORT" or "" (no admin server)
     workers: int = 4  # idle, pre-forked
-    max_requests: int = 256  # in flight at once; beyond, callers fall back
+    max_requests: int = 256  # in flight and queued at once; beyond, callers fall back
+    max_workers: int = 4  # serving at once; beyond, callers wait in the queue (rule 5)
+    worker_requests: int = 64  # requests one worker may serve (rule 4)
     request_timeout: float = 60.0
     shutdown_grace: float = 25.0
     build: str = ""
@@ -77,10 +109,11 @@ class ServerOptions:
 class Worker:
     pid: int
     ctl: socket.socket
-    state: str = "idle"  # idle -> busy -> done (reported, or killed)
+    state: str = "idle"  # idle -> busy -> done (reported, or killed) [-> idle: rule 4]
     conn: socket.socket | None = None
     watching: bool = False  # the parent polls conn for the caller hanging up
     accepted_at: float = 0.0
+    dispatched_at: float = 0.0
     caller_gone_at: float = 0.0
     command: str = ""
     killed: str = ""
@@ -95,6 +128,7 @@ class Server:
         self.serve = serve
         self.prepare = prepare
         self.warm: object = None
+        self.warm_after: object = None  # in a worker: what its last request leaves (rule 4)
         self.metrics = Metrics()
         self.workers: dict[int, Worker] = {}  # by control socket fd
         self.by_conn: dict[int, Worker] = {}  # by the parent's client-connection fd
@@ -102,6 +136,7 @@ class Server:
         self.listener: socket.socket | None = None
         self.admin: AdminServer | None = None
         self.jobs: deque[Callable[[], None]] = deque()  # from admin threads (on_loop)
+        self.queue: deque[tuple[socket.socket, float]] = deque()  # (caller, accepted at)
         self.socket_id: tuple[int, int] | None = None
         self.draining = False
         self.terminate_at = 0.0
@@ -228,11 +263,16 @@ class Server:
             return False
         return True
 
-    def dispatch(self, conn: socket.socket) -> bool:
-        """Hand `conn` to an idle worker, or a new one; True when that took a fork."""
-        if self.in_flight() >= self.options.max_requests:
+    def dispatch(self, conn: socket.socket, accepted_at: float | None = None) -> bool:
+        """Hand `conn` to an idle worker, or a new one, or queue it when --max-workers are
+        serving (rule 4); True when that took a fork."""
+        if self.in_flight() + len(self.queue) >= self.options.max_requests:
             self.metrics.fell_back("overloaded")
             conn.close()
+            return False
+        accepted_at = time.monotonic() if accepted_at is None else accepted_at
+        if not self.may_serve_another():
+            self.queue.append((conn, accepted_at))
             return False
         worker = self.idle_worker()
         forked = worker is None
@@ -249,7 +289,10 @@ class Server:
             return forked
         worker.state = "busy"
         worker.conn = conn
-        worker.accepted_at = time.monotonic()
+        worker.accepted_at = accepted_at
+        worker.dispatched_at = time.monotonic()
+        worker.caller_gone_at = 0.0
+        worker.command = ""
         conn.setblocking(False)
         self.by_conn[conn.fileno()] = worker
         self.poll.register(conn, POLLRDHUP)
@@ -258,6 +301,24 @@ class Server:
 
     def in_flight(self) -> int:
         return sum(1 for w in self.workers.values() if w.state == "busy")
+
+    def running(self) -> int:
+        """Workers not waiting for a request (serving, or finishing one)."""
+        return sum(1 for w in self.workers.values() if w.state != "idle")
+
+    def may_serve_another(self) -> bool:
+        """Below --max-workers serving, or every serving worker is waiting (rule 5)."""
+        running = [w for w in self.workers.values() if w.state != "idle"]
+        if len(running) < self.options.max_workers:
+            return True
+        now = time.monotonic()
+        return all(w.state == "busy" and now - w.dispatched_at >= STUCK for w in running)
+
+    def dispatch_queued(self) -> None:
+        """Callers waiting in the queue, to the workers free now (oldest first)."""
+        while self.queue and self.may_serve_another():
+            conn, accepted_at = self.queue.popleft()
+            self.dispatch(conn, accepted_at)
 
     def client_gone(self, worker: Worker) -> None:
         """The caller closed its end. If the result was sent it is just done; if not (killed,
@@ -313,6 +374,7 @@ class Server:
             os.close(parent_end.detach())
             self._become_worker(child_end)
         child_end.close()
+        self.metrics.workers_started += 1
         worker = Worker(pid, parent_end)
         parent_end.setblocking(False)
         self.workers[parent_end.fileno()] = worker
@@ -329,22 +391,53 @@ class Server:
             for fd in self._parent_fds():
                 with contextlib.suppress(OSError):
                     os.close(fd)
-            # One short request: nothing worth collecting, and a collection would walk (and
-            # so copy-on-write) every object inherited from the parent.
+            # No collection during a request; between requests only what this process made:
+            # walking the objects inherited from the parent would copy-on-write them all.
             gc.disable()
-            if self.prepare is not None and self.warm is not None:
-                with contextlib.suppress(Exception):
-                    self.prepare(self.warm)
+            gc.freeze()
+            warm = self.warm
             ctl.setblocking(True)
-            msg, fds, _flags, _addr = socket.recv_fds(ctl, 16, 1)
-            if msg == b"R" and len(fds) == 1:
-                conn = socket.socket(fileno=fds[0])
-                self.serve(conn, lambda kind, data: _report(ctl, kind, data))
+            for served in range(self.options.worker_requests):
+                if self.prepare is not None and warm is not None:
+                    with contextlib.suppress(Exception):
+                        self.prepare(warm)
+                if served:
+                    _report(ctl, "I", {})  # prepared: ready for the next request
+                if not self._serve_one(ctl):
+                    break
+                gc.collect()
+                gc.freeze()
+                warm = self.warm_after
         except BaseException as exc:  # noqa: BLE001 - a worker never returns into the loop
             with contextlib.suppress(Exception):
                 self.log("error", f"worker {os.getpid()} failed: {type(exc).__name__}: {exc}")
             code = 70
         os._exit(code)
+
+    def _serve_one(self, ctl: socket.socket) -> bool:  # pragma: no cover - in the child
+        """Wait for a request and serve it; True when this process may serve another (rule
+        4), with what to prepare it with in `warm_after`."""
+        msg, fds, _flags, _addr = socket.recv_fds(ctl, 16, 1)
+        if msg != b"R" or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            return False
+        before = _open_fds()
+        conn = socket.socket(fileno=fds[0])
+        try:
+            again = self.serve(conn, lambda kind, data: _report(ctl, kind, data))
+        finally:
+            conn.close()
+        if again is None:
+            return False
+        if threading.active_count() != 1:
+            self.log("debug", f"worker {os.getpid()} exits: its request left a thread")
+            return False
+        if left := _open_fds() - before - again.kept:
+            self.log("debug", f"worker {os.getpid()} exits: its request left fds {sorted(left)}")
+            return False
+        self.warm_after = again.warm
+        return True
 
     def _parent_fds(self) -> list[int]:
         """Every descriptor the parent owns, detached from its Python object (a later
@@ -375,6 +468,9 @@ class Server:
         if msg[:1] == b"S":
             worker.command = str(data.get("command", ""))
             return
+        if msg[:1] == b"I":
+            self.worker_idle(worker)
+            return
         if msg[:1] != b"D" or worker.state != "busy":
             return
         worker.state = "done"
@@ -400,6 +496,25 @@ class Server:
             self.log("debug", f"served {command} ({result}) in {seconds * 1000:.1f} ms")
         self.release_conn(worker)
 
+    def worker_idle(self, worker: Worker) -> None:
+        """A worker waits for another request (rule 4). Kept while the queue needs it or the
+        pool is short; not when draining, nor when the workers should preload x_tables
+        extensions this one does not hold (a fresh fork does)."""
+        if worker.state != "done" or worker.killed:
+            return
+        wants_preload = isinstance(self.warm, dict) and self.warm.get("xtables") in (
+            "ipv4",
+            "ipv6",
+        )
+        if not self.queue and (
+            self.draining or wants_preload or self.idle_count() >= self.options.workers
+        ):
+            worker.ctl.shutdown(socket.SHUT_RDWR)  # it exits on EOF
+            return
+        worker.state = "idle"
+        self.metrics.worker_reuses += 1
+        self.dispatch_queued()
+
     def worker_exited(self, worker: Worker) -> None:
         fd = worker.ctl.fileno()
         self.poll.unregister(fd)
@@ -414,6 +529,7 @@ class Server:
         worker.state = "done"
         self.release_conn(worker)
         self.fill_pool()
+        self.dispatch_queued()
 
     def recycle_idle(self) -> None:
         """Idle workers forked before the latest warm value exit (EOF on their control
@@ -433,7 +549,15 @@ class Server:
             os.kill(worker.pid, signal.SIGKILL)
 
     def check_deadlines(self) -> None:
+        self.dispatch_queued()  # workers that became stuck let one more start (rule 5)
         now = time.monotonic()
+        while self.queue and (
+            now - self.queue[0][1] > self.options.request_timeout
+            or (self.draining and now > self.terminate_at)
+        ):
+            conn, _ = self.queue.popleft()
+            conn.close()  # the caller, if still there, runs the one-shot path
+            self.metrics.fell_back("shutdown" if self.draining else "deadline")
         for worker in list(self.workers.values()):
             if worker.state != "busy":
                 continue
@@ -448,7 +572,7 @@ class Server:
     def poll_timeout(self) -> int:
         """Milliseconds until the next deadline check is due (short while a caller is gone)."""
         pending = any(w.state == "busy" and w.caller_gone_at for w in self.workers.values())
-        return int(CALLER_GRACE * 1000) if pending else 250
+        return int(CALLER_GRACE * 1000) if pending or self.queue else 250
 
     # ------------------------------------------------------------------ shutdown
 
@@ -473,7 +597,7 @@ class Server:
                 os.unlink(path)
 
     def finished_draining(self) -> bool:
-        return self.in_flight() == 0
+        return self.in_flight() == 0 and not self.queue
 
     def stop_workers(self) -> None:
         for worker in list(self.workers.values()):
@@ -515,6 +639,7 @@ class Server:
 
     def render_metrics(self) -> bytes:
         self.metrics.idle_workers = self.idle_count()
+        self.metrics.queued = len(self.queue)
         self.metrics.in_flight = self.in_flight()
         return render(self.metrics, self.options.build).encode()
 
@@ -551,3 +676,16 @@ def _recv_ready(sock: socket.socket, size: int) -> bytes | None:
 def _report(ctl: socket.socket, kind: str, data: dict[str, object]) -> None:
     with contextlib.suppress(OSError):
         ctl.send(kind.encode() + json.dumps(data).encode())
+
+
+def _open_fds() -> set[int]:
+    """This process's open descriptors (not the one the listing itself used: closed by the
+    time it is checked)."""
+    fds = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            os.fstat(int(name))
+        except OSError:
+            continue
+        fds.add(int(name))
+    return fds

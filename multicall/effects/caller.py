@@ -15,8 +15,9 @@ stand in for paths:
   instead of entering it (no CAP_SYS_ADMIN needed for nft).
 
 Rules of this module:
-1. The context is process-wide and set once, by a single-use worker before it runs the
-   plugin; nothing ever clears it (the worker exits after one request).
+1. The context is process-wide: a worker sets it before it runs the plugin and clears it
+   when the request is done (a worker may serve several requests one after the other, never
+   two at once).
 2. Anything the worker cannot do without more privilege than it has raises `ServeElsewhere`
    before the request changed anything: the launcher then runs the one-shot path itself.
 """
@@ -60,8 +61,14 @@ _context: CallerContext | None = None
 
 
 def install(context: CallerContext) -> None:
-    global _context  # noqa: PLW0603 - rule 1: one context per single-use process
+    global _context  # noqa: PLW0603 - rule 1: one context per request, per process
     _context = context
+
+
+def clear() -> None:
+    """The request is done: nothing may use its descriptors any more (rule 1)."""
+    global _context  # noqa: PLW0603 - rule 1
+    _context = None
 
 
 def active() -> bool:

@@ -20,7 +20,9 @@ Rules of this module:
    made before the request arrived (`warm_up`, "warm connections" below): adopted only for
    the same server and trust settings, young and still open, and treated as a reused
    keep-alive connection (rule 5: retried once if the server closed it, never after a
-   timeout). Files the client reads (kubeconfig, token, CA) are read by effects/inputs.py,
+   timeout). A worker that serves several requests keeps the connection a request ended
+   with, when it is intact, as the next request's warm one (`park_connections`). Files the
+   client reads (kubeconfig, token, CA) are read by effects/inputs.py,
    which a worker points at the caller's root (effects/caller.py).
 """
 
@@ -177,6 +179,19 @@ class KubeClient:
         _last_config[:] = [config]  # for an agent worker's `warm_hint`
 
     def close(self) -> None:
+        """Done: the connection closes, or (in an agent worker, rule 6) waits for the next
+        request when it is intact and trusted as a warm one would be."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if _parking and not self.config.ca_file and (sock := conn.detach_idle()) is not None:
+            drop_warm()
+            _warm[:] = [_Warm(_warm_key(self.endpoint, self.config), sock, time.monotonic())]
+            return
+        conn.close()
+
+    def _discard(self) -> None:
+        """The connection failed: closed, never kept."""
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -212,11 +227,11 @@ class KubeClient:
                 conn.open(self.config, deadline, self._tls)
                 return conn.get(path, self._headers(), deadline, max_body=API_OBJECT)
             except StaleConnection:
-                self.close()  # closed by the server while idle: once more, on a new one
+                self._discard()  # closed by the server while idle: once more, on a new one
                 if attempt == 2:
                     raise KubeError(f'Get "{url}": EOF') from None
             except (OSError, ValueError) as exc:
-                self.close()
+                self._discard()
                 raise transport_error(exc, "Get", url, conn) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -307,6 +322,7 @@ class _Connection:
         self.deadline = 0.0
         self.completed = 0  # responses read in full on this connection
         self.warm = False  # adopted from `warm_up` (rule 6): reused, as a kept-alive one is
+        self.between = False  # the last response was read in full, no request since
 
     def open(self, config: KubeConfig, deadline: float, tls: ssl.SSLContext | None = None) -> None:
         """Connect (and TLS: with `tls`, else a context made from `config`) by `deadline`."""
@@ -348,6 +364,7 @@ class _Connection:
         assert self.reader is not None
         self.deadline = deadline
         self.stage = "request"
+        self.between = False
         reused = self.completed > 0 or self.warm
         try:
             self.sock.settimeout(_remaining(deadline))
@@ -383,6 +400,7 @@ class _Connection:
         self.deadline = deadline if body_deadline is None else body_deadline
         data = _read_body(self.reader, fields, max_body)
         self.completed += 1
+        self.between = True
         if fields.get("connection", "").lower() == "close":
             self.close()
         return status, data
@@ -411,6 +429,26 @@ class _Connection:
             self.sock.close()
             self.sock = None
 
+    def detach_idle(self) -> socket.socket | None:
+        """The socket, taken from this connection, when it sits between two exchanges: every
+        response was read in full and nothing more is buffered (bytes the server sent out of
+        turn: the connection is closed instead, as Go's transport closes it). Else None."""
+        if self.sock is None or self.reader is None or not self.between:
+            return None
+        reader = self.reader
+        assert isinstance(reader, io.BufferedReader)
+        assert isinstance(reader.raw, _DeadlineReader)
+        reader.raw.peeking = True  # a read the buffer cannot answer returns "nothing yet"
+        try:
+            extra = reader.peek(1)
+        except OSError:
+            extra = b"?"
+        if extra:
+            return None
+        sock, self.sock = self.sock, None
+        self.reader = None  # (its raw reader closes nothing)
+        return sock
+
 
 # ----------------------------------------------------------------------------- warm connections
 # A node agent's idle worker dials the API server (TCP + TLS) before its request arrives
@@ -434,6 +472,14 @@ class _Warm:
 
 _warm: list[_Warm] = []
 _last_config: list[KubeConfig] = []
+_parking = False  # `park_connections`
+
+
+def park_connections() -> None:
+    """A node agent's worker that serves several requests (rule 6): a request's connection,
+    intact when its client closes, becomes the next request's warm connection."""
+    global _parking  # noqa: PLW0603 - set once, in a worker
+    _parking = True
 
 
 def _warm_key(endpoint: _Endpoint, config: KubeConfig) -> _WarmKey:
@@ -463,9 +509,18 @@ def warm_up(hint: Mapping[str, object], timeout: float = 2.0) -> None:
         return
     config = KubeConfig(server=server, ca_data=ca_data.encode("ascii", "replace"),
                         insecure_skip_tls_verify=hint.get("insecure") is True)  # fmt: skip
-    drop_warm()  # one at a time; and `open` below must dial, not adopt
     try:
         endpoint = _endpoint(server)
+    except (KubeError, ValueError):
+        return
+    if (
+        _warm
+        and _warm[0].key == _warm_key(endpoint, config)
+        and (time.monotonic() - _warm[0].made < WARM_MAX_AGE / 2)
+    ):
+        return  # the previous request's connection, kept (`park_connections`)
+    drop_warm()  # one at a time; and `open` below must dial, not adopt
+    try:
         conn = _Connection(endpoint)
         tls = _tls_context(config) if endpoint.scheme == "https" else None
         conn.open(config, time.monotonic() + timeout, tls)
@@ -478,6 +533,11 @@ def warm_up(hint: Mapping[str, object], timeout: float = 2.0) -> None:
     sock, conn.sock = conn.sock, None
     conn.close()  # its reader only: the socket goes to the request that adopts it
     _warm[:] = [_Warm(_warm_key(endpoint, config), sock, time.monotonic())]
+
+
+def warm_fds() -> frozenset[int]:
+    """The descriptor of the warm connection, if there is one (kept open on purpose)."""
+    return frozenset(w.sock.fileno() for w in _warm)
 
 
 def drop_warm() -> None:
@@ -524,11 +584,14 @@ class _DeadlineReader(io.RawIOBase):
     def __init__(self, conn: _Connection) -> None:
         super().__init__()
         self.conn = conn
+        self.peeking = False  # `detach_idle`: report what is buffered, read nothing
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+    def readinto(self, buffer: memoryview) -> int | None:  # type: ignore[override]
+        if self.peeking:
+            return None
         sock = self.conn.sock
         assert sock is not None
         sock.settimeout(_remaining(self.conn.deadline))

@@ -4,10 +4,13 @@ suites without a built file. The launcher's half is tests/agent/test_agent.py.""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -177,6 +180,102 @@ def test_concurrent_requests_are_all_served(
     assert metrics[key] == 60
     assert metrics["cnibox_agent_worker_crashes_total"] == 0
     assert not [k for k in metrics if k.startswith("cnibox_agent_fallbacks_total")]
+    # A burst costs a few forks beyond the pool (4), not one per caller: the rest waited in
+    # the queue for a worker that had served one (agent_server rule 5).
+    assert metrics["cnibox_agent_workers_started_total"] <= 16, "".join(near.log[-40:])
+    assert metrics["cnibox_agent_worker_reuses_total"] >= 60 - 20
+    assert metrics["cnibox_agent_queued"] == 0
+
+
+REUSES = "cnibox_agent_worker_reuses_total"
+STARTED = "cnibox_agent_workers_started_total"
+
+
+def _settled(agent: AgentProcess, key: str, want: float) -> dict[str, float]:
+    """The agent's metrics once `key` reached `want` (a worker reports "I" after its reply,
+    once it prepared for the next request), or as they are after 10 s."""
+    deadline = time.monotonic() + 10
+    while (metrics := agent.metrics())[key] < want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return metrics
+
+
+def _netns_held(pids: list[int]) -> set[int]:
+    """The inode numbers of the network namespaces these processes hold descriptors of."""
+    held = set()
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(FileNotFoundError):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("net:["):
+                        held.add(int(link[5:-1]))
+    return held
+
+
+def test_a_worker_serves_one_request_after_another_and_keeps_nothing_of_them(
+    tmp_path: Path, pki: Pki
+) -> None:
+    """nft ADDs one after the other go to the same pre-forked workers (no fork per pod) over
+    the API connection the previous request kept (no TLS handshake per pod), and no worker
+    keeps a descriptor of a pod netns it served (it would keep the netns alive after its
+    pod). A legacy ADD (libxtables keeps its extensions per process) ends its worker: a new
+    one is forked. (The agent shares its callers' netns, as with hostNetwork: a worker that
+    entered another one exits after its request.)"""
+    require_root()
+    require_tool("iptables-nft-save")
+    rig, api = Rig(), KubeApi(pki)
+    try:
+        node = rig.node()
+        api.add_pod(MESHED)
+        api.start(node.path)
+        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+        agent = AgentProcess(tmp_path / "near" / "agent.sock",
+                             argv=[sys.executable, "-m", "multicall"],
+                             env={"PYTHONPATH": str(REPO)}, netns=node.path)  # fmt: skip
+        with agent:
+            _one_request_after_another(rig, node, kubeconfig, agent, api)
+    finally:
+        api.stop()
+        rig.cleanup()
+
+
+def _one_request_after_another(
+    rig: Rig, node: Netns, kubeconfig: Path, agent: AgentProcess, api: KubeApi
+) -> None:
+    client = [sys.executable, "-m", "tests.support.agent_client", agent.socket]
+    pods = []
+
+    def add(mode: str) -> None:
+        pod_ns = rig.pod().netns
+        code, out, err = invoke(node, client, env_for(pod_ns, MESHED), conf(kubeconfig, mode))
+        assert code == 0, out + "\n".join(err)
+        assert save_text(pod_ns, SAVE[mode]) == fixture_text(f"default-{mode}")
+        pods.append(pod_ns)
+
+    add("nft")  # the first: its API server becomes the warm value; idle workers are renewed
+    time.sleep(1)
+    before = _settled(agent, REUSES, 1)
+    connections = api.connections
+    for _ in range(8):
+        add("nft")
+    metrics = _settled(agent, REUSES, before[REUSES] + 8)
+    assert metrics[STARTED] == before[STARTED], "a worker was forked for a request"
+    assert metrics[REUSES] == before[REUSES] + 8
+    # Each worker's first request adopts the connection it dialled while idle; later ones
+    # the connection their previous request kept: at most one new connection per worker.
+    assert api.connections - connections <= metrics[STARTED] - before[STARTED] + 4
+    assert agent.served("ADD") == 9
+    served_ns = {os.stat(p.path).st_ino for p in pods}
+    assert not served_ns & _netns_held(agent.workers())
+
+    pod_ns = rig.pod().netns
+    code, out, err = invoke(node, client, env_for(pod_ns, MESHED), conf(kubeconfig, "legacy"))
+    assert code == 0, out + "\n".join(err)
+    assert save_text(pod_ns, SAVE["legacy"]) == fixture_text("default-legacy")
+    after = _settled(agent, STARTED, metrics[STARTED] + 1)
+    assert after[STARTED] > metrics[STARTED], "the worker that ran libiptc was not replaced"
+    assert after[REUSES] == metrics[REUSES]
 
 
 @pytest.mark.parametrize(
@@ -282,3 +381,50 @@ def test_workers_preload_the_previous_legacy_family(
     for tool in ("iptables-legacy-save", "ip6tables-legacy-save"):
         assert save_text(served, tool) == save_text(alone, tool)
     assert agent.served("ADD") == 4
+
+
+def test_requests_waiting_on_a_silent_api_server_do_not_hold_the_queue(
+    tmp_path: Path, pki: Pki
+) -> None:
+    """With one worker allowed to serve at a time (--max-workers 1), a request stuck on an
+    API server that never answers (until its 4 s deadline) does not make the next caller
+    wait for it: a worker on its request for over agent_server.STUCK lets one more start
+    (rule 5). Both results are the one-shot's: a timeout error, then the rules."""
+    require_root()
+    require_tool("iptables-nft-save")
+    rig, api, silent = Rig(), KubeApi(pki), KubeApi(pki, mode="silent")
+    try:
+        node = rig.node()
+        api.add_pod(MESHED)
+        api.start(node.path)
+        silent.start(node.path)
+        good = api.kubeconfig(tmp_path / "kubeconfig")
+        stuck = silent.kubeconfig(tmp_path / "kubeconfig-silent")
+        agent = AgentProcess(tmp_path / "near" / "agent.sock",
+                             argv=[sys.executable, "-m", "multicall"], extra=["--max-workers", "1"],
+                             env={"PYTHONPATH": str(REPO)}, netns=node.path)  # fmt: skip
+        client = ["ip", "netns", "exec", node.name,
+                  sys.executable, "-m", "tests.support.agent_client", agent.socket]  # fmt: skip
+        with agent:
+            slow_ns, fast_ns = rig.pod().netns, rig.pod().netns
+            slow_env = {**env_for(slow_ns, MESHED), "CNIBOX_KUBE_TIMEOUT": "4"}
+            slow_conf = tmp_path / "slow.json"
+            slow_conf.write_text(conf(stuck, "nft"))
+            with slow_conf.open() as stdin:
+                slow = subprocess.Popen(client, env=slow_env, stdin=stdin, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+            time.sleep(0.5)  # the slow one is being served (and waiting)
+            started = time.monotonic()
+            code, out, err = invoke(node, client, env_for(fast_ns, MESHED), conf(good, "nft"))
+            fast_took = time.monotonic() - started
+            assert code == 0, out + "\n".join(err)
+            assert save_text(fast_ns, SAVE["nft"]) == fixture_text("default-nft")
+            assert fast_took < 3, f"the second caller waited {fast_took:.1f} s behind the first"
+            slow_out, _ = slow.communicate(timeout=30)
+            assert slow.returncode == 1
+            assert '"code": 999' in slow_out
+            assert "PROXY_INIT" not in save_text(slow_ns, SAVE["nft"])
+    finally:
+        api.stop()
+        silent.stop()
+        rig.cleanup()

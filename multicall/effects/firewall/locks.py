@@ -46,12 +46,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from multicall.effects import caller
+from multicall.effects.ns import OWN_NETNS
 from multicall.errors import FirewallError
 
 XT_LOCK_NAME = "/run/xtables.lock"
 LOCKFILE_ENV = "XTABLES_LOCKFILE"
 WAIT_LIMIT = 30.0
-OWN_NETNS = "/proc/thread-self/ns/net"
 _POLL_FIRST, _POLL_MAX = 0.01, 0.1
 
 Log = Callable[[str], None]

@@ -41,6 +41,7 @@ from multicall.core.firewall.nft.batch import Batch, build_batch
 from multicall.core.firewall.proxy_init import apply_change, strip_counters
 from multicall.core.firewall.ruleset import Table
 from multicall.effects import caller
+from multicall.effects.ns import OWN_NETNS
 from multicall.errors import FirewallConflict, FirewallError
 
 NETLINK_NETFILTER = 12
@@ -54,7 +55,6 @@ RECV_SIZE = 1 << 18
 ATTEMPTS = 5
 TIMEOUT = 10.0
 PAGE = os.sysconf("SC_PAGE_SIZE")
-OWN_NETNS = "/proc/thread-self/ns/net"
 SO_NETNS_COOKIE = 71  # Linux 5.14; not in Python 3.11's socket module
 
 
