@@ -1,8 +1,8 @@
-"""API paths: names and namespaces as single path segments.
+"""API paths: names and namespaces as single path segments (the plugin's client and the
+repair controller's ask for the same paths).
 
 `segment` is `urllib.parse.quote(value, safe="")` (UTF-8, every byte but ASCII letters,
-digits and `_.-~` as %XX) without importing urllib.parse, which costs ~0.8 ms of every
-meshed pod's one-shot ADD; tests/pure/test_kube_paths.py holds it to urllib's output.
+digits and `_.-~` as %XX); tests/pure/test_kube_paths.py holds it to urllib's output.
 """
 
 from __future__ import annotations
