@@ -88,7 +88,8 @@ def install(path: str) -> bool:
     """Use the code objects stored at `path`; False (and nothing changed) if unusable."""
     try:
         with open(path, "rb") as f:
-            codes = marshal.load(f)  # noqa: S302 - written by our build, beside our code
+            # One read: marshal.load on the file reads it in small pieces (~0.6 ms more).
+            codes = marshal.loads(f.read())  # noqa: S302 - written by our build, beside our code
     except (OSError, EOFError, ValueError, TypeError):
         return False
     if not isinstance(codes, dict) or not all(isinstance(v, bytes) for v in codes.values()):

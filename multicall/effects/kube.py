@@ -34,8 +34,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
-from urllib.parse import quote
 
+from multicall.core.kube import paths
 from multicall.core.kube.kubeconfig import (
     TOKEN_FIELD,
     KubeConfig,
@@ -197,17 +197,13 @@ class KubeClient:
             self._conn = None
 
     def get_pod(self, namespace: str, name: str) -> Pod:
-        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
-        return parse_pod(self._get(path, ("pods", name)))
+        return parse_pod(self._get(paths.pod(namespace, name), ("pods", name)))
 
     def get_namespace(self, name: str) -> Namespace:
-        return parse_namespace(
-            self._get(f"/api/v1/namespaces/{quote(name, safe='')}", ("namespaces", name))
-        )
+        return parse_namespace(self._get(paths.namespace(name), ("namespaces", name)))
 
     def get_service(self, namespace: str, name: str) -> Service:
-        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/services/{quote(name, safe='')}"
-        return parse_service(self._get(path, ("services", name)))
+        return parse_service(self._get(paths.service(namespace, name), ("services", name)))
 
     def _url(self, path: str) -> str:
         return f"{self.endpoint.scheme}://{self.endpoint.hostport}{self.endpoint.prefix}{path}"

@@ -32,9 +32,9 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
-from urllib.parse import quote
 
 from multicall.core.installer.config import server_host
+from multicall.core.kube import paths
 from multicall.core.kube.kubeconfig import KubeConfig, parse_kubeconfig
 from multicall.core.kube.watch import BodyLines
 from multicall.core.limits import KUBECONFIG
@@ -393,17 +393,9 @@ def _keepalive(conn: _Connection) -> None:
 # ----------------------------------------------------------------------------- the calls
 
 
-def pod_path(namespace: str, name: str) -> str:
-    return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
-
-
-def events_path(namespace: str) -> str:
-    return f"/apis/events.k8s.io/v1/namespaces/{quote(namespace, safe='')}/events"
-
-
 def delete_pod(session: Session, namespace: str, name: str, timeout: float) -> None:
     """DELETE with `gracePeriodSeconds: 0`, as kube-rs sends DeleteParams (a JSON body)."""
-    path = pod_path(namespace, name)
+    path = paths.pod(namespace, name)
     answer = session.request("DELETE", path, body={"gracePeriodSeconds": 0}, timeout=timeout)
     if answer.status >= 300:
         raise StatusError(answer.status, answer.body, path, "delete")
@@ -412,7 +404,7 @@ def delete_pod(session: Session, namespace: str, name: str, timeout: float) -> N
 def create_event(
     session: Session, namespace: str, event: Mapping[str, object], timeout: float
 ) -> None:
-    path = events_path(namespace)
+    path = paths.events(namespace)
     answer = session.request("POST", path, body=event, timeout=timeout)
     if answer.status >= 300:
         raise StatusError(answer.status, answer.body, path, "post")

@@ -484,16 +484,18 @@ def test_a_client_that_is_not_root_is_refused(node: Node) -> None:
         with AgentProcess(public / "run" / "agent.sock", argv=[str(artifact_path())]) as agent:
             os.chmod(os.path.dirname(agent.socket), 0o755)  # noqa: S103 - see above
             os.chmod(agent.socket, 0o666)  # noqa: S103 - see above
-            client = [sys.executable, "-m", "tests.support.agent_client", agent.socket]
+            # The client runs as nobody, which may not read the checkout (a clone in a 0700
+            # directory): it and the pure modules it imports are copied next to the socket.
+            client = [sys.executable, str(_copy_client(public / "client")), agent.socket]
             pod_ns = node.rig.pod().netns
             proc = subprocess.run(
                 ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *client],
-                env={**node.env(pod_ns, MESHED), "PYTHONPATH": str(REPO)},
+                env={**node.env(pod_ns, MESHED), "PYTHONPATH": str(public / "client")},
                 input=node.stdin(),
                 capture_output=True,
                 text=True,
                 timeout=60,
-                cwd=REPO,
+                cwd=public,
                 check=False,
             )
             assert proc.returncode == 98, proc.stdout + proc.stderr  # EOF, no frame at all
@@ -503,6 +505,24 @@ def test_a_client_that_is_not_root_is_refused(node: Node) -> None:
             assert proxy_init_lines(pod_ns) == []
     finally:
         shutil.rmtree(public, ignore_errors=True)
+
+
+def _copy_client(into: Path) -> Path:
+    """tests/support/agent_client.py and the modules it imports (pure, standard library
+    only), under `into` (readable by anyone); returns the script's path."""
+    for name in (
+        "multicall/__init__.py",
+        "multicall/core/__init__.py",
+        "multicall/core/agent_protocol.py",
+        "multicall/core/limits.py",
+    ):
+        (into / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO / name, into / name)
+    script = into / "agent_client.py"
+    shutil.copyfile(REPO / "tests" / "support" / "agent_client.py", script)
+    for path in (into, *into.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return script
 
 
 def test_a_killed_caller_cancels_its_request(node: Node, agent: AgentProcess) -> None:
