@@ -474,9 +474,30 @@ def test_legacy_through_the_agent_takes_the_callers_xtables_lock(
 # ----------------------------------------------------------------------------- isolation
 
 
+# A client that needs nothing of the checkout (it runs as nobody, which may not read a clone
+# in a 0700 directory): connect, send the request on stdin, print what came back.
+RAW_CLIENT = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(30)
+s.connect(sys.argv[1])
+try:
+    s.sendall(sys.stdin.buffer.read())
+    data = s.recv(4096)
+except OSError as exc:
+    data = b""
+    print(f"no result: {exc}", file=sys.stderr)
+sys.stdout.write(data.hex())
+sys.exit(98 if not data else 0)
+"""
+
+
 def test_a_client_that_is_not_root_is_refused(node: Node) -> None:
-    """SO_PEERCRED: a client with another uid gets the connection closed, nothing served.
-    (The socket is made reachable for it here; in production its directory is root's 0700.)"""
+    """SO_PEERCRED: a client with another uid gets the connection closed, nothing served:
+    not even ACCEPT. (The socket is made reachable for it here; in production its directory
+    is root's 0700.)"""
+    from multicall.core import agent_protocol as proto
+
     require_tool("setpriv")
     public = Path(tempfile.mkdtemp(prefix="cbxagent-"))
     try:
@@ -484,18 +505,18 @@ def test_a_client_that_is_not_root_is_refused(node: Node) -> None:
         with AgentProcess(public / "run" / "agent.sock", argv=[str(artifact_path())]) as agent:
             os.chmod(os.path.dirname(agent.socket), 0o755)  # noqa: S103 - see above
             os.chmod(agent.socket, 0o666)  # noqa: S103 - see above
-            # The client runs as nobody, which may not read the checkout (a clone in a 0700
-            # directory): it and the pure modules it imports are copied next to the socket.
-            client = [sys.executable, str(_copy_client(public / "client")), agent.socket]
             pod_ns = node.rig.pod().netns
+            env = node.env(pod_ns, MESHED)
+            request = proto.encode_request(
+                proto.SOURCE_BUILD, ("linkerd-cni",), env, "/", node.stdin().encode(), 0
+            )
+            nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
             proc = subprocess.run(
-                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *client],
-                env={**node.env(pod_ns, MESHED), "PYTHONPATH": str(public / "client")},
-                input=node.stdin(),
+                [*nobody, sys.executable, "-I", "-c", RAW_CLIENT, agent.socket],
+                input=request,
                 capture_output=True,
-                text=True,
                 timeout=60,
-                cwd=public,
+                cwd="/",
                 check=False,
             )
             assert proc.returncode == 98, proc.stdout + proc.stderr  # EOF, no frame at all
@@ -505,24 +526,6 @@ def test_a_client_that_is_not_root_is_refused(node: Node) -> None:
             assert proxy_init_lines(pod_ns) == []
     finally:
         shutil.rmtree(public, ignore_errors=True)
-
-
-def _copy_client(into: Path) -> Path:
-    """tests/support/agent_client.py and the modules it imports (pure, standard library
-    only), under `into` (readable by anyone); returns the script's path."""
-    for name in (
-        "multicall/__init__.py",
-        "multicall/core/__init__.py",
-        "multicall/core/agent_protocol.py",
-        "multicall/core/limits.py",
-    ):
-        (into / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(REPO / name, into / name)
-    script = into / "agent_client.py"
-    shutil.copyfile(REPO / "tests" / "support" / "agent_client.py", script)
-    for path in (into, *into.rglob("*")):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return script
 
 
 def test_a_killed_caller_cancels_its_request(node: Node, agent: AgentProcess) -> None:
