@@ -302,10 +302,6 @@ class Server:
     def in_flight(self) -> int:
         return sum(1 for w in self.workers.values() if w.state == "busy")
 
-    def running(self) -> int:
-        """Workers not waiting for a request (serving, or finishing one)."""
-        return sum(1 for w in self.workers.values() if w.state != "idle")
-
     def may_serve_another(self) -> bool:
         """Below --max-workers serving, or every serving worker is waiting (rule 5)."""
         running = [w for w in self.workers.values() if w.state != "idle"]
