@@ -1,21 +1,15 @@
 """API paths: names and namespaces as single path segments (the plugin's client and the
-repair controller's ask for the same paths).
-
-`segment` is `urllib.parse.quote(value, safe="")` (UTF-8, every byte but ASCII letters,
-digits and `_.-~` as %XX); tests/pure/test_kube_paths.py holds it to urllib's output.
-"""
+repair controller's ask for the same paths)."""
 
 from __future__ import annotations
 
-_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+from urllib.parse import quote
 
 
 def segment(value: str) -> str:
-    """`value` as one path segment: a `/` in a name cannot reach another resource."""
-    data = value.encode("utf-8", "strict")
-    if all(byte in _UNRESERVED for byte in data):
-        return value
-    return "".join(chr(byte) if byte in _UNRESERVED else f"%{byte:02X}" for byte in data)
+    """`value` as one path segment (UTF-8, every byte but ASCII letters, digits and `_.-~`
+    as %XX): a `/` in a name cannot reach another resource."""
+    return quote(value, safe="")
 
 
 def pod(namespace: str, name: str) -> str:
