@@ -4,13 +4,16 @@
     1  multicall.core.*      pure: values in, values out
     2  multicall.effects.*   adapters over the kernel, the filesystem and the network
     3  multicall.plugin.*    linkerd-cni's commands behind their ports (the ADD seam)
-    4  multicall.applet, multicall.applets.*
-    5  multicall.dispatch, multicall.__main__
+    4  multicall.agent.*, multicall.repair.*, multicall.installer.*
+                             the services, one package each
+    5  multicall.applet, multicall.applets.*
+    6  multicall.dispatch, multicall.__main__
 
 A module imports its own layer or lower ones, never a higher one; there are no import cycles
 (imports inside functions count, `if TYPE_CHECKING:` ones do not); core imports no os-level
 module; core.go (Go's standard library) imports no other core package; no applet module
-imports another (only the running applet is loaded).
+imports another (only the running applet is loaded); a service package imports no other
+service package (what two services share lives in plugin, effects or core).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ LAYERS = (
     ("multicall.core",),
     ("multicall.effects",),
     ("multicall.plugin",),
+    SERVICES := ("multicall.agent", "multicall.repair", "multicall.installer"),
     ("multicall.applet", "multicall.applets"),
     ("multicall.dispatch", "multicall.__main__"),
 )
@@ -131,6 +135,19 @@ def test_no_applet_imports_another() -> None:
         assert internal(MODULES[name]) & applet_modules == set(), name
 
 
+def _service(name: str) -> str | None:
+    return next((s for s in SERVICES if name == s or name.startswith(s + ".")), None)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if _service(n)), ids=str)
+def test_no_service_imports_another(name: str) -> None:
+    own = _service(name)
+    others = sorted(
+        m for m in internal(MODULES[name], runtime_only=False) if _service(m) not in (None, own)
+    )
+    assert others == [], f"{name} imports {others}: services share only plugin, effects, core"
+
+
 def test_no_import_cycles() -> None:
     graph = {name: internal(path) - {name} for name, path in MODULES.items()}
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -160,7 +177,8 @@ def test_the_graph_is_read() -> None:
     )
     assert "multicall.applets.netns_exec" in internal(MODULES["multicall.applets"])
     assert layer("multicall.core.firewall.nft.rule") == 1
-    assert layer("multicall.applets.linkerd_cni") == 4
+    assert layer("multicall.applets.linkerd_cni") == 5
+    assert layer("multicall.agent") == 4
 
 
 def test_every_package_is_a_regular_package() -> None:

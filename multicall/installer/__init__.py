@@ -1,0 +1,1 @@
+"""The DaemonSet installer (`install-cni`): install, watch, undo (docs/install-cni.md)."""
