@@ -22,7 +22,9 @@ Rules of this module:
      ├── CommandFailed               exit 1   a child process failed (argv, rc, stderr)
      ├── ExecFailed                  exit 126 a program could not be executed
      │    └── ExecNotFound           exit 127 ... because it does not exist
-     └── CniError                    exit 1   a CNI protocol error with an explicit code
+     ├── CniError                    exit 1   a CNI protocol error with an explicit code
+     └── ServeElsewhere              exit 1   a node agent's worker cannot serve this request
+                                              (nothing changed): its caller runs it itself
 """
 
 from __future__ import annotations
@@ -154,6 +156,19 @@ class CniError(CniboxError):
     def __init__(self, code: int, message: str, details: str = "") -> None:
         super().__init__(message, details=details)
         self.code = code
+
+
+class ServeElsewhere(CniboxError):
+    """The request must be served by the caller's own one-shot path: the process serving it
+    (a node agent's worker) would need more than it has (a privilege, the other family's
+    x_tables extensions, openat2), and nothing was changed yet. Only raised where a `Files`,
+    a netns handed over or a single-use x_tables process (all passed explicitly) says the
+    process serves another; `plugin/run.run_plugin` returns it as
+    `PluginResult.served_elsewhere`."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def cni_code_of(exc: BaseException) -> int:

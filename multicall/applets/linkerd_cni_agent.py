@@ -26,29 +26,13 @@ serve a request, the plugin runs as a one-shot process (docs/agent.md).
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import os
-import socket
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, BinaryIO
+from collections.abc import Mapping, Sequence
+from typing import BinaryIO
 
 from multicall.errors import UsageError
 
 DEFAULT_SOCKET = "/var/run/linkerd-cni/agent.sock"
 DEFAULT_ADMIN = "0.0.0.0:9991"
-READ_TIMEOUT = 5.0
-
-if TYPE_CHECKING:
-    from multicall.core.agent_protocol import Request
-    from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
-    from multicall.core.firewall.ruleset import Table
-    from multicall.effects.agent_server import Again
-    from multicall.effects.ns import NetnsRef
-    from multicall.plugin.ports import Firewall
-
-Report = Callable[[str, dict[str, object]], None]
 
 
 def main(
@@ -62,9 +46,13 @@ def main(
     from multicall.effects.log import Logger
 
     log = Logger(stderr, opts["log-level"], opts["log-format"]).log
-    preload()
+    from multicall.agent.warm import Warmth
+
+    warmth = Warmth()
+    warmth.preload()
+    from multicall.agent.server import Server, ServerOptions, default_max_workers
+    from multicall.agent.worker import RequestWorker, identity
     from multicall.core.agent_protocol import SOURCE_BUILD
-    from multicall.effects.agent_server import Server, ServerOptions, default_max_workers
 
     build = env.get("CNIBOX_BUILD", "") or SOURCE_BUILD
     options = ServerOptions(
@@ -78,10 +66,8 @@ def main(
         shutdown_grace=_float(opts, "shutdown-grace"),
         build=build,
     )
-    own_netns = _identity("/proc/self/ns/net")
-    server = Server(
-        options, log, lambda conn, report: serve(conn, report, build, own_netns), prepare=warm_up
-    )
+    worker = RequestWorker(build, identity("/proc/self/ns/net"), warmth)
+    server = Server(options, log, worker.serve, prepare=warmth.prepare)
     try:
         server.bind()  # a bad --admin-addr: UsageError; a busy port: CniboxError (exit 1)
     except OSError as exc:
@@ -145,297 +131,3 @@ def _float(opts: Mapping[str, str], name: str) -> float:
     if not value > 0:
         raise UsageError(f"--{name} {opts[name]}: expected a positive number of seconds")
     return value
-
-
-def warm_up(hint: object) -> None:
-    """In a new worker, from what the previous requests needed (`_warm_report`): dial the
-    API server they used (effects.kube) and load the x_tables extensions of a one-family
-    legacy apply (effects/firewall/legacy.py `preload`; this worker then hands the other
-    family back). Failures are the request's to see, or nobody's."""
-    if not isinstance(hint, dict):
-        return
-    if isinstance(api := hint.get("api"), dict):
-        from multicall.effects import kube
-
-        kube.warm_up(api)
-    if (xtables := hint.get("xtables")) in ("ipv4", "ipv6") and _Scratch.fd is not None:
-        from multicall.core.firewall.model import Family
-        from multicall.effects import ns
-        from multicall.effects.firewall import legacy
-
-        legacy.single_use()  # this worker serves one request, then exits (rule 3)
-        with ns.entered_netns(ns.NetnsRef("the agent's scratch netns", _Scratch.fd)):
-            legacy.preload(Family(xtables))
-
-
-class _Scratch:
-    """An empty netns the agent makes at start (`preload`), where workers load x_tables
-    extensions: libxtables asks the kernel for each extension's revisions on a raw socket
-    of the current netns, and nothing of a preload belongs in the node's (the agent's,
-    with hostNetwork), not even a read. None: no CAP_SYS_ADMIN, workers preload nothing."""
-
-    fd: int | None = None
-
-
-def _warm_report(firewall: _WatchedFirewall | None) -> dict[str, object]:
-    """What this successful request leaves for the next workers: its API server (not when
-    it used a CA file), and, when it applied rules, the family of a one-family legacy apply
-    run here ("" for nft or dual-stack legacy: preload nothing)."""
-    from multicall.effects import kube
-    from multicall.effects.firewall import legacy
-
-    warm: dict[str, object] = {}
-    if (api := kube.warm_hint()) is not None:
-        warm["api"] = api
-    if firewall is not None and firewall.applied:
-        family = legacy.ran_here()
-        warm["xtables"] = family.value if family is not None else ""
-    return warm
-
-
-def preload() -> None:
-    """Import once, in the parent, everything a request may need: workers fork from here."""
-    import ssl  # noqa: F401
-
-    from multicall.core.cni import netconf, result, skel  # noqa: F401
-    from multicall.core.firewall import diff, proxy_init  # noqa: F401
-    from multicall.core.kube import pod_policy  # noqa: F401
-    from multicall.effects import kube
-    from multicall.effects.firewall import engine, nft  # noqa: F401
-    from multicall.errors import FirewallError
-    from multicall.plugin import commands, pod_inputs, ports, run  # noqa: F401
-
-    kube.keep_spare_tls_context()
-    from multicall.effects import ns
-
-    _Scratch.fd = ns.scratch_netns()  # before any thread: made on, and kept by, this one
-    try:
-        from multicall.effects.firewall.legacy import iptc
-
-        iptc()
-    except FirewallError:
-        pass  # no libiptc here: legacy requests will fail in their worker as one-shot would
-
-
-# ----------------------------------------------------------------------------- a worker
-
-
-def serve(
-    conn: socket.socket, report: Report, build: str, own_netns: tuple[int, int]
-) -> Again | None:
-    """One request on `conn`, in a worker process (agent_server). Returns what the worker
-    prepares its next request with when it may serve another (agent_server rule 4): the
-    request ran no x_tables code here (libxtables keeps one family's extensions per process)
-    and left the worker in its own netns. None: the worker exits."""
-    from multicall.core import agent_protocol as proto
-    from multicall.effects import caller
-
-    conn.settimeout(READ_TIMEOUT)
-    try:
-        request = read_request(conn)
-    except (proto.ProtocolError, OSError) as exc:
-        report("D", {"fallback": f"bad request: {exc}"})
-        _send(conn, proto.fallback_frame("bad request"))
-        return None
-    try:
-        return _serve_request(conn, report, build, own_netns, request)
-    finally:
-        caller.clear()
-        for fd in request.fds.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-def _serve_request(
-    conn: socket.socket,
-    report: Report,
-    build: str,
-    own_netns: tuple[int, int],
-    request: Request,
-) -> Again | None:
-    from multicall.core import agent_protocol as proto
-    from multicall.effects import kube
-    from multicall.effects.agent_server import Again
-
-    command = request.command or "unknown"
-    if request.build != build:
-        report("D", {"command": command, "fallback": "other build"})
-        _send(conn, proto.fallback_frame("other build"))
-        return None
-    report("S", {"command": command})
-    from multicall.effects.firewall import legacy
-
-    loaded = legacy.extensions_loaded()
-    firewall: list[_WatchedFirewall] = []
-    try:
-        code, out, err = run_request(request, own_netns, firewall)
-    except _Fallback as exc:
-        fell_back: dict[str, object] = {"command": command, "fallback": exc.reason}
-        if exc.reason == legacy.OTHER_FAMILY:  # the requests changed: stop preloading
-            fell_back["warm"] = {"xtables": ""}
-        report("D", fell_back)
-        _send(conn, proto.fallback_frame(exc.reason))
-        return None
-    # Reported first: whoever asks /metrics once the caller has its result sees it counted.
-    done: dict[str, object] = {"command": command, "exit": code, "cni_code": _cni_code(code, out)}
-    done["xt_loads"] = legacy.extensions_loaded() - loaded
-    warm = _warm_report(firewall[0] if firewall else None)
-    if code == 0:
-        done["warm"] = warm
-    report("D", done)
-    _send(conn, proto.result_frame(code, out, err))
-    reusable = legacy.extensions_loaded() == 0 and legacy.ran_here() is None
-    if not reusable or _identity("/proc/thread-self/ns/net") != own_netns:
-        return None
-    return Again({"api": warm["api"]} if "api" in warm else {}, kube.warm_fds())
-
-
-class _WatchedFirewall:
-    """The request's firewall (plugin.ports `Firewall`), noting whether it applied rules
-    (`_warm_report`)."""
-
-    def __init__(self, inner: Firewall) -> None:
-        self.inner = inner
-        self.applied = False
-
-    def apply(
-        self,
-        netns: NetnsRef,
-        options: ProxyInitOptions,
-        *,
-        mode: Mode,
-        families: tuple[Family, ...],
-        log: Callable[[str], None],
-    ) -> None:
-        self.inner.apply(netns, options, mode=mode, families=families, log=log)
-        self.applied = True
-
-    def dump_nat(
-        self, netns: NetnsRef, *, mode: Mode, family: Family, log: Callable[[str], None]
-    ) -> Table:
-        return self.inner.dump_nat(netns, mode=mode, family=family, log=log)
-
-
-class _Fallback(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def read_request(conn: socket.socket) -> Request:
-    from multicall.core import agent_protocol as proto
-
-    head = b""
-    fds: list[int] = []
-    while len(head) < proto.HEADER.size:
-        chunk, got, _flags, _addr = socket.recv_fds(conn, proto.HEADER.size - len(head), 4)
-        fds += got
-        if not chunk:
-            raise proto.ProtocolError("connection closed in the header")
-        head += chunk
-    header = proto.parse_header(head)
-    body = bytearray()
-    while len(body) < header.body_len:
-        chunk = conn.recv(min(header.body_len - len(body), 1 << 20))
-        if not chunk:
-            raise proto.ProtocolError("connection closed in the body")
-        body += chunk
-    return proto.parse_body(header, bytes(body), fds)
-
-
-def run_request(
-    request: Request, own_netns: tuple[int, int], watched: list[_WatchedFirewall] | None = None
-) -> tuple[int, bytes, bytes]:
-    """The plugin, in this process, in the caller's context (effects.caller). `watched`
-    receives the firewall it used."""
-    from multicall.core import agent_protocol as proto
-    from multicall.effects import caller, kube, ns
-    from multicall.effects.firewall import legacy
-    from multicall.effects.firewall.locks import XtablesLock
-    from multicall.errors import NetnsError
-    from multicall.plugin.ports import PluginDeps, RealFirewall, RealKube
-    from multicall.plugin.run import PluginRequest, run_plugin
-
-    fds = request.fds
-    root, home = fds.get(proto.FD_ROOT), fds.get(proto.FD_CALLER_NETNS)
-    target = fds.get(proto.FD_TARGET_NETNS)
-    if root is None or home is None:
-        raise _Fallback("caller sent no root or netns")
-    netns_path = request.env.get("CNI_NETNS", "")
-    if target is None and netns_path and request.command in ("ADD", "CHECK", "DEL"):
-        # Never look the caller's path up here: it names a file of the caller's mount
-        # namespace (the launcher sends the descriptor, or runs one-shot itself).
-        raise _Fallback("CNI_NETNS not handed over")
-    if target is not None:
-        try:
-            ns.check_netns_fd(target, netns_path)  # what run_plugin checks, before anything
-        except NetnsError:
-            raise _Fallback("CNI_NETNS is not a network namespace") from None
-        if _identity(f"/proc/self/fd/{target}") == own_netns:
-            raise _Fallback("CNI_NETNS is the agent's own netns")
-    if _identity(f"/proc/self/fd/{home}") != _identity("/proc/thread-self/ns/net"):
-        # The API is reached from the caller's netns, as the one-shot plugin does. In a
-        # DaemonSet with hostNetwork (or a Talos service) they are the same: no setns.
-        try:
-            ns.setns(home, ns.CLONE_NEWNET)
-        except OSError as exc:
-            raise _Fallback(f"cannot enter the caller's netns: {exc.strerror}") from None
-        kube.drop_warm()  # dialled from the agent's netns, not the caller's
-    caller.install(
-        caller.CallerContext(
-            root_fd=root,
-            cwd=request.cwd or "/",
-            netns_path=netns_path,
-            netns_fd=target,
-            netlink_fd=fds.get(proto.FD_NETLINK),
-        )
-    )
-    err = io.BytesIO()
-    plugin_request = PluginRequest(
-        env=request.env,
-        stdin=b"" if request.command == "VERSION" else request.stdin,
-        stderr=err,
-        netns_fd=target,
-        caller_netns_fd=home,
-    )
-    # A worker serves one request at a time, and exits after a legacy apply: one of one family
-    # runs libiptc here instead of forking a child per table operation (legacy.py rule 3).
-    legacy.single_use()
-    kube.park_connections()  # the request's API connection: the next request's warm one
-    # Legacy ADDs take the caller's xtables lock: its XTABLES_LOCKFILE (or /run/xtables.lock)
-    # opened through its root (locks.py rule 4), the lock the one-shot plugin would take.
-    firewall = _WatchedFirewall(RealFirewall(XtablesLock(env=request.env)))
-    if watched is not None:
-        watched.append(firewall)
-    deps = PluginDeps(RealKube(), firewall)
-    try:
-        outcome = run_plugin(plugin_request, deps)
-    except caller.ServeElsewhere as exc:
-        raise _Fallback(exc.reason) from None
-    stdout, stderr = outcome.stdout, err.getvalue()
-    if len(stdout) + len(stderr) > proto.MAX_OUTPUT:
-        raise _Fallback("output too large")
-    return outcome.exit_code, stdout, stderr
-
-
-def _cni_code(code: int, stdout: bytes) -> str:
-    if code == 0:
-        return ""
-    try:
-        value = json.loads(stdout).get("code", "")
-    except (ValueError, AttributeError):
-        return ""
-    return str(value)
-
-
-def _send(conn: socket.socket, data: bytes) -> None:
-    try:
-        conn.settimeout(READ_TIMEOUT)
-        conn.sendall(data)
-    except OSError:
-        pass  # the caller went away; it runs the one-shot path if it still can
-
-
-def _identity(path: str) -> tuple[int, int]:
-    st = os.stat(path)
-    return (st.st_dev, st.st_ino)

@@ -1,25 +1,19 @@
-"""The caller's context, for code that runs on behalf of another process (the node agent's
-workers): its files, its pod netns, a netlink socket it made there.
+"""Files as the process being served sees them: `Files`, passed explicitly to whatever opens
+a path another process named (the kubeconfig, its token and CA files, the xtables lock file,
+the config's log_file and its rotation).
 
-In a one-shot process there is no context and every function here is the plain operation.
-In a node agent's worker (`multicall.applets.linkerd_cni_agent`) the launcher's descriptors
-stand in for paths:
-- files named by the caller (the kubeconfig, its token and CA files, the xtables lock file,
-  the config's log_file and its rotation) are opened through the caller's root with
-  openat2(RESOLVE_IN_ROOT), so they resolve as in the caller's mount namespace even though
-  the agent's pod has another filesystem. `open_fd` is only the opener: reading is
-  effects/inputs.py's (bounded, non-blocking, regular files only), which opens with it;
-- `CNI_NETNS` resolves to the descriptor the caller opened (`/proc/self/fd/N` reopens an
-  nsfs file), so nothing looks the path up in the agent's mount namespace;
-- the nf_tables backend uses the netlink socket the caller created inside the pod's netns
-  instead of entering it (no CAP_SYS_ADMIN needed for nft).
+Two kinds:
+- `OWN_FILES`: this process's own view, the plain operations (the one-shot plugin, the
+  installer, the repair controller, tests);
+- `RootedFiles(root_fd, cwd)`: another process's view, from descriptors it handed over (a
+  node agent's worker serving the launcher): every path is opened through the caller's root
+  with openat2(RESOLVE_IN_ROOT), so it resolves as in the caller's mount namespace even
+  though the agent's pod has another filesystem.
 
-Rules of this module:
-1. The context is process-wide: a worker sets it before it runs the plugin and clears it
-   when the request is done (a worker may serve several requests one after the other, never
-   two at once).
-2. Anything the worker cannot do without more privilege than it has raises `ServeElsewhere`
-   before the request changed anything: the launcher then runs the one-shot path itself.
+Nothing here is process-wide: whoever serves a caller builds its `Files` and passes it
+down (plugin/ports.py `PluginDeps.files`); reading stays effects/inputs.py's (bounded,
+non-blocking, regular files only), which opens with it. Anything that needs more privilege
+than the worker has raises `errors.ServeElsewhere` before anything changed.
 """
 
 from __future__ import annotations
@@ -27,119 +21,82 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
+
+from multicall.errors import ServeElsewhere
 
 SYS_OPENAT2 = 437  # the same number on x86_64 and aarch64
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
 
 
-class ServeElsewhere(BaseException):
-    """The request must be served by the caller's one-shot path (nothing was changed).
+class Files(Protocol):
+    """How paths named by the process being served are opened."""
 
-    A BaseException so that the plugin's own catch-all (its CNI error boundary) lets it
-    through to the agent worker.
-    """
+    def open_fd(self, path: str, flags: int, mode: int = 0o666) -> int:
+        """os.open(path, flags | O_CLOEXEC, mode) as that process would do it; OSError as
+        os.open raises it."""
+        ...
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    def directory_of(self, path: str) -> tuple[int | None, str]:
+        """(a descriptor of `path`'s directory, the last component), for the *at calls
+        (`dir_fd=`) of code that opens, stats and renames in one directory; (None, path)
+        when plain paths do. The descriptor is the caller's to close."""
+        ...
+
+    def lexists(self, path: str) -> bool:
+        """os.path.lexists(path) as that process sees it."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
-class CallerContext:
-    """The caller's root, cwd and namespaces, as descriptors handed over."""
+class OwnFiles:
+    """This process's own filesystem: the plain operations."""
+
+    def open_fd(self, path: str, flags: int, mode: int = 0o666) -> int:
+        return os.open(path, flags | os.O_CLOEXEC, mode)
+
+    def directory_of(self, path: str) -> tuple[int | None, str]:
+        return None, path
+
+    def lexists(self, path: str) -> bool:
+        return os.path.lexists(path)
+
+
+# Immutable and stateless: one value is as good as another.
+OWN_FILES = OwnFiles()
+
+
+@dataclass(frozen=True, slots=True)
+class RootedFiles:
+    """Another process's filesystem: its root (a descriptor it handed over) stands for "/",
+    its cwd for "." (the descriptor is borrowed: never closed here)."""
 
     root_fd: int
-    cwd: str
-    netns_path: str  # CNI_NETNS as the caller wrote it
-    netns_fd: int | None
-    netlink_fd: int | None
+    cwd: str = "/"
 
+    def open_fd(self, path: str, flags: int, mode: int = 0o666) -> int:
+        return _openat2_in_root(self.root_fd, os.path.join(self.cwd, path), flags, mode)
 
-_context: CallerContext | None = None
+    def directory_of(self, path: str) -> tuple[int | None, str]:
+        directory, name = os.path.split(os.path.join(self.cwd, path))
+        fd = _openat2_in_root(self.root_fd, directory or "/", os.O_PATH | os.O_DIRECTORY, 0)
+        return fd, name
 
-
-def install(context: CallerContext) -> None:
-    global _context  # noqa: PLW0603 - rule 1: one context per request, per process
-    _context = context
-
-
-def clear() -> None:
-    """The request is done: nothing may use its descriptors any more (rule 1)."""
-    global _context  # noqa: PLW0603 - rule 1
-    _context = None
-
-
-def active() -> bool:
-    return _context is not None
-
-
-def resolve_netns(path: str) -> str:
-    """Where this process reaches the netns the caller named `path`."""
-    ctx = _context
-    if ctx is not None and ctx.netns_fd is not None and path == ctx.netns_path:
-        return f"/proc/self/fd/{ctx.netns_fd}"
-    return path
-
-
-def netlink_fd() -> int | None:
-    """A new descriptor of the caller's netlink socket in the pod netns, if it sent one."""
-    ctx = _context
-    if ctx is None or ctx.netlink_fd is None:
-        return None
-    return os.dup(ctx.netlink_fd)
-
-
-def netlink_netns_fd() -> int | None:
-    """The pod netns (a descriptor) the caller's netlink socket lives in, if it sent one."""
-    ctx = _context
-    return ctx.netns_fd if ctx is not None and ctx.netlink_fd is not None else None
-
-
-def has_netlink(path: str) -> bool:
-    ctx = _context
-    return ctx is not None and ctx.netlink_fd is not None and path == ctx.netns_path
-
-
-def open_fd(path: str, flags: int, mode: int = 0o666) -> int:
-    """os.open(path, flags | O_CLOEXEC, mode) as the caller would do it; OSError as os.open
-    raises it."""
-    ctx = _context
-    if ctx is None:
-        return os.open(path, flags | os.O_CLOEXEC, mode)
-    return _openat2_in_root(ctx.root_fd, os.path.join(ctx.cwd, path), flags, mode)
-
-
-def directory_of(path: str) -> tuple[int | None, str]:
-    """(a descriptor of `path`'s directory as the caller sees it, the last component): for
-    the *at calls (`dir_fd=`) of code that opens, stats and renames in one directory.
-    (None, path) outside a worker; the descriptor is the caller's to close. OSError as
-    open() raises it."""
-    ctx = _context
-    if ctx is None:
-        return None, path
-    full = os.path.join(ctx.cwd, path)
-    directory, name = os.path.split(full)
-    fd = _openat2_in_root(ctx.root_fd, directory or "/", os.O_PATH | os.O_DIRECTORY, 0)
-    return fd, name
-
-
-def lexists(path: str) -> bool:
-    """os.path.lexists(path) as the caller sees it."""
-    try:
-        os.close(open_fd(path, os.O_PATH | os.O_NOFOLLOW))
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True  # there, but not ours to look at (as lstat's EACCES is not "missing")
-    return True
+    def lexists(self, path: str) -> bool:
+        try:
+            os.close(self.open_fd(path, os.O_PATH | os.O_NOFOLLOW))
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True  # there, but not ours to look at (as lstat's EACCES is not "missing")
+        return True
 
 
 @cache
 def _open_how() -> Any:
-    """struct open_how (linux/openat2.h). ctypes is loaded only here, in a worker: every
-    process's file reads go through `open_fd` (effects/inputs.py), most never need it."""
+    """struct open_how (linux/openat2.h), made once (a class: immutable once made). ctypes
+    is loaded only here, when a caller's root is used: most processes never need it."""
     import ctypes
 
     class OpenHow(ctypes.Structure):
@@ -159,7 +116,7 @@ def _openat2_in_root(root_fd: int, path: str, flags: int, mode: int) -> int:
 
     mode = mode if flags & os.O_CREAT else 0  # openat2 refuses a mode without O_CREAT
     how = _open_how()(flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-    # The already-loaded libc, as effects.ns opens it (which imports this module).
+    # The already-loaded libc, as effects.ns opens it.
     syscall = ctypes.CDLL(None, use_errno=True).syscall
     syscall.restype = ctypes.c_long
     fd = syscall(

@@ -8,10 +8,10 @@ Rules of this module:
    a caller says otherwise (the installer, in net.d): kubelet's projected volumes, where
    the service account token lives, are made of them. This is the one opener of files to
    read: the installer's reader (effects/fs.py `read_file`) words the same failures its way.
-   Paths are opened as the process being served sees them (effects/caller.py `open_fd`):
-   in a node agent's worker the caller's root and cwd stand for "/" and ".", so a worker
-   reads the caller's kubeconfig, token and CA with exactly these bounds and checks; in
-   every other process that is a plain open(2).
+   Paths are opened as the process being served sees them: through the `Files` its
+   caller passes (effects/caller.py; default `OWN_FILES`, a plain open(2)). A node agent's
+   worker passes the caller's root and cwd, so it reads the caller's kubeconfig, token and
+   CA with exactly these bounds and checks.
 2. Nothing is read beyond `limit + 1` bytes; an input over its limit (core/limits.py) is
    refused with `UnreadableInput` naming the input and the limit.
 3. Lines are streamed (`lines`) where an input may legitimately be large: one line in memory
@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from multicall.core.limits import describe_size
-from multicall.effects import caller
+from multicall.effects.caller import OWN_FILES, Files
 from multicall.errors import UnreadableInput
 
 _CHUNK = 64 * 1024
@@ -57,13 +57,13 @@ class NotRegularFile(OSError):
         self.kind = kind
 
 
-def open_regular_fd(path: str, *, follow: bool = True) -> int:
+def open_regular_fd(path: str, *, follow: bool = True, files: Files = OWN_FILES) -> int:
     """An fd on the regular file at `path`, opened O_RDONLY|O_NONBLOCK|O_NOCTTY|O_CLOEXEC
     (and O_NOFOLLOW unless `follow`), checked on the fd (rule 1). OSError as open(2) fails;
     NotRegularFile for a FIFO, device, directory, socket or (not following) a symlink."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
-        fd = caller.open_fd(path, flags if follow else flags | os.O_NOFOLLOW)
+        fd = files.open_fd(path, flags if follow else flags | os.O_NOFOLLOW)
     except OSError as exc:
         if exc.errno == errno_mod.ELOOP and not follow:
             raise NotRegularFile(path, "a symlink") from None
@@ -96,10 +96,10 @@ def read_upto(fd: int, limit: int) -> bytes:
     return _read_upto(lambda n: os.read(fd, n), limit + 1)
 
 
-def open_regular(path: str, what: str) -> int:
+def open_regular(path: str, what: str, files: Files = OWN_FILES) -> int:
     """`open_regular_fd` with every failure an UnreadableInput naming `what` and the path."""
     try:
-        return open_regular_fd(path)
+        return open_regular_fd(path, files=files)
     except NotRegularFile as exc:
         raise UnreadableInput(
             f"{what} {path} is {exc.kind}, not a regular file", path=path
@@ -109,9 +109,9 @@ def open_regular(path: str, what: str) -> int:
         raise UnreadableInput(f"{what} {path}: {reason}", path=path, errno=exc.errno) from None
 
 
-def read_file(path: str, *, limit: int, what: str) -> bytes:
+def read_file(path: str, *, limit: int, what: str, files: Files = OWN_FILES) -> bytes:
     """The whole regular file at `path`, at most `limit` bytes (rules 1 and 2)."""
-    fd = open_regular(path, what)
+    fd = open_regular(path, what, files)
     try:
         return _read_fd(fd, limit, f"{what} {path}", path)
     finally:

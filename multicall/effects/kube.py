@@ -22,8 +22,8 @@ Rules of this module:
    keep-alive connection (rule 5: retried once if the server closed it, never after a
    timeout). A worker that serves several requests keeps the connection a request ended
    with, when it is intact, as the next request's warm one (`park_connections`). Files the
-   client reads (kubeconfig, token, CA) are read by effects/inputs.py,
-   which a worker points at the caller's root (effects/caller.py).
+   client reads (kubeconfig, token, CA) are read by effects/inputs.py through the `Files`
+   the client is given (effects/caller.py: a worker passes the caller's root).
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from multicall.core.limits import (
     TOKEN_FILE,
     describe_size,
 )
+from multicall.effects.caller import OWN_FILES, Files
 from multicall.errors import CNI_INVALID_ENV, CniError, ConfigError, KubeError, UnreadableInput
 
 if TYPE_CHECKING:
@@ -93,22 +94,27 @@ def timeout_from_env(env: Mapping[str, str]) -> float:
     return min(value, KUBE_TIMEOUT_MAX)
 
 
-def read_kubeconfig(path: str) -> KubeConfig:
-    """The kubeconfig at `path` (client-go's ExplicitPath); KubeError when it cannot be used."""
+def read_kubeconfig(path: str, *, files: Files = OWN_FILES) -> KubeConfig:
+    """The kubeconfig at `path` (client-go's ExplicitPath) in `files`' filesystem; KubeError
+    when it cannot be used."""
     if not path:
         raise KubeError(
             "invalid configuration: no configuration has been provided, try setting "
             "KUBERNETES_MASTER environment variable"
         )
     # client-go stats an explicit kubeconfig path before opening it.
-    text = read_text_file(path, limit=KUBECONFIG, what="kubeconfig", missing_verb="stat")
+    text = read_text_file(
+        path, limit=KUBECONFIG, what="kubeconfig", missing_verb="stat", files=files
+    )
     try:
         return parse_kubeconfig(text)
     except ConfigError as exc:
         raise KubeError(exc.message, path=path) from None
 
 
-def read_text_file(path: str, *, limit: int, what: str, missing_verb: str = "open") -> str:
+def read_text_file(
+    path: str, *, limit: int, what: str, missing_verb: str = "open", files: Files = OWN_FILES
+) -> str:
     """A UTF-8 file the client reads (kubeconfig, token), bounded and checked to be a regular
     file (effects/inputs.py); KubeError with client-go's wording of open failures."""
     import errno
@@ -117,7 +123,7 @@ def read_text_file(path: str, *, limit: int, what: str, missing_verb: str = "ope
     from multicall.effects.inputs import read_file
 
     try:
-        data = read_file(path, limit=limit, what=what)
+        data = read_file(path, limit=limit, what=what, files=files)
     except UnreadableInput as exc:
         if exc.errno == errno.ENOENT:
             raise KubeError(
@@ -167,14 +173,16 @@ class KubeClient:
     """GET pods, namespaces and services with a bearer token: one connection, and one
     deadline for everything the client does (rule 1), from its creation on."""
 
-    def __init__(self, config: KubeConfig, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self, config: KubeConfig, *, timeout: float = DEFAULT_TIMEOUT, files: Files = OWN_FILES
+    ) -> None:
         self.config = config
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
         self.endpoint = _endpoint(config.server)
-        self._token = _token(config)
+        self._token = _token(config, files)
         # The CA is read now: a file that cannot be one fails before any connection.
-        self._tls = _tls_context(config) if self.endpoint.scheme == "https" else None
+        self._tls = _tls_context(config, files) if self.endpoint.scheme == "https" else None
         self._conn: _Connection | None = None
         _last_config[:] = [config]  # for an agent worker's `warm_hint`
 
@@ -746,13 +754,15 @@ def _limit(size: int) -> str:
     return f"{describe_size(size)}, the limit for it (docs/hardening.md)"
 
 
-def _token(config: KubeConfig) -> str:
+def _token(config: KubeConfig, files: Files = OWN_FILES) -> str:
     """The bearer token: inline, or read from tokenFile (trimmed, as client-go does); refused
     when it could not be sent as one header value (core/kube/kubeconfig.check_token)."""
     if config.token or not config.token_file:
         token, field = config.token.strip(), TOKEN_FIELD
     else:
-        token = read_text_file(config.token_file, limit=TOKEN_FILE, what="token file").strip()
+        token = read_text_file(
+            config.token_file, limit=TOKEN_FILE, what="token file", files=files
+        ).strip()
         field = f"the token file {config.token_file} (users[].user.tokenFile)"
     try:
         return check_token(token, field)
@@ -766,7 +776,7 @@ def _wire_host(host: str) -> str | bytes:
     return host.encode("ascii") if host.isascii() else host
 
 
-def _tls_context(config: KubeConfig) -> ssl.SSLContext:
+def _tls_context(config: KubeConfig, files: Files = OWN_FILES) -> ssl.SSLContext:
     """ssl.create_default_context()'s client context for `config`'s trust settings, on the
     spare context when there is one (`keep_spare_tls_context`)."""
     import ssl
@@ -782,7 +792,9 @@ def _tls_context(config: KubeConfig) -> ssl.SSLContext:
         # Read as every input is (bounded, a regular file, no blocking open; in an agent's
         # worker through the caller's root): OpenSSL's own fopen would wait forever on a
         # FIFO and read /dev/zero without end.
-        pem = read_text_file(config.ca_file, limit=CA_FILE, what="certificate-authority file")
+        pem = read_text_file(
+            config.ca_file, limit=CA_FILE, what="certificate-authority file", files=files
+        )
     else:
         ctx = _new_client_context()
         ctx.load_default_certs()

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from multicall.core import logs
+from multicall.effects.caller import OWN_FILES, Files
 
 LOG_FILE_MAX_BYTES = 10 << 20  # then PATH.1: at most ~20 MiB on disk
 
@@ -77,9 +78,12 @@ class Logger:
     def error(self, message: str, **extra: str) -> None:
         self.log("error", message, **extra)
 
-    def open_file(self, path: str, max_bytes: int = LOG_FILE_MAX_BYTES) -> None:
-        """Also append every later line to `path` (a warning on the stream if it cannot)."""
-        log_file = LogFile(path, max_bytes)
+    def open_file(
+        self, path: str, max_bytes: int = LOG_FILE_MAX_BYTES, *, files: Files = OWN_FILES
+    ) -> None:
+        """Also append every later line to `path`, in `files`' filesystem (a warning on the
+        stream if it cannot)."""
+        log_file = LogFile(path, max_bytes, files)
         if log_file.open():
             self.file = log_file
         else:
@@ -104,14 +108,16 @@ class Logger:
 class LogFile:
     """An append-only log file with one rotated predecessor (`PATH.1`)."""
 
-    def __init__(self, path: str, max_bytes: int) -> None:
+    def __init__(self, path: str, max_bytes: int, files: Files = OWN_FILES) -> None:
         self.path = path
         self.max_bytes = max_bytes
+        self.files = files
         self.fd = -1
         self.problem = ""
         # Every call below is relative to the file's directory as the process it logs for
-        # sees it: the path itself, or (in a node agent's worker) the caller's directory
-        # resolved through its root (effects/caller.py), so the lines land on the node.
+        # sees it (`files`): the path itself, or (in a node agent's worker) the caller's
+        # directory resolved through its root (effects/caller.py), so the lines land on the
+        # node.
         self.dir_fd: int | None = None
         self.name = path
 
@@ -137,9 +143,7 @@ class LogFile:
             self.dir_fd = None
 
     def _locate(self) -> None:
-        from multicall.effects.caller import directory_of
-
-        self.dir_fd, self.name = directory_of(self.path)
+        self.dir_fd, self.name = self.files.directory_of(self.path)
 
     def _guard(self, action: Callable[[], None]) -> bool:
         try:

@@ -26,8 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 
-from multicall.effects import caller
-from multicall.errors import NetnsError, NetnsNotFound
+from multicall.errors import NetnsError, NetnsNotFound, ServeElsewhere
 
 CLONE_NEWTIME = 0x00000080
 CLONE_NEWNS = 0x00020000
@@ -66,14 +65,20 @@ class NetnsRef:
 
     `path` names it in messages (CNI_NETNS); `fd`, when given, is an fd already open on it and
     is used instead of opening `path`. `own_fd` is the namespace counted as the caller's own
-    (None: this thread's), refused unless `allow_own` (libcni's CNI_NETNS_OVERRIDE). Fds are
-    borrowed: never closed here.
+    (None: this thread's), refused unless `allow_own` (libcni's CNI_NETNS_OVERRIDE).
+    `netlink_fd`: a NETLINK_NETFILTER socket the caller made inside that namespace (a node
+    agent's client hands one over), which nf_tables code uses instead of entering it.
+    `for_caller`: the descriptors come from a process this one serves (a node agent's
+    worker): what this process lacks the privilege for is handed back to the caller
+    (`errors.ServeElsewhere`) instead of failing. Fds are borrowed: never closed here.
     """
 
     path: str
     fd: int | None = None
     own_fd: int | None = None
     allow_own: bool = False
+    netlink_fd: int | None = None
+    for_caller: bool = False
 
 
 def ns_identity(target: str | int) -> tuple[int, int]:
@@ -200,7 +205,7 @@ def entered_netns(
     libcni's CNI_NETNS_OVERRIDE. If the way back fails the process cannot be trusted any
     more, so it exits at once rather than run anything in the wrong namespace.
     `netlink_only`: the body only talks netlink, so when the caller handed over a netlink
-    socket made inside that netns (a node agent's worker, `effects.caller`) nothing is entered.
+    socket made inside that netns (`NetnsRef.netlink_fd`) nothing is entered.
     """
     ref = NetnsRef(netns, allow_own=allow_own) if isinstance(netns, str) else netns
     target = ref.fd if ref.fd is not None else open_netns(ref.path)
@@ -211,12 +216,12 @@ def entered_netns(
                 netns=ref.path,
                 hint="set CNI_NETNS_OVERRIDE=1 to allow it",
             )
-        if netlink_only and caller.has_netlink(ref.path):
+        if netlink_only and ref.netlink_fd is not None:
             yield  # the body talks netlink only, on the socket the caller made in the netns
             return
         original = os.open(OWN_NETNS, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            _switch(target, ref.path)
+            _switch(target, ref.path, for_caller=ref.for_caller)
             try:
                 yield
             finally:
@@ -246,12 +251,12 @@ def scratch_netns() -> int | None:
         os.close(original)
 
 
-def _switch(fd: int, path: str) -> None:
+def _switch(fd: int, path: str, *, for_caller: bool = False) -> None:
     try:
         setns(fd, CLONE_NEWNET)
     except OSError as exc:
-        if exc.errno == errno_mod.EPERM and caller.active():
-            raise caller.ServeElsewhere("no CAP_SYS_ADMIN to enter the pod netns") from None
+        if exc.errno == errno_mod.EPERM and for_caller:
+            raise ServeElsewhere("no CAP_SYS_ADMIN to enter the pod netns") from None
         hint = "is it a network namespace (nsfs) file?" if exc.errno == errno_mod.EINVAL else None
         raise NetnsError(
             f"cannot enter {path}: {exc.strerror}", netns=path, errno=exc.errno, hint=hint

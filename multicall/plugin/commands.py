@@ -90,7 +90,7 @@ def read_config(call: Call) -> NetConf:
     if not call.process_env.get("CNIBOX_DEBUG"):
         call.log.set_level(log_level(conf))
     if conf.log_file:
-        call.log.open_file(conf.log_file)
+        call.log.open_file(conf.log_file, files=call.deps.files)
     if call.log.enabled("debug"):
         call.log.debug(f"linkerd-cni: stdin to plugin: {loggable_json(call.stdin)}")
     return conf

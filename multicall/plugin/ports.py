@@ -16,8 +16,11 @@ if TYPE_CHECKING:
     from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
     from multicall.core.firewall.ruleset import Table
     from multicall.core.kube.objects import Namespace, Pod, Service
+    from multicall.effects.firewall.legacy import SingleUse
     from multicall.effects.firewall.locks import XtablesLock
     from multicall.effects.ns import NetnsRef
+
+from multicall.effects.caller import OWN_FILES, Files
 
 Log = Callable[[str], None]
 
@@ -68,25 +71,34 @@ class Firewall(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class PluginDeps:
-    """What run_plugin talks to: the API and the firewall."""
+    """What run_plugin talks to: the API, the firewall, and the filesystem the paths of the
+    config name (the log_file): this process's own, or a node agent's caller's
+    (effects/caller.py). The real `Kube` and `Firewall` take their own `Files` (the
+    kubeconfig, the xtables lock file): pass the same one to all three."""
 
     kube: Kube
     firewall: Firewall
+    files: Files = OWN_FILES
 
 
 class RealKube:
-    """The kubeconfig from disk and `effects.kube.KubeClient` (one connection per client)."""
+    """The kubeconfig from disk and `effects.kube.KubeClient` (one connection per client).
+    `files`: whose filesystem the kubeconfig and the files it names are in."""
+
+    def __init__(self, files: Files = OWN_FILES) -> None:
+        self.files = files
 
     def check_kubeconfig(self, path: str) -> None:
         from multicall.effects.kube import read_kubeconfig
 
-        read_kubeconfig(path)
+        read_kubeconfig(path, files=self.files)
 
     def connect(self, kubeconfig: str, env: Mapping[str, str]) -> PodApi:
         from multicall.effects.kube import KubeClient, read_kubeconfig, timeout_from_env
 
         timeout = timeout_from_env(env)  # an invalid environment first, as skel orders it
-        return KubeClient(read_kubeconfig(kubeconfig), timeout=timeout)
+        config = read_kubeconfig(kubeconfig, files=self.files)
+        return KubeClient(config, timeout=timeout, files=self.files)
 
 
 class RealFirewall:
@@ -94,11 +106,16 @@ class RealFirewall:
 
     `lock` is where the legacy backend finds the xtables lock (None: as iptables does,
     `$XTABLES_LOCKFILE` or /run/xtables.lock in this process's mount namespace). The node
-    agent, running in a pod, passes the host's lock file as it sees it (locks.py rule 4).
+    agent, running in a pod, passes the caller's lock file through the caller's root
+    (locks.py rule 4). `single_use`: this process serves one request (a node agent's
+    worker), so one-family legacy operations may run in-process (legacy.py rule 3).
     """
 
-    def __init__(self, lock: XtablesLock | None = None) -> None:
+    def __init__(
+        self, lock: XtablesLock | None = None, *, single_use: SingleUse | None = None
+    ) -> None:
         self.lock = lock
+        self.single_use = single_use
 
     def apply(
         self,
@@ -111,12 +128,20 @@ class RealFirewall:
     ) -> None:
         from multicall.effects.firewall.engine import apply_proxy_init
 
-        apply_proxy_init(netns, options, mode=mode, families=families, log=log, lock=self.lock)
+        apply_proxy_init(
+            netns,
+            options,
+            mode=mode,
+            families=families,
+            log=log,
+            lock=self.lock,
+            single_use=self.single_use,
+        )
 
     def dump_nat(self, netns: NetnsRef, *, mode: Mode, family: Family, log: Log) -> Table:
         from multicall.effects.firewall.engine import dump_nat
 
-        return dump_nat(netns, mode=mode, family=family, log=log)
+        return dump_nat(netns, mode=mode, family=family, log=log, single_use=self.single_use)
 
 
 def real_deps() -> PluginDeps:

@@ -1,9 +1,10 @@
 """The seam: one linkerd-cni invocation as a function of its inputs.
 
 `run_plugin(PluginRequest(env, stdin, stderr, netns_fd, caller_netns_fd), deps)` returns the
-exact bytes the `linkerd-cni` binary prints and its exit status. The applet is a thin wrapper
-around it; the node agent runs ADDs through it in its own process (the pod's and the
-caller's network namespaces given as fds); tests drive it with fake ports, without root.
+exact bytes the `linkerd-cni` binary prints, its exit status and the CNI error it printed.
+The applet is a thin wrapper around it; the node agent runs ADDs through it in its own
+process (the pod's and the caller's network namespaces given as fds); tests drive it with
+fake ports, without root.
 
 Rules of this module:
 1. skel's order: CNI_* environment, VERSION (answered without reading the config), the
@@ -11,7 +12,10 @@ Rules of this module:
 2. This is the CNI applet's one error boundary: a `CniboxError` becomes CNI error JSON with
    its code (`errors.cni_code_of`), anything else CNI code 999 with its type name; never a
    traceback on stdout (at log level debug, the traceback goes to the log sink).
-3. Every failure is logged here, once, at error level, with the pod's fields (ContainerID,
+3. A request a node agent's worker cannot serve (`errors.ServeElsewhere`: nothing was
+   changed) is not a failure: the result says so (`served_elsewhere`) and nothing is
+   printed or logged; its caller runs it itself.
+4. Every failure is logged here, once, at error level, with the pod's fields (ContainerID,
    Namespace, Pod) and the step that failed, before the CNI error is returned: the node's
    log shows why a pod did not start even when the runtime drops the error JSON.
 """
@@ -24,7 +28,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
 from multicall.effects.log import Logger
-from multicall.errors import CNI_INTERNAL, CNI_INVALID_ENV, CniboxError, CniError, cni_code_of
+from multicall.errors import (
+    CNI_INTERNAL,
+    CNI_INVALID_ENV,
+    CniboxError,
+    CniError,
+    ServeElsewhere,
+    cni_code_of,
+)
 
 if TYPE_CHECKING:
     from multicall.plugin.commands import Progress
@@ -41,6 +52,18 @@ class PluginRequest:
     # with the config's log_file, the lines also go to that file)
     netns_fd: int | None = None  # the pod netns (CNI_NETNS) already open; None: open CNI_NETNS
     caller_netns_fd: int | None = None  # the caller's own netns; None: this thread's
+    netlink_fd: int | None = None  # a netfilter netlink socket the caller made in the pod netns
+    for_caller: bool = False  # a node agent's worker serves a caller: hand back (rule 3)
+
+
+@dataclass(frozen=True, slots=True)
+class PluginError:
+    """The CNI error an invocation printed, as values (the agent's metrics, repair's
+    messages read it here instead of parsing `stdout`)."""
+
+    code: int
+    msg: str
+    details: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +72,8 @@ class PluginResult:
 
     stdout: bytes  # exactly what `linkerd-cni` prints: result, VERSION reply or error JSON
     exit_code: int  # 0, or 1 with a CNI error in `stdout`
+    error: PluginError | None = None  # that error (exit_code 1)
+    served_elsewhere: str = ""  # why the caller must serve it itself (rule 3); nothing printed
 
 
 def run_plugin(request: PluginRequest, deps: PluginDeps | None = None) -> PluginResult:
@@ -63,6 +88,11 @@ def run_plugin(request: PluginRequest, deps: PluginDeps | None = None) -> Plugin
     progress = Progress()
     try:
         _dispatch(request, deps, stdout, log, progress)
+    except ServeElsewhere as exc:
+        if not request.for_caller:  # cannot happen: only a caller's descriptors raise it
+            _log_failure(log, request, progress, exc.message)
+            return _failed(stdout, CNI_INTERNAL, exc.message)
+        return PluginResult(b"", 1, served_elsewhere=exc.reason)
     except CniboxError as exc:
         _log_failure(log, request, progress, exc.message, exc.details)
         return _failed(stdout, cni_code_of(exc), exc.message, exc.details)
@@ -103,7 +133,7 @@ def _failed(stdout: io.BytesIO, code: int, message: str, details: str = "") -> P
     from multicall.core.cni.skel import render_error
 
     stdout.write(render_error(code, message, details))
-    return PluginResult(stdout.getvalue(), 1)
+    return PluginResult(stdout.getvalue(), 1, PluginError(code, message, details))
 
 
 def _dispatch(
@@ -150,6 +180,8 @@ def _dispatch(
             fd=netns_fd,
             own_fd=request.caller_netns_fd,
             allow_own=cni_env.override_netns_check,
+            netlink_fd=request.netlink_fd,
+            for_caller=request.for_caller,
         )
         call = Call(
             cni_env, request.stdin, stdout, log, request.env, netns, deps or real_deps(), progress

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from multicall.core.firewall.model import (
     Family,
@@ -43,6 +44,10 @@ from multicall.effects.firewall.locks import XtablesLock, legacy_locks
 from multicall.effects.ns import NetnsRef
 from multicall.errors import FirewallConflict, FirewallError
 
+if TYPE_CHECKING:  # the backends' modules are imported when first used (`Backends`)
+    from multicall.effects.firewall.legacy import SingleUse
+    from multicall.effects.firewall.nft import HandedSocket
+
 Log = Callable[[str], None]
 
 
@@ -53,62 +58,87 @@ def _quiet(_message: str) -> None:
 # ----------------------------------------------------------------------------- backends
 
 
-def legacy_backend(sole: Family | None = None) -> FirewallBackend:
-    """`sole`: the only family the caller will touch (legacy.py rule 3)."""
-    # Imported here: libiptc's module (ctypes, pickle, subprocess) costs every nft ADD ~50 ms.
-    from multicall.effects.firewall.legacy import IptcBackend
+@dataclass(frozen=True, slots=True)
+class Backends:
+    """How this process reaches the two backends for one netns: `handed`, the caller's
+    netlink socket in it (nft.py rule 2), and `single_use`, whether this process serves one
+    request (legacy.py rule 3). The default: neither (a one-shot plugin, a controller)."""
 
-    backend: FirewallBackend = IptcBackend(sole)
-    return backend
+    handed: HandedSocket | None = None
+    single_use: SingleUse | None = None
 
+    @classmethod
+    def for_netns(cls, netns: NetnsRef | str, single_use: SingleUse | None) -> Backends:
+        if isinstance(netns, str) or netns.netlink_fd is None:
+            return cls(None, single_use)
+        from multicall.effects.firewall.nft import HandedSocket
 
-def nft_backend() -> FirewallBackend:
-    from multicall.effects.firewall.nft import NftBackend
+        return cls(HandedSocket(netns.netlink_fd, netns.fd), single_use)
 
-    backend: FirewallBackend = NftBackend()
-    return backend
-
-
-def _nft_usable() -> FirewallBackend | None:
-    from multicall.effects.firewall.nft import NftBackend
-
-    backend = NftBackend()
-    return backend if backend.available() else None
-
-
-def _legacy_has_rules(family: Family) -> bool:
-    try:
+    def legacy(self, sole: Family | None = None) -> FirewallBackend:
+        """`sole`: the only family the caller will touch (legacy.py rule 3)."""
+        # Imported here: libiptc's module (ctypes, pickle, subprocess) costs every nft ADD
+        # ~50 ms.
         from multicall.effects.firewall.legacy import IptcBackend
 
-        return IptcBackend().has_rules(family)
-    except FirewallError:
-        return False  # libiptc unusable here: legacy cannot be what this netns uses
+        backend: FirewallBackend = IptcBackend(sole, self.single_use)
+        return backend
+
+    def nft(self) -> FirewallBackend:
+        from multicall.effects.firewall.nft import NftBackend
+
+        backend: FirewallBackend = NftBackend(handed=self.handed)
+        return backend
+
+    def nft_usable(self) -> FirewallBackend | None:
+        from multicall.effects.firewall.nft import NftBackend
+
+        backend = NftBackend(handed=self.handed)
+        return backend if backend.available() else None
+
+    def legacy_has_rules(self, family: Family) -> bool:
+        try:
+            from multicall.effects.firewall.legacy import IptcBackend
+
+            return IptcBackend(None, self.single_use).has_rules(family)
+        except FirewallError:
+            return False  # libiptc unusable here: legacy cannot be what this netns uses
 
 
-def detect_backend(family: Family, log: Log = _quiet, *, sole: bool = False) -> FirewallBackend:
+PLAIN = Backends()  # immutable: no caller socket, not single-use
+
+
+def detect_backend(
+    family: Family, log: Log = _quiet, *, sole: bool = False, backends: Backends = PLAIN
+) -> FirewallBackend:
     """Istio's order: legacy if it has rules here, else nft if usable, else legacy."""
     legacy_sole = family if sole else None
-    if _legacy_has_rules(family):
-        backend = legacy_backend(legacy_sole)
+    if backends.legacy_has_rules(family):
+        backend = backends.legacy(legacy_sole)
         reason = "legacy tables already hold rules in this netns"
-    elif (nft := _nft_usable()) is not None:
+    elif (nft := backends.nft_usable()) is not None:
         backend, reason = nft, "no legacy rules here and nf_tables is usable"
     else:
-        backend, reason = legacy_backend(legacy_sole), "nf_tables is not usable"
+        backend, reason = backends.legacy(legacy_sole), "nf_tables is not usable"
     log(f"iptables-mode plain: using {backend.name} for {family.value} ({reason})")
     return backend
 
 
 def backend_for(
-    mode: Mode, family: Family, log: Log = _quiet, *, sole: bool = False
+    mode: Mode,
+    family: Family,
+    log: Log = _quiet,
+    *,
+    sole: bool = False,
+    backends: Backends = PLAIN,
 ) -> FirewallBackend:
     """The backend of `mode`; call it inside the target netns (`plain` looks around).
     `sole`: `family` is the only one the caller touches (legacy.py rule 3)."""
     if mode is Mode.LEGACY:
-        return legacy_backend(family if sole else None)
+        return backends.legacy(family if sole else None)
     if mode is Mode.NFT:
-        return nft_backend()
-    return detect_backend(family, log, sole=sole)
+        return backends.nft()
+    return detect_backend(family, log, sole=sole, backends=backends)
 
 
 # ----------------------------------------------------------------------------- apply
@@ -141,15 +171,17 @@ class _Session:
         *,
         sleep: Callable[[float], None] = time.sleep,
         sole: bool = False,
+        backends: Backends = PLAIN,
     ) -> None:
         self.mode, self.options, self.lock, self.log = mode, options, lock, log
         self.stack, self.sleep = stack, sleep
         self.sole = sole  # one family only: a single-use process may run libiptc in-process
+        self.kinds = backends
         self.backends: dict[str, FirewallBackend] = {}
         self.locked = False
 
     def backend(self, family: Family) -> FirewallBackend:
-        found = backend_for(self.mode, family, self.log, sole=self.sole)
+        found = backend_for(self.mode, family, self.log, sole=self.sole, backends=self.kinds)
         backend = self.backends.setdefault(found.name, found)
         if backend.name == "legacy" and not self.locked:
             self.stack.enter_context(
@@ -200,15 +232,20 @@ def apply_proxy_init(
     families: tuple[Family, ...],
     log: Log = _quiet,
     lock: XtablesLock | None = None,
+    single_use: SingleUse | None = None,
 ) -> None:
     """Program PROXY_INIT_REDIRECT/PROXY_INIT_OUTPUT and their jumps in the pod's netns (a
     `NetnsRef`, or a path: never the caller's own), for each of `families` in order.
-    `lock` says where the xtables lock is (default: as iptables finds it, see locks.py).
+    `lock` says where the xtables lock is (default: as iptables finds it, see locks.py);
+    `single_use`: this process serves one request (legacy.py rule 3).
     Raises FirewallError (rules rejected, lock busy), NetnsError (netns).
     """
     with ns.entered_netns(netns, netlink_only=mode is Mode.NFT), ExitStack() as stack:
         sole = len(set(families)) == 1
-        session = _Session(mode, options, lock or XtablesLock(), log, stack, sole=sole)
+        backends = Backends.for_netns(netns, single_use)
+        session = _Session(
+            mode, options, lock or XtablesLock(), log, stack, sole=sole, backends=backends
+        )
         passes = [session.plan(family) for family in families]
         for planned in passes:
             log(describe(session.apply(planned)))
@@ -232,7 +269,15 @@ def describe(planned: Pass) -> str:
 # ----------------------------------------------------------------------------- dump
 
 
-def dump_nat(netns: NetnsRef | str, *, mode: Mode, family: Family, log: Log = _quiet) -> Table:
+def dump_nat(
+    netns: NetnsRef | str,
+    *,
+    mode: Mode,
+    family: Family,
+    log: Log = _quiet,
+    single_use: SingleUse | None = None,
+) -> Table:
     """The nat table of `family` in the netns, read through `mode`'s backend."""
+    backends = Backends.for_netns(netns, single_use)
     with ns.entered_netns(netns, netlink_only=mode is Mode.NFT):
-        return backend_for(mode, family, log).dump(family, "nat")
+        return backend_for(mode, family, log, backends=backends).dump(family, "nat")

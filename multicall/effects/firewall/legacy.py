@@ -7,14 +7,15 @@ Rules of this module:
 2. Its per-process caches are bypassed: a libiptc handle owns a socket of the netns it was
    opened in, so every call opens fresh handles in the current netns and closes them.
 3. Each operation runs in a forked child (`run_isolated`): see there why. Except in a
-   process that declared itself single-use (`single_use`: a node agent's worker serves one
-   request on one thread, then exits) with a backend made for one family (`sole`: an apply
-   that touches that family only): there they run in the process itself (`run_here`),
+   single-use process (a `SingleUse` passed in: a node agent's worker serves one request on
+   one thread, then exits) with a backend made for one family (`sole`: an apply that
+   touches that family only): there they run in the process itself (`SingleUse.run_here`),
    saving two forks of a large process per ADD. libxtables then holds that family's
-   extensions, so the process hands any other family back (`caller.ServeElsewhere`, before
+   extensions, so the process hands any other family back (`errors.ServeElsewhere`, before
    anything changed: a child forked from it could not load that family's extensions).
-   Such a process may load one family's extensions before its request arrives (`preload`:
-   no handle, no netns, no rule), the same refusal then covers the other family.
+   Such a process may load one family's extensions before its request arrives
+   (`SingleUse.preload`: no handle, no netns, no rule), the same refusal then covers the
+   other family.
 4. `apply` edits one handle (create, flush, append) and commits once: the kernel swaps the
    whole table or nothing. Errors before the commit leave the table untouched.
    The engine holds the xtables lock (effects/firewall/locks.py) from the snapshot the change
@@ -54,7 +55,7 @@ from multicall.core.firewall.protocols import XTABLES_NAMES
 from multicall.core.firewall.ruleset import Chain, Counters, Rule, Table
 from multicall.effects import bundle
 from multicall.effects.ns import libc
-from multicall.errors import FirewallConflict, FirewallError
+from multicall.errors import FirewallConflict, FirewallError, ServeElsewhere
 
 T = TypeVar("T")
 NAME = "legacy"
@@ -530,16 +531,6 @@ def run_isolated(work: Callable[[], T]) -> T:
     return value
 
 
-class _SingleUse:
-    """Whether this process declared itself single-use, the family whose extensions it
-    loaded (by an operation run here or by `preload`: for that family only), and the family
-    of the operations that ran here (what its request needed)."""
-
-    declared = False
-    family: Family | None = None
-    ran: Family | None = None
-
-
 # What a preload loads: the extensions of the PROXY_INIT rules (core/firewall/proxy_init.py).
 PRELOAD_MATCHES = ("comment", "multiport", "owner", "tcp")
 PRELOAD_TARGETS = ("REDIRECT",)
@@ -547,27 +538,56 @@ PRELOAD_TARGETS = ("REDIRECT",)
 OTHER_FAMILY = "x_tables extensions of the other family loaded"
 
 
-def preload(family: Family) -> None:
-    """In a single-use process, before its request: load `family`'s extensions (dlopen and
-    register, ~2 ms) so that a one-family apply of it does not pay for them. Enters no
-    netns, opens no handle, touches no rule: python-iptables objects made without a table
-    (libxtables asks the kernel for an extension's revisions, a read of what is registered
-    globally). Any failure is swallowed: the request then loads what is missing, as
-    without a preload. The other family is then handed back (rule 3)."""
-    if not _SingleUse.declared or _SingleUse.family is not None:
-        return
-    try:
-        module = iptc()
-    except FirewallError:
-        return  # nothing loaded: the request fails or succeeds as it would have
-    _SingleUse.family = family  # from the first dlopen on, libxtables holds this family
-    with contextlib.suppress(Exception):
-        rule = module.Rule() if family is Family.IPV4 else module.Rule6()
-        for name in PRELOAD_MATCHES:
-            rule.create_match(name)
-        for name in PRELOAD_TARGETS:
-            _module_target_class()(rule, name)
-        module.Target(rule, "RETURN")  # the standard target (verdicts and jumps)
+class SingleUse:
+    """This process serves one request on one thread, then exits (a node agent's worker,
+    forked from the warm agent): one-family operations run here (rule 3). Made once by that
+    process and passed explicitly (plugin/ports.py `RealFirewall(single_use=)`), never for a
+    long-lived or threaded process (the repair controller, the agent's parent).
+
+    It records the family whose extensions libxtables holds in this process (loaded by an
+    operation run here or by `preload`: for that family only) and the family of the
+    operations that ran here (what its request needed). An exit() in libxtables ends this
+    process and its one request only: the agent's caller sees the worker die and runs the
+    one-shot path, where children keep that from reaching the plugin."""
+
+    def __init__(self) -> None:
+        self.family: Family | None = None  # whose extensions libxtables holds here
+        self.ran: Family | None = None  # whose operations ran here
+        _own_std_streams()  # python-iptables flushes sys.stdout: see there
+
+    def preload(self, family: Family) -> None:
+        """Before the request: load `family`'s extensions (dlopen and register, ~2 ms) so
+        that a one-family apply of it does not pay for them. Enters no netns, opens no
+        handle, touches no rule: python-iptables objects made without a table (libxtables
+        asks the kernel for an extension's revisions, a read of what is registered
+        globally). Any failure is swallowed: the request then loads what is missing, as
+        without a preload. The other family is then handed back (rule 3)."""
+        if self.family is not None:
+            return
+        try:
+            module = iptc()
+        except FirewallError:
+            return  # nothing loaded: the request fails or succeeds as it would have
+        self.family = family  # from the first dlopen on, libxtables holds this family
+        with contextlib.suppress(Exception):
+            rule = module.Rule() if family is Family.IPV4 else module.Rule6()
+            for name in PRELOAD_MATCHES:
+                rule.create_match(name)
+            for name in PRELOAD_TARGETS:
+                _module_target_class()(rule, name)
+            module.Target(rule, "RETURN")  # the standard target (verdicts and jumps)
+
+    def run_here(self, family: Family, work: Callable[[], T]) -> T:
+        """`work` (an x_tables operation on `family`) in this process; failures read as a
+        child's would in `run_isolated`."""
+        iptc()  # a FirewallError when libiptc cannot load, as run_isolated raises it
+        self.family = self.ran = family
+        try:
+            return work()
+        except FirewallError:
+            raise
+        except Exception as exc:  # worded as run_isolated words a crashed child
+            raise FirewallError(f"libiptc worker failed: {str(exc) or 'no reason given'}") from exc
 
 
 def extensions_loaded() -> int:
@@ -576,36 +596,6 @@ def extensions_loaded() -> int:
     xtables = sys.modules.get("iptc.xtables")
     loaded = getattr(xtables, "_loaded_exts", None)
     return len(loaded) if isinstance(loaded, dict) else 0
-
-
-def ran_here() -> Family | None:
-    """The family whose operations this single-use process ran itself (its request was a
-    one-family legacy apply), or None."""
-    return _SingleUse.ran
-
-
-def single_use() -> None:
-    """Declare this process single-use: it serves one request on one thread, then exits (a
-    node agent's worker, forked from the warm agent). Backends made for one family then run
-    their operations here (rule 3). An exit() in libxtables ends this process and its one
-    request only: the agent's caller sees the worker die and runs the one-shot path, where
-    children keep that from reaching the plugin. Never for a long-lived or threaded process
-    (the repair controller, the agent's parent)."""
-    _SingleUse.declared = True
-    _own_std_streams()  # python-iptables flushes sys.stdout: see there
-
-
-def run_here(family: Family, work: Callable[[], T]) -> T:
-    """`work` (an x_tables operation on `family`) in this process; failures read as a
-    child's would in `run_isolated`."""
-    iptc()  # a FirewallError when libiptc cannot load, as run_isolated raises it
-    _SingleUse.family = _SingleUse.ran = family
-    try:
-        return work()
-    except FirewallError:
-        raise
-    except Exception as exc:  # worded as run_isolated words a crashed child
-        raise FirewallError(f"libiptc worker failed: {str(exc) or 'no reason given'}") from exc
 
 
 def _flush_std_streams() -> None:
@@ -682,25 +672,26 @@ def table_has_rules(family: Family, table: str) -> bool:
 class IptcBackend:
     """FirewallBackend for x_tables (what `iptables-legacy` programs). `sole`: the one family
     its user will touch in this process (an apply of one family), whose operations may then
-    run in-process (rule 3)."""
+    run in-process when this process is `single_use` (rule 3)."""
 
-    def __init__(self, sole: Family | None = None) -> None:
+    def __init__(self, sole: Family | None = None, single_use: SingleUse | None = None) -> None:
         self.sole = sole
+        self.single_use = single_use
 
     @property
     def name(self) -> str:
         return NAME
 
     def _run(self, family: Family, work: Callable[[], T]) -> T:
-        loaded = _SingleUse.family
-        if loaded is not None and loaded is not family:
+        single = self.single_use
+        if single is None:
+            return run_isolated(work)
+        if single.family is not None and single.family is not family:
             # Neither here nor in a child forked from here: hand it back (rule 3). Raised
             # from a read (every apply plans all families first), so nothing changed yet.
-            from multicall.effects.caller import ServeElsewhere
-
             raise ServeElsewhere(OTHER_FAMILY)
-        if _SingleUse.declared and family is self.sole:
-            return run_here(family, work)
+        if family is self.sole:
+            return single.run_here(family, work)
         return run_isolated(work)
 
     def dump(self, family: Family, table: str = "nat") -> Table:

@@ -18,7 +18,8 @@ Rules of this module:
    Only then is the host-wide xtables lock taken, so cnibox holds it for one commit's time.
 4. The lock file is a path in the caller's mount namespace (the host's /run for the plugin the
    runtime execs). A node agent's worker opens it through the caller's root descriptor
-   (`effects.caller.open_fd`) with the caller's `XTABLES_LOCKFILE` (`XtablesLock(env=...)`),
+   (`XtablesLock(files=RootedFiles(...))`, effects/caller.py) with the caller's
+   `XTABLES_LOCKFILE` (`XtablesLock(env=...)`),
    so it takes exactly the lock the one-shot plugin in its place would take, whatever the
    agent's own filesystem is (docs/agent.md "Privileges"). `XtablesLock(path=...)` injects
    another path: the repair controller, which runs in a pod, passes the host's lock as that
@@ -45,7 +46,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from multicall.effects import caller
+from multicall.effects.caller import OWN_FILES, Files
 from multicall.effects.ns import OWN_NETNS
 from multicall.errors import FirewallError
 
@@ -72,6 +73,7 @@ class XtablesLock:
     path: str | None = None
     wait_limit: float = WAIT_LIMIT
     env: Mapping[str, str] | None = None
+    files: Files = OWN_FILES  # whose filesystem `path` is in (rule 4)
 
     def lock_path(self) -> str:
         if self.path:
@@ -111,7 +113,7 @@ def netns_lock(wait_limit: float = WAIT_LIMIT) -> Iterator[None]:
 def xtables_lock(lock: XtablesLock, *, wait: bool, log: Log = _quiet) -> Iterator[None]:
     """iptables' xtables lock (rules 1, 2, 4); FirewallError with iptables' texts."""
     path = lock.lock_path()
-    fd = _open_lock_file(path, log)
+    fd = _open_lock_file(path, lock.files, log)
     if fd is None:
         yield
         return
@@ -132,13 +134,13 @@ def xtables_lock(lock: XtablesLock, *, wait: bool, log: Log = _quiet) -> Iterato
         os.close(fd)
 
 
-def _open_lock_file(path: str, log: Log) -> int | None:
+def _open_lock_file(path: str, files: Files, log: Log) -> int | None:
     flags = os.O_RDONLY | os.O_CREAT | os.O_NONBLOCK
     try:
-        fd = caller.open_fd(path, flags, 0o600)
+        fd = files.open_fd(path, flags, 0o600)
     except OSError as exc:
         directory = os.path.dirname(path) or "."
-        if exc.errno == errno_mod.ENOENT and not caller.lexists(directory):
+        if exc.errno == errno_mod.ENOENT and not files.lexists(directory):
             log(f"no {directory} in this mount namespace: nobody here can hold the xtables lock")
             return None
         raise FirewallError(

@@ -4,10 +4,11 @@ Rules of this module:
 1. Only the socket lives here; every byte is built and parsed by `multicall.core.firewall.nft`
    (netlink framing, dumps -> tables, batches).
 2. Each call opens its own socket, so it talks to the network namespace the calling thread
-   is in at that moment (the caller enters the pod's netns first). In a node agent's worker
-   each call gets a new descriptor of the socket the caller made inside the pod's netns
-   (`effects.caller`), emptied of replies an earlier call left behind; the batch sizing,
-   generation guard and read-back below apply to it unchanged.
+   is in at that moment (the caller enters the pod's netns first). A backend given a
+   `HandedSocket` (a node agent's worker: the socket its caller made inside the pod's netns)
+   gets a new descriptor of that socket for each call instead, emptied of replies an earlier
+   call left behind; the batch sizing, generation guard and read-back below apply to it
+   unchanged.
 3. `apply` is one NFNL batch guarded by the ruleset generation id of the snapshot the change
    was planned from, as iptables-nft does: the kernel commits all of it or none of it, and a
    change made meanwhile by anyone makes it refuse (ERESTART) -> FirewallConflict, and the
@@ -40,7 +41,6 @@ from multicall.core.firewall.nft import dump, netlink
 from multicall.core.firewall.nft.batch import Batch, build_batch
 from multicall.core.firewall.proxy_init import apply_change, strip_counters
 from multicall.core.firewall.ruleset import Table
-from multicall.effects import caller
 from multicall.effects.ns import OWN_NETNS
 from multicall.errors import FirewallConflict, FirewallError
 
@@ -58,11 +58,21 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 SO_NETNS_COOKIE = 71  # Linux 5.14; not in Python 3.11's socket module
 
 
+@dataclass(frozen=True, slots=True)
+class HandedSocket:
+    """A NETLINK_NETFILTER socket a caller made inside the pod's netns and handed over
+    (borrowed: never closed here), and that netns (a descriptor, when known)."""
+
+    fd: int
+    netns_fd: int | None = None
+
+
 class _Socket:
     """A NETLINK_NETFILTER socket with sequence numbers and reply collection."""
 
-    def __init__(self) -> None:
-        handed = caller.netlink_fd()  # an agent worker: the caller's socket in the pod netns
+    def __init__(self, handed_over: HandedSocket | None = None) -> None:
+        self.handed_over = handed_over
+        handed = os.dup(handed_over.fd) if handed_over is not None else None
         try:
             if handed is not None:
                 self.sock = socket.socket(fileno=handed)
@@ -164,10 +174,11 @@ def _grow(sock: socket.socket, option: int, force: int, size: int) -> None:
 
 
 @contextmanager
-def _netlink() -> Iterator[_Socket]:
-    """A fresh socket; an OSError anywhere in the body becomes a plain FirewallError."""
+def _netlink(handed: HandedSocket | None = None) -> Iterator[_Socket]:
+    """A fresh socket (a new descriptor of `handed`'s); an OSError anywhere in the body
+    becomes a plain FirewallError."""
     try:
-        sock = _Socket()
+        sock = _Socket(handed)
         try:
             yield sock
         finally:
@@ -281,9 +292,14 @@ def _refusal(batch: Batch, errors: tuple[netlink.NetlinkError, ...]) -> Firewall
 T = TypeVar("T")
 
 
-def _read_consistent(read: Callable[[_Socket], T], what: str, table: str | None = None) -> T:
+def _read_consistent(
+    read: Callable[[_Socket], T],
+    what: str,
+    table: str | None = None,
+    handed: HandedSocket | None = None,
+) -> T:
     """`read` on a fresh socket, again when a dump was interrupted by a concurrent change."""
-    with _netlink() as sock:
+    with _netlink(handed) as sock:
         return _retry_interrupted(sock, read, what, table)
 
 
@@ -298,13 +314,16 @@ def _retry_interrupted(
     raise FirewallError(f"{what} kept changing while being read", table=table)
 
 
-def read_rules(family: Family, table: str | None = None) -> list[dump.RuleInfo]:
+def read_rules(
+    family: Family, table: str | None = None, handed: HandedSocket | None = None
+) -> list[dump.RuleInfo]:
     """The raw rules (expressions as the kernel holds them) of one family, or one table."""
     return _read_consistent(
         lambda sock: [
             dump.parse_rule(m) for m in _dump(sock, netlink.NFT_MSG_GETRULE, family, table)
         ],
         "the ruleset",
+        handed=handed,
     )
 
 
@@ -331,7 +350,7 @@ def _netns_id(sock: _Socket) -> tuple[int, int]:
         return (0, int.from_bytes(sock.sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8),
                                   sys.byteorder))  # fmt: skip
     except OSError:
-        handed = caller.netlink_netns_fd()
+        handed = sock.handed_over.netns_fd if sock.handed_over is not None else None
         st = os.fstat(handed) if handed is not None else os.stat(OWN_NETNS)
         return (st.st_dev, st.st_ino)
 
@@ -357,8 +376,11 @@ class NftBackend:
 
     name = "nft"
 
-    def __init__(self, *, receive_buffer: int | None = None) -> None:
+    def __init__(
+        self, *, receive_buffer: int | None = None, handed: HandedSocket | None = None
+    ) -> None:
         self.receive_buffer = receive_buffer
+        self.handed = handed  # the caller's socket in the pod netns (rule 2)
         self._own: _OwnCommits | None = None
 
     def dump(self, family: Family, table: str = "nat") -> Table:
@@ -366,12 +388,13 @@ class NftBackend:
 
     def snapshot(self, family: Family, table: str = "nat") -> Snapshot:
         return _read_consistent(
-            lambda sock: _read_snapshot(sock, family, table), f"the {table} table", table
-        )
+            lambda sock: _read_snapshot(sock, family, table), f"the {table} table", table,
+            self.handed,
+        )  # fmt: skip
 
     def apply(self, family: Family, change: TableChange, base: Snapshot | None = None) -> None:
         table = change.table
-        with _netlink() as sock:
+        with _netlink(self.handed) as sock:
             if base is None:
                 base = _retry_interrupted(
                     sock, lambda s: _read_snapshot(s, family, table), f"the {table} table", table
@@ -448,12 +471,12 @@ class NftBackend:
         )
 
     def has_rules(self, family: Family) -> bool:
-        return bool(read_rules(family))
+        return bool(read_rules(family, handed=self.handed))
 
     def available(self) -> bool:
         """Whether this kernel speaks nf_tables here (for `plain` mode detection)."""
         try:
-            with _netlink() as sock:
+            with _netlink(self.handed) as sock:
                 _genid(sock)
         except FirewallError:
             return False

@@ -1,5 +1,11 @@
-"""The node agent's process machinery: the listening socket, a pool of pre-forked workers,
-a queue, cancellation, deadlines, the admin HTTP endpoints, SIGTERM (docs/agent.md).
+"""The node agent's parent process: the listening socket and who may use it (admission), a
+pool of pre-forked workers and the queue in front of it, cancellation, deadlines, the admin
+HTTP endpoints, SIGTERM and the drain (docs/agent.md). A worker's own life after the fork is
+agent/worker_process.py's; what it does with a request, agent/worker.py's.
+
+It is one file (~600 lines) because it is one single-threaded poll loop whose state (the
+workers, their client connections, the queue, the draining flag) every part reads and
+changes on each turn; split, each part would reach into the others' state.
 
 One single-threaded parent runs a poll loop; it never runs a request itself. Each request
 goes to a worker forked earlier from the warm parent (every module already imported), which
@@ -36,7 +42,6 @@ Rules of this module:
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
 import select
@@ -50,30 +55,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+from multicall.agent.worker_process import Log, Prepare, Serve, WorkerJob, become_worker
 from multicall.core.agent_metrics import Metrics, render
 from multicall.core.agent_protocol import accept_frame
 
 if TYPE_CHECKING:
     from multicall.effects.admin_server import AdminServer
 
-Log = Callable[[str, str], None]  # (level, message)
-
-
-@dataclass(frozen=True, slots=True)
-class Again:
-    """A served request left this worker fit for another (rule 4)."""
-
-    warm: object  # what `Prepare` gets before the next request
-    kept: frozenset[int] = frozenset()  # descriptors it leaves open on purpose (a warm one)
-
-
-# A worker's job: serve one accepted connection, reporting through the callable; `Again` when
-# this process may serve another request (rule 4), None when it must exit.
-Serve = Callable[[socket.socket, Callable[[str, dict[str, object]], None]], Again | None]
-# What a new worker does before it waits for its request, with the "warm" values of the
-# latest reports, merged by key (the applet: dial the API server the previous request used,
-# load the x_tables extensions of its family).
-Prepare = Callable[[object], None]
 
 T = TypeVar("T")
 
@@ -128,7 +116,6 @@ class Server:
         self.serve = serve
         self.prepare = prepare
         self.warm: object = None
-        self.warm_after: object = None  # in a worker: what its last request leaves (rule 4)
         self.metrics = Metrics()
         self.workers: dict[int, Worker] = {}  # by control socket fd
         self.by_conn: dict[int, Worker] = {}  # by the parent's client-connection fd
@@ -368,7 +355,12 @@ class Server:
             return None
         if pid == 0:  # pragma: no cover - the child's coverage is not collected
             os.close(parent_end.detach())
-            self._become_worker(child_end)
+            become_worker(
+                child_end,
+                self._parent_fds(),
+                WorkerJob(self.serve, self.prepare, self.warm, self.options.worker_requests),
+                self.log,
+            )
         child_end.close()
         self.metrics.workers_started += 1
         worker = Worker(pid, parent_end)
@@ -376,64 +368,6 @@ class Server:
         self.workers[parent_end.fileno()] = worker
         self.poll.register(parent_end, select.POLLIN)
         return worker
-
-    def _become_worker(self, ctl: socket.socket) -> None:  # pragma: no cover - in the child
-        """Drop everything of the parent's, wait for one connection, serve it, exit."""
-        code = 0
-        try:
-            signal.set_wakeup_fd(-1)
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(signum, signal.SIG_IGN)  # the parent decides when workers stop
-            for fd in self._parent_fds():
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            # No collection during a request; between requests only what this process made:
-            # walking the objects inherited from the parent would copy-on-write them all.
-            gc.disable()
-            gc.freeze()
-            warm = self.warm
-            ctl.setblocking(True)
-            for served in range(self.options.worker_requests):
-                if self.prepare is not None and warm is not None:
-                    with contextlib.suppress(Exception):
-                        self.prepare(warm)
-                if served:
-                    _report(ctl, "I", {})  # prepared: ready for the next request
-                if not self._serve_one(ctl):
-                    break
-                gc.collect()
-                gc.freeze()
-                warm = self.warm_after
-        except BaseException as exc:  # noqa: BLE001 - a worker never returns into the loop
-            with contextlib.suppress(Exception):
-                self.log("error", f"worker {os.getpid()} failed: {type(exc).__name__}: {exc}")
-            code = 70
-        os._exit(code)
-
-    def _serve_one(self, ctl: socket.socket) -> bool:  # pragma: no cover - in the child
-        """Wait for a request and serve it; True when this process may serve another (rule
-        4), with what to prepare it with in `warm_after`."""
-        msg, fds, _flags, _addr = socket.recv_fds(ctl, 16, 1)
-        if msg != b"R" or len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
-            return False
-        before = _open_fds()
-        conn = socket.socket(fileno=fds[0])
-        try:
-            again = self.serve(conn, lambda kind, data: _report(ctl, kind, data))
-        finally:
-            conn.close()
-        if again is None:
-            return False
-        if threading.active_count() != 1:
-            self.log("debug", f"worker {os.getpid()} exits: its request left a thread")
-            return False
-        if left := _open_fds() - before - again.kept:
-            self.log("debug", f"worker {os.getpid()} exits: its request left fds {sorted(left)}")
-            return False
-        self.warm_after = again.warm
-        return True
 
     def _parent_fds(self) -> list[int]:
         """Every descriptor the parent owns, detached from its Python object (a later
@@ -667,21 +601,3 @@ def _recv_ready(sock: socket.socket, size: int) -> bytes | None:
         return None
     except OSError:
         return b""
-
-
-def _report(ctl: socket.socket, kind: str, data: dict[str, object]) -> None:
-    with contextlib.suppress(OSError):
-        ctl.send(kind.encode() + json.dumps(data).encode())
-
-
-def _open_fds() -> set[int]:
-    """This process's open descriptors (not the one the listing itself used: closed by the
-    time it is checked)."""
-    fds = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            os.fstat(int(name))
-        except OSError:
-            continue
-        fds.add(int(name))
-    return fds

@@ -1,0 +1,99 @@
+"""What makes a worker's request fast, and the per-process state it takes: made explicit
+here instead of living in the adapters' globals.
+
+- In the parent, once (`Warmth.preload`): every module a request may need is imported
+  (workers fork from there), libiptc is loaded, and an empty scratch netns is made where
+  workers load x_tables extensions (libxtables asks the kernel for each extension's
+  revisions on a raw socket of the current netns; nothing of a preload belongs in the
+  node's netns, not even a read).
+- In a worker, before its request (`Warmth.prepare`, agent/server.py's `Prepare`), from
+  what the previous requests needed (`Warmth.report`): dial the API server they used
+  (effects/kube.py's warm connections) and load the x_tables extensions of a one-family
+  legacy apply (this worker then hands the other family back: legacy.py rule 3).
+- `Warmth.single_use`: the worker's `SingleUse` (legacy.py), made in the worker process on
+  first need and passed to its firewall (plugin/ports.py `RealFirewall(single_use=)`).
+Failures of a preparation are the request's to see, or nobody's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from multicall.effects.firewall.legacy import SingleUse
+
+
+class Warmth:
+    def __init__(self) -> None:
+        # An empty netns made by the parent (`preload`); None: no CAP_SYS_ADMIN, workers
+        # preload no x_tables extensions.
+        self.scratch_fd: int | None = None
+        # This process's SingleUse: None in the parent (which never serves), and in a new
+        # worker until it needs one (each worker has its own copy of this object).
+        self._single_use: SingleUse | None = None
+
+    def single_use(self) -> SingleUse:
+        """This worker's `SingleUse`, made on first need (in the worker, never the parent)."""
+        if self._single_use is None:
+            from multicall.effects.firewall.legacy import SingleUse
+
+            self._single_use = SingleUse()
+        return self._single_use
+
+    def ran_xtables(self) -> bool:
+        """Whether this worker ran x_tables code itself (it may not serve another request)."""
+        return self._single_use is not None and self._single_use.ran is not None
+
+    def preload(self) -> None:
+        """Import once, in the parent, everything a request may need: workers fork from
+        here."""
+        import ssl  # noqa: F401
+
+        from multicall.core.cni import netconf, result, skel  # noqa: F401
+        from multicall.core.firewall import diff, proxy_init  # noqa: F401
+        from multicall.core.kube import pod_policy  # noqa: F401
+        from multicall.effects import kube
+        from multicall.effects.firewall import engine, nft  # noqa: F401
+        from multicall.errors import FirewallError
+        from multicall.plugin import commands, pod_inputs, ports, run  # noqa: F401
+
+        kube.keep_spare_tls_context()
+        from multicall.effects import ns
+
+        self.scratch_fd = ns.scratch_netns()  # before any thread: made on, kept by, this one
+        try:
+            from multicall.effects.firewall.legacy import iptc
+
+            iptc()
+        except FirewallError:
+            pass  # no libiptc here: legacy requests will fail in their worker as one-shot would
+
+    def prepare(self, hint: object) -> None:
+        """In a new worker, from what the previous requests needed (`report`)."""
+        if not isinstance(hint, dict):
+            return
+        if isinstance(api := hint.get("api"), dict):
+            from multicall.effects import kube
+
+            kube.warm_up(api)
+        if (xtables := hint.get("xtables")) in ("ipv4", "ipv6") and self.scratch_fd is not None:
+            from multicall.core.firewall.model import Family
+            from multicall.effects import ns
+
+            single_use = self.single_use()  # this worker serves one request, then exits
+            with ns.entered_netns(ns.NetnsRef("the agent's scratch netns", self.scratch_fd)):
+                single_use.preload(Family(xtables))
+
+    def report(self, applied: bool) -> dict[str, object]:
+        """What this successful request leaves for the next workers: its API server (not
+        when it used a CA file), and, when it applied rules, the family of a one-family
+        legacy apply run here ("" for nft or dual-stack legacy: preload nothing)."""
+        from multicall.effects import kube
+
+        warm: dict[str, object] = {}
+        if (api := kube.warm_hint()) is not None:
+            warm["api"] = api
+        if applied:
+            ran = self._single_use.ran if self._single_use is not None else None
+            warm["xtables"] = ran.value if ran is not None else ""
+        return warm

@@ -1,0 +1,235 @@
+"""One request in a node agent's worker: read it from the launcher's connection, check what
+the caller handed over, run the plugin through the seam in the caller's context, answer.
+
+The caller's context is passed explicitly, never installed in a global: its root and cwd
+as the `Files` every path of the request is opened through (effects/caller.py: the
+kubeconfig, its token and CA, the xtables lock file, the config's log_file), its pod netns,
+its own netns and its netfilter netlink socket as descriptors in the `PluginRequest`, and
+this worker's `SingleUse` (agent/warm.py) to the firewall. A request this worker cannot
+serve without more than it has comes back as `PluginResult.served_elsewhere` (nothing was
+changed): the caller is told to run its one-shot path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from multicall.agent.worker_process import Again, Report
+
+if TYPE_CHECKING:
+    from multicall.agent.warm import Warmth
+    from multicall.core.agent_protocol import Request
+    from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
+    from multicall.core.firewall.ruleset import Table
+    from multicall.effects.ns import NetnsRef
+    from multicall.plugin.ports import Firewall
+
+READ_TIMEOUT = 5.0
+
+
+class RequestWorker:
+    """Serves the requests one worker process takes (agent/server.py's `Serve`)."""
+
+    def __init__(self, build: str, own_netns: tuple[int, int], warmth: Warmth) -> None:
+        self.build = build  # requests of another build are handed back
+        self.own_netns = own_netns  # the agent's netns: never a request's target
+        self.warmth = warmth
+
+    def serve(self, conn: socket.socket, report: Report) -> Again | None:
+        """One request on `conn`. Returns what the worker prepares its next request with when
+        it may serve another (agent/server.py rule 4): the request ran no x_tables code here
+        (libxtables keeps one family's extensions per process) and left the worker in its
+        own netns. None: the worker exits."""
+        from multicall.core import agent_protocol as proto
+
+        conn.settimeout(READ_TIMEOUT)
+        try:
+            request = read_request(conn)
+        except (proto.ProtocolError, OSError) as exc:
+            report("D", {"fallback": f"bad request: {exc}"})
+            _send(conn, proto.fallback_frame("bad request"))
+            return None
+        try:
+            return self._serve_request(conn, report, request)
+        finally:
+            for fd in request.fds.values():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _serve_request(self, conn: socket.socket, report: Report, request: Request) -> Again | None:
+        from multicall.core import agent_protocol as proto
+        from multicall.effects import kube
+        from multicall.effects.firewall import legacy
+
+        command = request.command or "unknown"
+        if request.build != self.build:
+            report("D", {"command": command, "fallback": "other build"})
+            _send(conn, proto.fallback_frame("other build"))
+            return None
+        report("S", {"command": command})
+        loaded = legacy.extensions_loaded()
+        firewall: list[WatchedFirewall] = []
+        try:
+            code, out, err, cni_code = self.run_request(request, firewall)
+        except Fallback as exc:
+            fell_back: dict[str, object] = {"command": command, "fallback": exc.reason}
+            if exc.reason == legacy.OTHER_FAMILY:  # the requests changed: stop preloading
+                fell_back["warm"] = {"xtables": ""}
+            report("D", fell_back)
+            _send(conn, proto.fallback_frame(exc.reason))
+            return None
+        # Reported first: whoever asks /metrics once the caller has its result sees it counted.
+        done: dict[str, object] = {"command": command, "exit": code, "cni_code": cni_code}
+        done["xt_loads"] = legacy.extensions_loaded() - loaded
+        warm = self.warmth.report(bool(firewall) and firewall[0].applied)
+        if code == 0:
+            done["warm"] = warm
+        report("D", done)
+        _send(conn, proto.result_frame(code, out, err))
+        reusable = legacy.extensions_loaded() == 0 and not self.warmth.ran_xtables()
+        if not reusable or identity("/proc/thread-self/ns/net") != self.own_netns:
+            return None
+        return Again({"api": warm["api"]} if "api" in warm else {}, kube.warm_fds())
+
+    def run_request(
+        self, request: Request, watched: list[WatchedFirewall] | None = None
+    ) -> tuple[int, bytes, bytes, str]:
+        """The plugin, in this process, in the caller's context: (exit code, stdout, log
+        lines, CNI error code or ""). `watched` receives the firewall it used. Fallback when
+        the caller must run it itself."""
+        from multicall.core import agent_protocol as proto
+        from multicall.effects import kube, ns
+        from multicall.effects.caller import RootedFiles
+        from multicall.effects.firewall.locks import XtablesLock
+        from multicall.errors import NetnsError
+        from multicall.plugin.ports import PluginDeps, RealFirewall, RealKube
+        from multicall.plugin.run import PluginRequest, run_plugin
+
+        fds = request.fds
+        root, home = fds.get(proto.FD_ROOT), fds.get(proto.FD_CALLER_NETNS)
+        target = fds.get(proto.FD_TARGET_NETNS)
+        if root is None or home is None:
+            raise Fallback("caller sent no root or netns")
+        netns_path = request.env.get("CNI_NETNS", "")
+        if target is None and netns_path and request.command in ("ADD", "CHECK", "DEL"):
+            # Never look the caller's path up here: it names a file of the caller's mount
+            # namespace (the launcher sends the descriptor, or runs one-shot itself).
+            raise Fallback("CNI_NETNS not handed over")
+        if target is not None:
+            try:
+                ns.check_netns_fd(target, netns_path)  # what run_plugin checks, before anything
+            except NetnsError:
+                raise Fallback("CNI_NETNS is not a network namespace") from None
+            if identity(f"/proc/self/fd/{target}") == self.own_netns:
+                raise Fallback("CNI_NETNS is the agent's own netns")
+        if identity(f"/proc/self/fd/{home}") != identity("/proc/thread-self/ns/net"):
+            # The API is reached from the caller's netns, as the one-shot plugin does. In a
+            # DaemonSet with hostNetwork (or a Talos service) they are the same: no setns.
+            try:
+                ns.setns(home, ns.CLONE_NEWNET)
+            except OSError as exc:
+                raise Fallback(f"cannot enter the caller's netns: {exc.strerror}") from None
+            kube.drop_warm()  # dialled from the agent's netns, not the caller's
+        files = RootedFiles(root, request.cwd or "/")
+        err = io.BytesIO()
+        plugin_request = PluginRequest(
+            env=request.env,
+            stdin=b"" if request.command == "VERSION" else request.stdin,
+            stderr=err,
+            netns_fd=target,
+            caller_netns_fd=home,
+            netlink_fd=fds.get(proto.FD_NETLINK),
+            for_caller=True,
+        )
+        kube.park_connections()  # the request's API connection: the next request's warm one
+        # Legacy ADDs take the caller's xtables lock: its XTABLES_LOCKFILE (or
+        # /run/xtables.lock) opened through its root (locks.py rule 4), the lock the one-shot
+        # plugin would take. A worker serves one request at a time, and exits after a legacy
+        # apply: one of one family runs libiptc here instead of forking a child per table
+        # operation (legacy.py rule 3).
+        lock = XtablesLock(env=request.env, files=files)
+        firewall = WatchedFirewall(RealFirewall(lock, single_use=self.warmth.single_use()))
+        if watched is not None:
+            watched.append(firewall)
+        outcome = run_plugin(plugin_request, PluginDeps(RealKube(files), firewall, files))
+        if outcome.served_elsewhere:
+            raise Fallback(outcome.served_elsewhere)
+        stdout, stderr = outcome.stdout, err.getvalue()
+        if len(stdout) + len(stderr) > proto.MAX_OUTPUT:
+            raise Fallback("output too large")
+        cni_code = str(outcome.error.code) if outcome.error is not None else ""
+        return outcome.exit_code, stdout, stderr, cni_code
+
+
+class WatchedFirewall:
+    """The request's firewall (plugin.ports `Firewall`), noting whether it applied rules
+    (`Warmth.report`)."""
+
+    def __init__(self, inner: Firewall) -> None:
+        self.inner = inner
+        self.applied = False
+
+    def apply(
+        self,
+        netns: NetnsRef,
+        options: ProxyInitOptions,
+        *,
+        mode: Mode,
+        families: tuple[Family, ...],
+        log: Callable[[str], None],
+    ) -> None:
+        self.inner.apply(netns, options, mode=mode, families=families, log=log)
+        self.applied = True
+
+    def dump_nat(
+        self, netns: NetnsRef, *, mode: Mode, family: Family, log: Callable[[str], None]
+    ) -> Table:
+        return self.inner.dump_nat(netns, mode=mode, family=family, log=log)
+
+
+class Fallback(Exception):
+    """The caller must run this request itself; `reason` says why (metrics, its log)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def read_request(conn: socket.socket) -> Request:
+    from multicall.core import agent_protocol as proto
+
+    head = b""
+    fds: list[int] = []
+    while len(head) < proto.HEADER.size:
+        chunk, got, _flags, _addr = socket.recv_fds(conn, proto.HEADER.size - len(head), 4)
+        fds += got
+        if not chunk:
+            raise proto.ProtocolError("connection closed in the header")
+        head += chunk
+    header = proto.parse_header(head)
+    body = bytearray()
+    while len(body) < header.body_len:
+        chunk = conn.recv(min(header.body_len - len(body), 1 << 20))
+        if not chunk:
+            raise proto.ProtocolError("connection closed in the body")
+        body += chunk
+    return proto.parse_body(header, bytes(body), fds)
+
+
+def _send(conn: socket.socket, data: bytes) -> None:
+    try:
+        conn.settimeout(READ_TIMEOUT)
+        conn.sendall(data)
+    except OSError:
+        pass  # the caller went away; it runs the one-shot path if it still can
+
+
+def identity(path: str) -> tuple[int, int]:
+    """(device, inode) of a namespace file: which namespace it is."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino)
