@@ -1,5 +1,6 @@
-"""The firewall and the files as a node agent's worker reaches them (effects/caller.py), from
-source, in forked children (the caller context is process-wide and never cleared): nf_tables
+"""The firewall and the files as a node agent's worker reaches them (effects/caller.py, the
+descriptors passed explicitly), from source, in forked children that hold what a worker gets
+from the launcher: nf_tables
 through the netlink socket the caller made inside the pod's netns, never entering it, with the
 hardened backend's batch sizing, generation-id guard and read-back verdicts (issue 12) working
 on that socket; legacy under the caller's xtables lock, and the config's log_file, both opened
@@ -16,6 +17,7 @@ import os
 import socket
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +25,11 @@ import pytest
 
 from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
 from multicall.core.firewall.proxy_init import expected_table, strip_counters
-from multicall.effects import caller, ns
+from multicall.effects import ns
+from multicall.effects.caller import RootedFiles
 from multicall.effects.firewall import engine
 from multicall.effects.firewall.locks import XtablesLock
-from multicall.effects.firewall.nft import NETLINK_NETFILTER, NftBackend
+from multicall.effects.firewall.nft import NETLINK_NETFILTER, HandedSocket, NftBackend
 from multicall.errors import FirewallConflict
 from multicall.plugin.ports import PluginDeps, RealFirewall
 from multicall.plugin.run import PluginRequest, run_plugin
@@ -45,8 +48,24 @@ V4 = Family.IPV4
 CHART_INBOUND = ("4191", "4190")
 
 
-def as_worker(pod: Netns, root: str, work: Callable[[], object], *, enter: bool = False) -> Any:
-    """`work()` in a forked child that holds what a worker gets from the launcher: the
+@dataclass(frozen=True)
+class Handed:
+    """What a worker holds of its caller, as it passes them down: its files, and the pod
+    netns with the netlink socket the caller made in it."""
+
+    files: RootedFiles
+    pod: ns.NetnsRef
+
+    @property
+    def socket(self) -> HandedSocket:
+        assert self.pod.netlink_fd is not None
+        return HandedSocket(self.pod.netlink_fd, self.pod.fd)
+
+
+def as_worker(
+    pod: Netns, root: str, work: Callable[[Handed], object], *, enter: bool = False
+) -> Any:
+    """`work(handed)` in a forked child that holds what a worker gets from the launcher: the
     caller's root (`root`), the pod netns and a netlink socket made inside it. Unless `enter`
     (legacy: libiptc needs the netns entered) the child may not enter any netns: a setns
     fails the test."""
@@ -57,28 +76,17 @@ def as_worker(pod: Netns, root: str, work: Callable[[], object], *, enter: bool 
         ns.setns(target, ns.CLONE_NEWNET)  # as the launcher does: in, socket(), back
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
         ns.setns(home, ns.CLONE_NEWNET)
-        caller.install(
-            caller.CallerContext(
-                root_fd=os.open(root, os.O_PATH | os.O_CLOEXEC),
-                cwd="/",
-                netns_path=pod.path,
-                netns_fd=target,
-                netlink_fd=sock.detach(),
-            )
-        )
+        files = RootedFiles(os.open(root, os.O_PATH | os.O_CLOEXEC))
+        ref = ns.NetnsRef(pod.path, fd=target, netlink_fd=sock.detach(), for_caller=True)
 
-        def entered(fd: int, path: str) -> None:
+        def entered(fd: int, path: str, *, for_caller: bool = False) -> None:
             raise AssertionError(f"the worker entered {path}")
 
         if not enter:
             ns._switch = entered  # nft must not need setns
-        return work()
+        return work(Handed(files, ref))
 
     return release([Forked(child)])[0].result()
-
-
-def in_pod(pod: Netns) -> ns.NetnsRef:
-    return ns.NetnsRef(pod.path, fd=os.open(caller.resolve_netns(pod.path), os.O_RDONLY))
 
 
 def test_a_batch_beyond_the_default_socket_buffers_through_the_callers_socket(rig: Rig) -> None:
@@ -87,10 +95,10 @@ def test_a_batch_beyond_the_default_socket_buffers_through_the_callers_socket(ri
     pod = rig.netns()
     change = big_change(3000)
 
-    def work() -> bool:
-        with ns.entered_netns(in_pod(pod), netlink_only=True):
-            NftBackend().apply(V4, change)
-            return NftBackend().dump(V4).rules_of("BIG") == change.append
+    def work(handed: Handed) -> bool:
+        with ns.entered_netns(handed.pod, netlink_only=True):
+            NftBackend(handed=handed.socket).apply(V4, change)
+            return NftBackend(handed=handed.socket).dump(V4).rules_of("BIG") == change.append
 
     assert as_worker(pod, "/", work)
 
@@ -101,7 +109,7 @@ def test_lost_acks_through_the_callers_socket_are_read_back(rig: Rig) -> None:
     pod = rig.netns()
     change = big_change(400)
 
-    def work() -> tuple[list[str], bool]:
+    def work(handed: Handed) -> tuple[list[str], bool]:
         verdicts: list[str] = []
         original = NftBackend._read_back_verdict
 
@@ -110,9 +118,10 @@ def test_lost_acks_through_the_callers_socket_are_read_back(rig: Rig) -> None:
             original(self, *args, **kwargs)
 
         NftBackend._read_back_verdict = spy  # type: ignore[method-assign]  # forked child
-        with ns.entered_netns(in_pod(pod), netlink_only=True):
-            NftBackend(receive_buffer=4096).apply(V4, change)
-            return verdicts, NftBackend().dump(V4).rules_of("BIG") == change.append
+        with ns.entered_netns(handed.pod, netlink_only=True):
+            NftBackend(receive_buffer=4096, handed=handed.socket).apply(V4, change)
+            dumped = NftBackend(handed=handed.socket).dump(V4)
+            return verdicts, dumped.rules_of("BIG") == change.append
 
     verdicts, committed = as_worker(pod, "/", work)
     assert verdicts == ["read back"]
@@ -126,9 +135,9 @@ def test_a_stale_snapshot_through_the_callers_socket_is_a_conflict(rig: Rig) -> 
     pod = rig.netns()
     iptables = require_tool("iptables-nft")
 
-    def work() -> tuple[bool, str, bool]:
-        backend = NftBackend()
-        with ns.entered_netns(in_pod(pod), netlink_only=True):
+    def work(handed: Handed) -> tuple[bool, str, bool]:
+        backend = NftBackend(handed=handed.socket)
+        with ns.entered_netns(handed.pod, netlink_only=True):
             base = backend.snapshot(V4)
             pod.exec([iptables, "-t", "nat", "-N", "SOMEONE_ELSE"])
             try:
@@ -137,10 +146,10 @@ def test_a_stale_snapshot_through_the_callers_socket_is_a_conflict(rig: Rig) -> 
             except FirewallConflict:
                 refused = True
             after_them = save_text(pod, "iptables-nft-save")
-            _leave_an_error_reply_queued()
-            fresh = NftBackend().snapshot(V4)
-            NftBackend().apply(V4, big_change(3), fresh)
-            applied = NftBackend().dump(V4).rules_of("BIG") == big_change(3).append
+            _leave_an_error_reply_queued(handed.socket)
+            again = NftBackend(handed=handed.socket)
+            again.apply(V4, big_change(3), again.snapshot(V4))
+            applied = again.dump(V4).rules_of("BIG") == big_change(3).append
         return refused, after_them, applied
 
     refused, after_them, applied = as_worker(pod, "/", work)
@@ -150,10 +159,10 @@ def test_a_stale_snapshot_through_the_callers_socket_is_a_conflict(rig: Rig) -> 
     assert applied
 
 
-def _leave_an_error_reply_queued() -> None:
+def _leave_an_error_reply_queued(handed: HandedSocket) -> None:
     """An nf_tables request the kernel answers with an error, sent on the caller's socket and
     never read: what a stale reply looks like to the next user of the socket."""
-    sock = socket.socket(fileno=caller.netlink_fd())
+    sock = socket.socket(fileno=os.dup(handed.fd))
     nfgenmsg = struct.pack("=BBH", socket.AF_INET, 0, 0)
     header = struct.pack("=IHHII", 16 + len(nfgenmsg), (10 << 8) | 0xFF, 0x1 | 0x4, 7, 0)
     sock.send(header + nfgenmsg)  # NFNL_SUBSYS_NFTABLES, no such message: an error
@@ -166,8 +175,8 @@ def test_the_engine_through_the_callers_socket_programs_upstreams_table(rig: Rig
     pod = rig.pod().netns
     options = ProxyInitOptions(inbound_ports_to_ignore=CHART_INBOUND)
 
-    def work() -> bool:
-        ref = in_pod(pod)
+    def work(handed: Handed) -> bool:
+        ref = handed.pod
         engine.apply_proxy_init(ref, options, mode=Mode.NFT, families=(V4, Family.IPV6))
         v6 = engine.dump_nat(ref, mode=Mode.NFT, family=Family.IPV6)
         return strip_counters(v6) == strip_counters(expected_table(options, Family.IPV6))
@@ -176,8 +185,11 @@ def test_the_engine_through_the_callers_socket_programs_upstreams_table(rig: Rig
     assert save_text(pod, "iptables-nft-save") == fixture_text("default-nft")
 
 
-def legacy_add(pod: Netns, lock: XtablesLock, *, wait: bool) -> tuple[int, bytes, bytes]:
-    """One legacy ADD through the seam, as the agent's worker builds it (its deps)."""
+def legacy_add(handed: Handed, named: XtablesLock, *, wait: bool) -> tuple[int, bytes, bytes]:
+    """One legacy ADD through the seam, as the agent's worker builds it (its deps): the lock
+    `named` names, in the caller's files."""
+    pod = handed.pod
+    lock = XtablesLock(env=named.env, files=handed.files)
     kube = FakeKube()
     kube.add_pod(MESHED)
     log = io.BytesIO()
@@ -187,9 +199,10 @@ def legacy_add(pod: Netns, lock: XtablesLock, *, wait: bool) -> tuple[int, bytes
             env=add_env(pod.path),
             stdin=add_stdin(linkerd),
             stderr=log,
-            netns_fd=os.open(caller.resolve_netns(pod.path), os.O_RDONLY),
+            netns_fd=pod.fd,
+            for_caller=True,
         ),
-        PluginDeps(kube, RealFirewall(lock)),
+        PluginDeps(kube, RealFirewall(lock), handed.files),
     )
     return result.exit_code, result.stdout, log.getvalue()
 
@@ -207,14 +220,14 @@ def test_legacy_takes_the_lock_in_the_callers_root(rig: Rig, tmp_path: Path) -> 
 
     with flock_held(caller_lock):
         code, stdout, _log = as_worker(
-            pod, str(host), lambda: legacy_add(pod, lock, wait=False), enter=True
+            pod, str(host), lambda h: legacy_add(h, lock, wait=False), enter=True
         )
     assert code == 1
     assert b"Another app is currently holding the xtables lock" in stdout
     assert "PROXY_INIT" not in save_text(pod, "iptables-legacy-save")
 
     code, stdout, _log = as_worker(
-        pod, str(host), lambda: legacy_add(pod, lock, wait=False), enter=True
+        pod, str(host), lambda h: legacy_add(h, lock, wait=False), enter=True
     )
     assert code == 0, stdout
     assert save_text(pod, "iptables-legacy-save") == fixture_text("default-legacy")
@@ -242,9 +255,9 @@ def test_the_log_file_is_the_callers(rig: Rig, tmp_path: Path) -> None:
     pod = rig.netns()
     name = f"/var/log/cbx-agent-{os.getpid()}.log"  # absent from the worker's own /var/log
 
-    def work() -> bool:
+    def work(handed: Handed) -> bool:
         log = Logger(None, "info")
-        log.open_file(name, max_bytes=200)
+        log.open_file(name, max_bytes=200, files=handed.files)
         for i in range(6):
             log.info(f"line {i} of a log that rotates at 200 bytes")
         log.close()
@@ -258,9 +271,9 @@ def test_the_log_file_is_the_callers(rig: Rig, tmp_path: Path) -> None:
     current.unlink()
     current.symlink_to(host / "etc" / "target")
 
-    def planted() -> str:
+    def planted(handed: Handed) -> str:
         log = Logger(None, "info")
-        log.open_file(name)
+        log.open_file(name, files=handed.files)
         return "" if log.file is not None else "refused"
 
     assert as_worker(pod, str(host), planted) == "refused"

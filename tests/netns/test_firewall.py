@@ -311,7 +311,7 @@ class TestPlainDetection:
         assert oracle(pod, Mode.NFT, Family.IPV4) == model_body(DEFAULT, Family.IPV4)
 
 
-# A single-use process (a node agent's worker) after legacy.single_use(): it counts the
+# A single-use process (a node agent's worker, with its legacy.SingleUse): it counts the
 # children the legacy backend forks, then prints each family's nat body as the backend dumps it.
 SINGLE_USE = """
 import sys
@@ -319,19 +319,21 @@ from multicall.core.firewall.model import Family, Mode, ProxyInitOptions, famili
 from multicall.core.firewall.ruleset import render_table
 from multicall.effects.firewall import legacy
 from multicall.effects.firewall.engine import apply_proxy_init, dump_nat
-from multicall.effects.caller import ServeElsewhere
+from multicall.errors import ServeElsewhere
 path, ipv6 = sys.argv[1], sys.argv[2] == "ipv6"
-legacy.single_use()
+single = legacy.SingleUse()
 forks = []
 real = legacy.run_isolated
 legacy.run_isolated = lambda work: forks.append(1) or real(work)
 options = ProxyInitOptions(inbound_ports_to_ignore=("4191", "4190"))
 for _ in range(2):  # the second apply dumps (and decodes) the first one's rules
-    apply_proxy_init(path, options, mode=Mode.LEGACY, families=families(ipv6=ipv6))
+    apply_proxy_init(
+        path, options, mode=Mode.LEGACY, families=families(ipv6=ipv6), single_use=single
+    )
 print(len(forks))
 try:
     other = Family.IPV4 if ipv6 else Family.IPV6
-    print(len(dump_nat(path, mode=Mode.LEGACY, family=other).rules))
+    print(len(dump_nat(path, mode=Mode.LEGACY, family=other, single_use=single).rules))
 except ServeElsewhere as exc:
     print(exc.reason)
 """
@@ -339,7 +341,7 @@ except ServeElsewhere as exc:
 
 @pytest.mark.parametrize("ipv6", [False, True], ids=["ipv4", "dual-stack"])
 def test_single_use_process_applies_one_family_in_process(rig: Rig, ipv6: bool) -> None:
-    """A single-use process (legacy.single_use, the agent's worker) runs an apply of one family
+    """A single-use process (legacy.SingleUse, the agent's worker) runs an apply of one family
     without forking, with the same tables; dual-stack still forks a child per operation
     (libxtables registers an extension for the family of its first load only). After an
     in-process apply, the process refuses the other family instead of forking a child that

@@ -21,7 +21,7 @@ from tests.support import REPO
 
 # The resident agent's own classes: it starts once per node, so its start-up is not the
 # one-shot ADD's (and the module belongs to the agent's branch: docstrings come with it).
-EXEMPT = {"multicall/effects/agent_server.py"}
+EXEMPT = {"multicall/agent/server.py"}
 
 
 def test_every_dataclass_has_its_own_docstring() -> None:

@@ -24,7 +24,7 @@ from multicall.core.firewall.proxy_init import build_run_argv
 from multicall.core.firewall.ruleset import Rule, Table
 from multicall.core.kube.pod_policy import effective_options
 from multicall.plugin.ports import PluginDeps
-from multicall.plugin.run import PluginRequest, PluginResult, run_plugin
+from multicall.plugin.run import PluginError, PluginRequest, PluginResult, run_plugin
 from tests.support import FIXTURES
 from tests.support.fakes import FakeKube, MemoryFirewall
 from tests.support.kubeapi import service_doc
@@ -201,7 +201,9 @@ def test_api_failure_fails_add_and_programs_nothing(
 ) -> None:
     """An API error is CNI error 999 with client-go's text; the firewall is not touched."""
     node.kube.failure = failure
-    assert node.run("ADD", pod=pod) == PluginResult(error(999, message), 1)
+    assert node.run("ADD", pod=pod) == PluginResult(
+        error(999, message), 1, PluginError(999, message)
+    )
     assert node.firewall.applied == []
 
 
@@ -210,7 +212,8 @@ def test_invalid_annotation_fails_with_go_text(node: Node) -> None:
     pod = renamed(MESHED, "bad-uid", **{"config.linkerd.io/proxy-uid": "21O2"})
     node.kube.add_pod(pod)
     result = node.run("ADD", pod=pod)
-    assert result == PluginResult(error(999, 'strconv.Atoi: parsing "21O2": invalid syntax'), 1)
+    message = 'strconv.Atoi: parsing "21O2": invalid syntax'
+    assert result == PluginResult(error(999, message), 1, PluginError(999, message))
     assert node.firewall.applied == []
 
 
@@ -243,9 +246,8 @@ def test_the_callers_own_netns_is_refused(node: Node) -> None:
     """CNI_NETNS naming the plugin's own netns is CNI error 8 and nothing is programmed."""
     own = env("ADD", CNI_NETNS="/proc/self/ns/net")
     result = node.run("ADD", env=own)
-    assert result == PluginResult(
-        error(8, "plugin's netns and netns from CNI_NETNS should not be the same"), 1
-    )
+    message = "plugin's netns and netns from CNI_NETNS should not be the same"
+    assert result == PluginResult(error(8, message), 1, PluginError(8, message))
     assert node.firewall.applied == []
 
 
