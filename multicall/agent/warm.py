@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from multicall.effects.firewall.legacy import SingleUse
+    from multicall.effects.firewall.legacy.isolation import SingleUse
 
 
 class Warmth:
@@ -35,7 +35,7 @@ class Warmth:
     def single_use(self) -> SingleUse:
         """This worker's `SingleUse`, made on first need (in the worker, never the parent)."""
         if self._single_use is None:
-            from multicall.effects.firewall.legacy import SingleUse
+            from multicall.effects.firewall.legacy.isolation import SingleUse
 
             self._single_use = SingleUse()
         return self._single_use
@@ -62,7 +62,7 @@ class Warmth:
 
         self.scratch_fd = ns.scratch_netns()  # before any thread: made on, kept by, this one
         try:
-            from multicall.effects.firewall.legacy import iptc
+            from multicall.effects.firewall.legacy.loading import iptc
 
             iptc()
         except FirewallError:

@@ -64,7 +64,7 @@ class RequestWorker:
     def _serve_request(self, conn: socket.socket, report: Report, request: Request) -> Again | None:
         from multicall.core import agent_protocol as proto
         from multicall.effects import kube
-        from multicall.effects.firewall import legacy
+        from multicall.effects.firewall.legacy import isolation as legacy
 
         command = request.command or "unknown"
         if request.build != self.build:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
     from multicall.core.firewall.ruleset import Table
     from multicall.core.kube.objects import Namespace, Pod, Service
-    from multicall.effects.firewall.legacy import SingleUse
+    from multicall.effects.firewall.legacy.isolation import SingleUse
     from multicall.effects.firewall.locks import XtablesLock
     from multicall.effects.ns import NetnsRef
 

@@ -229,14 +229,14 @@ class TestSafety:
             f"""
             import os, sys, threading, time
             from multicall.core.firewall.model import Family, Mode, ProxyInitOptions, families
-            from multicall.effects.firewall import legacy
+            from multicall.effects.firewall.legacy import isolation
             from multicall.effects.firewall.engine import apply_proxy_init, dump_nat
             apply_proxy_init({pod.path!r}, ProxyInitOptions(), mode=Mode.LEGACY,
                              families=families(ipv6=False))  # rules whose dump saves matches
             read_end, write_end = os.pipe()
             os.dup2(write_end, 1)
             sys.stdout = open(1, "w", buffering=1 << 16)
-            legacy._flush_std_streams = lambda: None  # the lock is taken after that flush
+            isolation._flush_std_streams = lambda: None  # the lock is taken after that flush
             def log():
                 sys.stdout.write("x" * (1 << 20))  # fills the pipe: blocks holding the lock
                 sys.stdout.flush()
@@ -317,14 +317,14 @@ SINGLE_USE = """
 import sys
 from multicall.core.firewall.model import Family, Mode, ProxyInitOptions, families
 from multicall.core.firewall.ruleset import render_table
-from multicall.effects.firewall import legacy
+from multicall.effects.firewall.legacy import isolation
 from multicall.effects.firewall.engine import apply_proxy_init, dump_nat
 from multicall.errors import ServeElsewhere
 path, ipv6 = sys.argv[1], sys.argv[2] == "ipv6"
-single = legacy.SingleUse()
+single = isolation.SingleUse()
 forks = []
-real = legacy.run_isolated
-legacy.run_isolated = lambda work: forks.append(1) or real(work)
+real = isolation.run_isolated
+isolation.run_isolated = lambda work: forks.append(1) or real(work)
 options = ProxyInitOptions(inbound_ports_to_ignore=("4191", "4190"))
 for _ in range(2):  # the second apply dumps (and decodes) the first one's rules
     apply_proxy_init(

@@ -30,8 +30,9 @@ import pytest
 from multicall.core.firewall.model import Family, Mode, ProxyInitOptions, TableChange
 from multicall.core.firewall.proxy_init import build_argv, expected_table, strip_counters
 from multicall.core.firewall.ruleset import Rule
-from multicall.effects.firewall import engine, legacy
+from multicall.effects.firewall import engine
 from multicall.effects.firewall.legacy import IptcBackend
+from multicall.effects.firewall.legacy import apply as legacy_apply
 from multicall.effects.firewall.locks import XtablesLock
 from multicall.effects.firewall.nft import NftBackend
 from multicall.effects.ns import entered_netns
@@ -320,13 +321,13 @@ def test_eagain_at_commit_is_a_conflict(rig: Rig, monkeypatch: pytest.MonkeyPatc
     """A writer that ignores the lock changes the table between our read and our commit: the
     kernel refuses the commit (EAGAIN), nothing changes, and it is a conflict to plan again."""
     ns = rig.netns()
-    real_commit = legacy._commit
+    real_commit = legacy_apply._commit
 
     def racing_commit(handle: Any, family: Family, table: str) -> None:
         ns.exec([require_tool("iptables-legacy"), "-t", "nat", "-N", "RACER"])
         real_commit(handle, family, table)
 
-    monkeypatch.setattr(legacy, "_commit", racing_commit)
+    monkeypatch.setattr(legacy_apply, "_commit", racing_commit)
     change = TableChange("nat", ("MINE",), (), (Rule("MINE", ("-j", "RETURN")),))
     with entered_netns(ns.path), pytest.raises(FirewallConflict, match="Resource temporarily"):
         IptcBackend().apply(V4, change)

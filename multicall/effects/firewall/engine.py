@@ -45,7 +45,7 @@ from multicall.effects.ns import NetnsRef
 from multicall.errors import FirewallConflict, FirewallError
 
 if TYPE_CHECKING:  # the backends' modules are imported when first used (`Backends`)
-    from multicall.effects.firewall.legacy import SingleUse
+    from multicall.effects.firewall.legacy.isolation import SingleUse
     from multicall.effects.firewall.nft import HandedSocket
 
 Log = Callable[[str], None]
