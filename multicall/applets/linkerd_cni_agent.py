@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
     from multicall.core.firewall.ruleset import Table
     from multicall.effects.agent_server import Again
+    from multicall.effects.kube.warm import WarmConnections
     from multicall.effects.ns import NetnsRef
     from multicall.plugin.ports import Firewall
 
@@ -62,7 +63,10 @@ def main(
     from multicall.effects.log import Logger
 
     log = Logger(stderr, opts["log-level"], opts["log-format"]).log
-    preload()
+    from multicall.effects.kube.warm import WarmConnections
+
+    connections = WarmConnections()  # this process's; each worker its own copy from the fork
+    preload(connections)
     from multicall.core.agent_protocol import SOURCE_BUILD
     from multicall.effects.agent_server import Server, ServerOptions, default_max_workers
 
@@ -80,7 +84,10 @@ def main(
     )
     own_netns = _identity("/proc/self/ns/net")
     server = Server(
-        options, log, lambda conn, report: serve(conn, report, build, own_netns), prepare=warm_up
+        options,
+        log,
+        lambda conn, report: serve(conn, report, build, own_netns, connections),
+        prepare=lambda hint: warm_up(hint, connections),
     )
     try:
         server.bind()  # a bad --admin-addr: UsageError; a busy port: CniboxError (exit 1)
@@ -147,17 +154,15 @@ def _float(opts: Mapping[str, str], name: str) -> float:
     return value
 
 
-def warm_up(hint: object) -> None:
+def warm_up(hint: object, connections: WarmConnections) -> None:
     """In a new worker, from what the previous requests needed (`_warm_report`): dial the
-    API server they used (effects.kube) and load the x_tables extensions of a one-family
+    API server they used (effects.kube.warm) and load the x_tables extensions of a one-family
     legacy apply (effects/firewall/legacy.py `preload`; this worker then hands the other
     family back). Failures are the request's to see, or nobody's."""
     if not isinstance(hint, dict):
         return
     if isinstance(api := hint.get("api"), dict):
-        from multicall.effects import kube
-
-        kube.warm_up(api)
+        connections.warm_up(api)
     if (xtables := hint.get("xtables")) in ("ipv4", "ipv6") and _Scratch.fd is not None:
         from multicall.core.firewall.model import Family
         from multicall.effects import ns
@@ -177,15 +182,16 @@ class _Scratch:
     fd: int | None = None
 
 
-def _warm_report(firewall: _WatchedFirewall | None) -> dict[str, object]:
+def _warm_report(
+    firewall: _WatchedFirewall | None, connections: WarmConnections
+) -> dict[str, object]:
     """What this successful request leaves for the next workers: its API server (not when
     it used a CA file), and, when it applied rules, the family of a one-family legacy apply
     run here ("" for nft or dual-stack legacy: preload nothing)."""
-    from multicall.effects import kube
     from multicall.effects.firewall import legacy
 
     warm: dict[str, object] = {}
-    if (api := kube.warm_hint()) is not None:
+    if (api := connections.warm_hint()) is not None:
         warm["api"] = api
     if firewall is not None and firewall.applied:
         family = legacy.ran_here()
@@ -193,19 +199,19 @@ def _warm_report(firewall: _WatchedFirewall | None) -> dict[str, object]:
     return warm
 
 
-def preload() -> None:
+def preload(connections: WarmConnections) -> None:
     """Import once, in the parent, everything a request may need: workers fork from here."""
     import ssl  # noqa: F401
 
     from multicall.core.cni import netconf, result, skel  # noqa: F401
     from multicall.core.firewall import diff, proxy_init  # noqa: F401
     from multicall.core.kube import pod_policy  # noqa: F401
-    from multicall.effects import kube
     from multicall.effects.firewall import engine, nft  # noqa: F401
+    from multicall.effects.kube import client  # noqa: F401
     from multicall.errors import FirewallError
     from multicall.plugin import commands, pod_inputs, ports, run  # noqa: F401
 
-    kube.keep_spare_tls_context()
+    connections.keep_spare_tls_context()
     from multicall.effects import ns
 
     _Scratch.fd = ns.scratch_netns()  # before any thread: made on, and kept by, this one
@@ -221,7 +227,11 @@ def preload() -> None:
 
 
 def serve(
-    conn: socket.socket, report: Report, build: str, own_netns: tuple[int, int]
+    conn: socket.socket,
+    report: Report,
+    build: str,
+    own_netns: tuple[int, int],
+    connections: WarmConnections,
 ) -> Again | None:
     """One request on `conn`, in a worker process (agent_server). Returns what the worker
     prepares its next request with when it may serve another (agent_server rule 4): the
@@ -238,7 +248,7 @@ def serve(
         _send(conn, proto.fallback_frame("bad request"))
         return None
     try:
-        return _serve_request(conn, report, build, own_netns, request)
+        return _serve_request(conn, report, build, own_netns, request, connections=connections)
     finally:
         caller.clear()
         for fd in request.fds.values():
@@ -252,9 +262,10 @@ def _serve_request(
     build: str,
     own_netns: tuple[int, int],
     request: Request,
+    *,
+    connections: WarmConnections,
 ) -> Again | None:
     from multicall.core import agent_protocol as proto
-    from multicall.effects import kube
     from multicall.effects.agent_server import Again
 
     command = request.command or "unknown"
@@ -268,7 +279,7 @@ def _serve_request(
     loaded = legacy.extensions_loaded()
     firewall: list[_WatchedFirewall] = []
     try:
-        code, out, err = run_request(request, own_netns, firewall)
+        code, out, err = run_request(request, own_netns, connections, firewall)
     except _Fallback as exc:
         fell_back: dict[str, object] = {"command": command, "fallback": exc.reason}
         if exc.reason == legacy.OTHER_FAMILY:  # the requests changed: stop preloading
@@ -279,7 +290,7 @@ def _serve_request(
     # Reported first: whoever asks /metrics once the caller has its result sees it counted.
     done: dict[str, object] = {"command": command, "exit": code, "cni_code": _cni_code(code, out)}
     done["xt_loads"] = legacy.extensions_loaded() - loaded
-    warm = _warm_report(firewall[0] if firewall else None)
+    warm = _warm_report(firewall[0] if firewall else None, connections)
     if code == 0:
         done["warm"] = warm
     report("D", done)
@@ -287,7 +298,7 @@ def _serve_request(
     reusable = legacy.extensions_loaded() == 0 and legacy.ran_here() is None
     if not reusable or _identity("/proc/thread-self/ns/net") != own_netns:
         return None
-    return Again({"api": warm["api"]} if "api" in warm else {}, kube.warm_fds())
+    return Again({"api": warm["api"]} if "api" in warm else {}, connections.warm_fds())
 
 
 class _WatchedFirewall:
@@ -344,12 +355,15 @@ def read_request(conn: socket.socket) -> Request:
 
 
 def run_request(
-    request: Request, own_netns: tuple[int, int], watched: list[_WatchedFirewall] | None = None
+    request: Request,
+    own_netns: tuple[int, int],
+    connections: WarmConnections,
+    watched: list[_WatchedFirewall] | None = None,
 ) -> tuple[int, bytes, bytes]:
-    """The plugin, in this process, in the caller's context (effects.caller). `watched`
-    receives the firewall it used."""
+    """The plugin, in this process, in the caller's context (effects.caller), its API
+    clients on this worker's warm `connections`. `watched` receives the firewall it used."""
     from multicall.core import agent_protocol as proto
-    from multicall.effects import caller, kube, ns
+    from multicall.effects import caller, ns
     from multicall.effects.firewall import legacy
     from multicall.effects.firewall.locks import XtablesLock
     from multicall.errors import NetnsError
@@ -380,7 +394,7 @@ def run_request(
             ns.setns(home, ns.CLONE_NEWNET)
         except OSError as exc:
             raise _Fallback(f"cannot enter the caller's netns: {exc.strerror}") from None
-        kube.drop_warm()  # dialled from the agent's netns, not the caller's
+        connections.drop_warm()  # dialled from the agent's netns, not the caller's
     caller.install(
         caller.CallerContext(
             root_fd=root,
@@ -401,13 +415,13 @@ def run_request(
     # A worker serves one request at a time, and exits after a legacy apply: one of one family
     # runs libiptc here instead of forking a child per table operation (legacy.py rule 3).
     legacy.single_use()
-    kube.park_connections()  # the request's API connection: the next request's warm one
+    connections.park_connections()  # the request's API connection: the next request's warm one
     # Legacy ADDs take the caller's xtables lock: its XTABLES_LOCKFILE (or /run/xtables.lock)
     # opened through its root (locks.py rule 4), the lock the one-shot plugin would take.
     firewall = _WatchedFirewall(RealFirewall(XtablesLock(env=request.env)))
     if watched is not None:
         watched.append(firewall)
-    deps = PluginDeps(RealKube(), firewall)
+    deps = PluginDeps(RealKube(connections), firewall)
     try:
         outcome = run_plugin(plugin_request, deps)
     except caller.ServeElsewhere as exc:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from multicall.core.firewall.ruleset import Table
     from multicall.core.kube.objects import Namespace, Pod, Service
     from multicall.effects.firewall.locks import XtablesLock
+    from multicall.effects.kube.warm import WarmConnections
     from multicall.effects.ns import NetnsRef
 
 Log = Callable[[str], None]
@@ -75,18 +76,24 @@ class PluginDeps:
 
 
 class RealKube:
-    """The kubeconfig from disk and `effects.kube.KubeClient` (one connection per client)."""
+    """The kubeconfig from disk and `effects.kube.client.KubeClient` (one connection per
+    client). `warm`: a node agent worker's warm connections (effects/kube/warm.py), handed
+    to every client; None (the one-shot plugin): each client dials its own."""
+
+    def __init__(self, warm: WarmConnections | None = None) -> None:
+        self.warm = warm
 
     def check_kubeconfig(self, path: str) -> None:
-        from multicall.effects.kube import read_kubeconfig
+        from multicall.effects.kube.config import read_kubeconfig
 
         read_kubeconfig(path)
 
     def connect(self, kubeconfig: str, env: Mapping[str, str]) -> PodApi:
-        from multicall.effects.kube import KubeClient, read_kubeconfig, timeout_from_env
+        from multicall.effects.kube.client import KubeClient
+        from multicall.effects.kube.config import read_kubeconfig, timeout_from_env
 
         timeout = timeout_from_env(env)  # an invalid environment first, as skel orders it
-        return KubeClient(read_kubeconfig(kubeconfig), timeout=timeout)
+        return KubeClient(read_kubeconfig(kubeconfig), timeout=timeout, warm=self.warm)
 
 
 class RealFirewall:
