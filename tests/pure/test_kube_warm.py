@@ -207,3 +207,54 @@ def test_an_adopted_connection_reads_by_the_requests_deadline(warm: WarmConnecti
         for conn in accepted:
             conn.close()
         listener.close()
+
+
+@pytest.mark.parametrize("parking", [True, False])
+def test_a_parking_worker_keeps_the_connection_a_request_ended_with(
+    warm: WarmConnections, parking: bool
+) -> None:
+    """`park_connections`: an intact connection outlives its client as the next request's
+    warm one (one connection accepted for two clients); without it, the client closes it."""
+    import json
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    server = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    body = json.dumps({"kind": "Namespace", "metadata": {"name": "ns"}}).encode()
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        accepted.append(conn)
+        for _ in range(2 if parking else 1):
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += conn.recv(4096)
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            conn.sendall(head + body)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    config = KubeConfig(server=server, token="t")
+    if parking:
+        warm.park_connections()
+    try:
+        first = KubeClient(config, timeout=5, warm=warm)
+        assert first.get_namespace("ns").name == "ns"
+        first.close()
+        assert len(warm.warm_fds()) == (1 if parking else 0)
+        if parking:
+            second = KubeClient(config, timeout=5, warm=warm)
+            try:
+                assert second.get_namespace("ns").name == "ns"
+                assert second._conn is not None
+                assert second._conn.warm
+            finally:
+                second.close()
+        thread.join(5)
+        assert len(accepted) == 1
+    finally:
+        warm.drop_warm()
+        for conn in accepted:
+            conn.close()
+        listener.close()
