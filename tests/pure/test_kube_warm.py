@@ -166,47 +166,64 @@ def test_a_warm_connection_the_server_closed_meanwhile_is_retried(
     closer.join()
 
 
+class _OneConnectionApi:
+    """An API server on loopback that accepts one connection and answers `answers` GETs on
+    it with a Namespace; `accepted` says how many connections it took."""
+
+    def __init__(self, answers: int) -> None:
+        import threading
+
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.server = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.accepted: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, args=(answers,), daemon=True)
+        self.thread.start()
+
+    def _serve(self, answers: int) -> None:
+        import json
+
+        body = json.dumps({"kind": "Namespace", "metadata": {"name": "ns"}}).encode()
+        conn, _ = self.listener.accept()
+        self.accepted.append(conn)
+        for _ in range(answers):
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += conn.recv(4096)
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            conn.sendall(head + body)
+
+    def close(self) -> None:
+        for conn in self.accepted:
+            conn.close()
+        self.listener.close()
+
+
+def _get_on_a_warm_connection(client: KubeClient) -> None:
+    try:
+        assert client.get_namespace("ns").name == "ns"
+        assert client._conn is not None
+        assert client._conn.warm  # adopted, not dialled
+    finally:
+        client.close()
+
+
 def test_an_adopted_connection_reads_by_the_requests_deadline(warm: WarmConnections) -> None:
     """A real warm-up, whose own deadline has long passed when the request comes: the
     adopted connection is bounded by the request's deadline (it gets its own reader), and
     the request is served on it without a second dial."""
-    import json
-    import threading
-
-    listener = socket.create_server(("127.0.0.1", 0))
-    server = f"http://127.0.0.1:{listener.getsockname()[1]}"
-    accepted: list[socket.socket] = []
-    body = json.dumps({"kind": "Namespace", "metadata": {"name": "ns"}}).encode()
-
-    def serve() -> None:
-        conn, _ = listener.accept()
-        accepted.append(conn)
-        request = b""
-        while b"\r\n\r\n" not in request:
-            request += conn.recv(4096)
-        head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-        conn.sendall(head + body)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
+    api = _OneConnectionApi(answers=1)
     try:
-        warm.warm_up({"server": server, "ca_data": "", "insecure": False}, timeout=0.2)
+        warm.warm_up({"server": api.server, "ca_data": "", "insecure": False}, timeout=0.2)
         assert len(warm.warm_fds()) == 1
         time.sleep(0.3)  # the warm-up's deadline is over
-        client = KubeClient(KubeConfig(server=server, token="t"), timeout=5, warm=warm)
-        try:
-            assert client.get_namespace("ns").name == "ns"
-            assert client._conn is not None
-            assert client._conn.warm  # adopted, not dialled
-        finally:
-            client.close()
-        thread.join(5)
-        assert len(accepted) == 1
+        _get_on_a_warm_connection(
+            KubeClient(KubeConfig(server=api.server, token="t"), timeout=5, warm=warm)
+        )
+        api.thread.join(5)
+        assert len(api.accepted) == 1
     finally:
         warm.drop_warm()
-        for conn in accepted:
-            conn.close()
-        listener.close()
+        api.close()
 
 
 @pytest.mark.parametrize("parking", [True, False])
@@ -215,27 +232,8 @@ def test_a_parking_worker_keeps_the_connection_a_request_ended_with(
 ) -> None:
     """`park_connections`: an intact connection outlives its client as the next request's
     warm one (one connection accepted for two clients); without it, the client closes it."""
-    import json
-    import threading
-
-    listener = socket.create_server(("127.0.0.1", 0))
-    server = f"http://127.0.0.1:{listener.getsockname()[1]}"
-    body = json.dumps({"kind": "Namespace", "metadata": {"name": "ns"}}).encode()
-    accepted: list[socket.socket] = []
-
-    def serve() -> None:
-        conn, _ = listener.accept()
-        accepted.append(conn)
-        for _ in range(2 if parking else 1):
-            request = b""
-            while b"\r\n\r\n" not in request:
-                request += conn.recv(4096)
-            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-            conn.sendall(head + body)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    config = KubeConfig(server=server, token="t")
+    api = _OneConnectionApi(answers=2 if parking else 1)
+    config = KubeConfig(server=api.server, token="t")
     if parking:
         warm.park_connections()
     try:
@@ -244,17 +242,9 @@ def test_a_parking_worker_keeps_the_connection_a_request_ended_with(
         first.close()
         assert len(warm.warm_fds()) == (1 if parking else 0)
         if parking:
-            second = KubeClient(config, timeout=5, warm=warm)
-            try:
-                assert second.get_namespace("ns").name == "ns"
-                assert second._conn is not None
-                assert second._conn.warm
-            finally:
-                second.close()
-        thread.join(5)
-        assert len(accepted) == 1
+            _get_on_a_warm_connection(KubeClient(config, timeout=5, warm=warm))
+        api.thread.join(5)
+        assert len(api.accepted) == 1
     finally:
         warm.drop_warm()
-        for conn in accepted:
-            conn.close()
-        listener.close()
+        api.close()
