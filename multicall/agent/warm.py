@@ -8,8 +8,9 @@ here instead of living in the adapters' globals.
   node's netns, not even a read).
 - In a worker, before its request (`Warmth.prepare`, agent/server.py's `Prepare`), from
   what the previous requests needed (`Warmth.report`): dial the API server they used
-  (effects/kube.py's warm connections) and load the x_tables extensions of a one-family
-  legacy apply (this worker then hands the other family back: legacy.py rule 3).
+  (`Warmth.connections`, effects/kube/warm.py's `WarmConnections`) and load the x_tables
+  extensions of a one-family legacy apply (this worker then hands the other family back:
+  legacy rule 3).
 - `Warmth.single_use`: the worker's `SingleUse` (legacy.py), made in the worker process on
   first need and passed to its firewall (plugin/ports.py `RealFirewall(single_use=)`).
 Failures of a preparation are the request's to see, or nobody's.
@@ -19,12 +20,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from multicall.effects.kube.warm import WarmConnections
+
 if TYPE_CHECKING:
     from multicall.effects.firewall.legacy.isolation import SingleUse
 
 
 class Warmth:
+    """The agent's warm state: made once in the parent, copied into each worker by the fork
+    (so what a worker changes is its own)."""
+
     def __init__(self) -> None:
+        # The API connections a worker keeps or dials ahead (its requests' `RealKube`).
+        self.connections = WarmConnections()
         # An empty netns made by the parent (`preload`); None: no CAP_SYS_ADMIN, workers
         # preload no x_tables extensions.
         self.scratch_fd: int | None = None
@@ -52,12 +60,12 @@ class Warmth:
         from multicall.core.cni import netconf, result, skel  # noqa: F401
         from multicall.core.firewall import diff, proxy_init  # noqa: F401
         from multicall.core.kube import pod_policy  # noqa: F401
-        from multicall.effects import kube
         from multicall.effects.firewall import engine, nft  # noqa: F401
+        from multicall.effects.kube import client  # noqa: F401
         from multicall.errors import FirewallError
         from multicall.plugin import commands, pod_inputs, ports, run  # noqa: F401
 
-        kube.keep_spare_tls_context()
+        self.connections.keep_spare_tls_context()
         from multicall.effects import ns
 
         self.scratch_fd = ns.scratch_netns()  # before any thread: made on, kept by, this one
@@ -73,9 +81,7 @@ class Warmth:
         if not isinstance(hint, dict):
             return
         if isinstance(api := hint.get("api"), dict):
-            from multicall.effects import kube
-
-            kube.warm_up(api)
+            self.connections.warm_up(api)
         if (xtables := hint.get("xtables")) in ("ipv4", "ipv6") and self.scratch_fd is not None:
             from multicall.core.firewall.model import Family
             from multicall.effects import ns
@@ -88,10 +94,8 @@ class Warmth:
         """What this successful request leaves for the next workers: its API server (not
         when it used a CA file), and, when it applied rules, the family of a one-family
         legacy apply run here ("" for nft or dual-stack legacy: preload nothing)."""
-        from multicall.effects import kube
-
         warm: dict[str, object] = {}
-        if (api := kube.warm_hint()) is not None:
+        if (api := self.connections.warm_hint()) is not None:
             warm["api"] = api
         if applied:
             ran = self._single_use.ran if self._single_use is not None else None

@@ -63,7 +63,6 @@ class RequestWorker:
 
     def _serve_request(self, conn: socket.socket, report: Report, request: Request) -> Again | None:
         from multicall.core import agent_protocol as proto
-        from multicall.effects import kube
         from multicall.effects.firewall.legacy import isolation as legacy
 
         command = request.command or "unknown"
@@ -94,7 +93,9 @@ class RequestWorker:
         reusable = legacy.extensions_loaded() == 0 and not self.warmth.ran_xtables()
         if not reusable or identity("/proc/thread-self/ns/net") != self.own_netns:
             return None
-        return Again({"api": warm["api"]} if "api" in warm else {}, kube.warm_fds())
+        return Again(
+            {"api": warm["api"]} if "api" in warm else {}, self.warmth.connections.warm_fds()
+        )
 
     def run_request(
         self, request: Request, watched: list[WatchedFirewall] | None = None
@@ -103,7 +104,7 @@ class RequestWorker:
         lines, CNI error code or ""). `watched` receives the firewall it used. Fallback when
         the caller must run it itself."""
         from multicall.core import agent_protocol as proto
-        from multicall.effects import kube, ns
+        from multicall.effects import ns
         from multicall.effects.caller import RootedFiles
         from multicall.effects.firewall.locks import XtablesLock
         from multicall.errors import NetnsError
@@ -134,7 +135,7 @@ class RequestWorker:
                 ns.setns(home, ns.CLONE_NEWNET)
             except OSError as exc:
                 raise Fallback(f"cannot enter the caller's netns: {exc.strerror}") from None
-            kube.drop_warm()  # dialled from the agent's netns, not the caller's
+            self.warmth.connections.drop_warm()  # dialled from the agent's netns, not the caller's
         files = RootedFiles(root, request.cwd or "/")
         err = io.BytesIO()
         plugin_request = PluginRequest(
@@ -146,7 +147,8 @@ class RequestWorker:
             netlink_fd=fds.get(proto.FD_NETLINK),
             for_caller=True,
         )
-        kube.park_connections()  # the request's API connection: the next request's warm one
+        # The request's API connection: the next request's warm one.
+        self.warmth.connections.park_connections()
         # Legacy ADDs take the caller's xtables lock: its XTABLES_LOCKFILE (or
         # /run/xtables.lock) opened through its root (locks.py rule 4), the lock the one-shot
         # plugin would take. A worker serves one request at a time, and exits after a legacy
@@ -156,7 +158,10 @@ class RequestWorker:
         firewall = WatchedFirewall(RealFirewall(lock, single_use=self.warmth.single_use()))
         if watched is not None:
             watched.append(firewall)
-        outcome = run_plugin(plugin_request, PluginDeps(RealKube(files), firewall, files))
+        outcome = run_plugin(
+            plugin_request,
+            PluginDeps(RealKube(files, warm=self.warmth.connections), firewall, files),
+        )
         if outcome.served_elsewhere:
             raise Fallback(outcome.served_elsewhere)
         stdout, stderr = outcome.stdout, err.getvalue()

@@ -283,7 +283,8 @@ def _fetch(
     service: Service | None,
 ) -> PodInputs:
     """What ADD reads from the API, except what was given as files."""
-    from multicall.effects.kube import KubeClient, read_kubeconfig, timeout_from_env
+    from multicall.effects.kube.client import KubeClient
+    from multicall.effects.kube.config import read_kubeconfig, timeout_from_env
     from multicall.plugin.pod_inputs import read_pod_inputs
 
     assert opts.namespace is not None

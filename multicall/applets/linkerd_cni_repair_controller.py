@@ -59,7 +59,7 @@ from multicall.errors import EXIT_OK, KubeError
 if TYPE_CHECKING:
     from multicall.core.kube.kubeconfig import KubeConfig
     from multicall.core.kube.watch import Event, WatchCursor
-    from multicall.effects.kube_stream import ClientOptions, Session, Token
+    from multicall.effects.kube.stream import ClientOptions, Session, Token
     from multicall.plugin.repair_in_place import Repairer
 
 MAX_ERROR_DELAY = 30.0
@@ -173,7 +173,7 @@ class Controller:
         *,
         repairer: Repairer | None = None,
     ) -> None:
-        from multicall.effects.kube_stream import Session, Token
+        from multicall.effects.kube.stream import Session, Token
 
         self.options = options
         self.log = log
@@ -257,7 +257,7 @@ class Controller:
     def step(self, cursor: WatchCursor) -> bool:
         """One LIST page, or one WATCH until it ends; True when anything arrived."""
         from multicall.core.kube.watch import Phase, parse_watch_event
-        from multicall.effects.kube_stream import list_page
+        from multicall.effects.kube.stream import list_page
 
         if cursor.phase is Phase.LIST:
             for event in cursor.list_page(list_page(self.watch_session, cursor.request())):
@@ -339,7 +339,7 @@ class Controller:
     def process(self, work: Work) -> str:
         """Repair in place if asked and possible, else delete: "repaired", "deleted" or
         "failed" (a later event for the pod tries again)."""
-        from multicall.effects.kube_stream import delete_pod
+        from multicall.effects.kube.stream import delete_pod
 
         ref = work.ref
         if self.repairer is not None and work.may_repair and self.try_repair(work):
@@ -361,7 +361,7 @@ class Controller:
         return "deleted"
 
     def publish(self, ref: policy.PodRef, event: Mapping[str, object]) -> None:
-        from multicall.effects.kube_stream import create_event
+        from multicall.effects.kube.stream import create_event
 
         self.bounded(
             lambda: create_event(self.work_session, ref.namespace, event, policy.DELETE_TIMEOUT),
@@ -458,7 +458,7 @@ def run(options: Options, env: Mapping[str, str], stdout: BinaryIO) -> int:
 
     from multicall.effects import admin_server
     from multicall.effects.admin_server import AdminServer
-    from multicall.effects.kube_stream import ClientOptions, load_config
+    from multicall.effects.kube.stream import ClientOptions, load_config
 
     log = Log(stdout, parse_filter(options.log_level), options.log_format)
     client = ClientOptions(

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from multicall.core.kube.objects import Namespace, Pod, Service
     from multicall.effects.firewall.legacy.isolation import SingleUse
     from multicall.effects.firewall.locks import XtablesLock
+    from multicall.effects.kube.warm import WarmConnections
     from multicall.effects.ns import NetnsRef
 
 from multicall.effects.caller import OWN_FILES, Files
@@ -82,23 +83,27 @@ class PluginDeps:
 
 
 class RealKube:
-    """The kubeconfig from disk and `effects.kube.KubeClient` (one connection per client).
-    `files`: whose filesystem the kubeconfig and the files it names are in."""
+    """The kubeconfig from disk and `effects.kube.client.KubeClient` (one connection per
+    client). `files`: whose filesystem the kubeconfig and the files it names are in.
+    `warm`: a node agent worker's warm connections (effects/kube/warm.py), handed to every
+    client; None (the one-shot plugin): each client dials its own."""
 
-    def __init__(self, files: Files = OWN_FILES) -> None:
+    def __init__(self, files: Files = OWN_FILES, *, warm: WarmConnections | None = None) -> None:
         self.files = files
+        self.warm = warm
 
     def check_kubeconfig(self, path: str) -> None:
-        from multicall.effects.kube import read_kubeconfig
+        from multicall.effects.kube.config import read_kubeconfig
 
         read_kubeconfig(path, files=self.files)
 
     def connect(self, kubeconfig: str, env: Mapping[str, str]) -> PodApi:
-        from multicall.effects.kube import KubeClient, read_kubeconfig, timeout_from_env
+        from multicall.effects.kube.client import KubeClient
+        from multicall.effects.kube.config import read_kubeconfig, timeout_from_env
 
         timeout = timeout_from_env(env)  # an invalid environment first, as skel orders it
         config = read_kubeconfig(kubeconfig, files=self.files)
-        return KubeClient(config, timeout=timeout, files=self.files)
+        return KubeClient(config, timeout=timeout, files=self.files, warm=self.warm)
 
 
 class RealFirewall:

@@ -65,7 +65,7 @@ class ControllerKube:
         """STATUS's question; ADD does not ask it."""
 
     def connect(self, kubeconfig: str, env: Mapping[str, str]) -> PodApi:
-        from multicall.effects.kube import KubeClient
+        from multicall.effects.kube.client import KubeClient
 
         return KubeClient(self.config, timeout=self.timeout)
 

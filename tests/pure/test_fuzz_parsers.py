@@ -178,13 +178,13 @@ KUBECONFIG_SEEDS = [
 def test_kubeconfig(data: bytes) -> None:
     """client-go's reading of a kubeconfig, then the client built from it (server URL,
     token): only cnibox's errors, whatever the YAML."""
-    from multicall.effects.kube import KubeClient
+    from multicall.effects.kube.client import KubeClient
 
     def read() -> None:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
-            return  # refused by the reader before parsing (effects/kube.read_text_file)
+            return  # refused by the reader before parsing (effects/kube/config.read_text_file)
         KubeClient(parse_kubeconfig(text)).close()
 
     only_own_errors(read)
@@ -203,11 +203,11 @@ API_KEYS = keys_of(*API_OBJECTS, json.loads(INTERNAL))
 )
 def test_api_objects(body: bytes, kind: Any, status: int) -> None:
     """What the plugin does with an API response body: a Status error, or the object."""
-    from multicall.effects.kube import _status_message, decode_object
+    from multicall.effects.kube.client import decode_object, status_message
 
     def read() -> None:
         if status >= 400:
-            assert isinstance(_status_message(status, body, ("pods", "x")), str)
+            assert isinstance(status_message(status, body, ("pods", "x")), str)
         else:
             kind(decode_object(body, "https://api/x"))
 
@@ -228,18 +228,20 @@ def test_http_framing(data: bytes) -> None:
     """The client's reading of a response head and body (Content-Length, chunked, to the
     end): only its framing errors, which the client words as client-go does."""
     from multicall.core.limits import API_OBJECT
-    from multicall.effects import kube
+    from multicall.effects import http
+    from multicall.effects.kube.client import transport_error
+    from multicall.effects.kube.config import endpoint
 
     reader = io.BufferedReader(io.BytesIO(data))
     failure: OSError | ValueError | None = None
     try:
-        _, fields = kube._read_head(reader)
-        kube._read_body(reader, fields, API_OBJECT)
-    except (kube.HttpProtocolError, kube._NothingReceived, kube._UnexpectedEof) as exc:
+        _, fields = http._read_head(reader)
+        http.read_body(reader, fields, API_OBJECT)
+    except (http.HttpProtocolError, http._NothingReceived, http._UnexpectedEof) as exc:
         failure = exc
     if failure is not None:
-        conn = kube._Connection(kube._endpoint("https://10.96.0.1"))
-        assert isinstance(kube.transport_error(failure, "Get", "https://x/", conn), CniboxError)
+        conn = http.Connection(endpoint("https://10.96.0.1"))
+        assert isinstance(transport_error(failure, "Get", "https://x/", conn), CniboxError)
 
 
 # ----------------------------------------------------------------------------- iptables-save

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from multicall.effects.kube import KubeClient, read_kubeconfig
-from multicall.effects.kube_stream import ClientOptions, Session, Token
+from multicall.effects.kube.client import KubeClient
+from multicall.effects.kube.config import read_kubeconfig
+from multicall.effects.kube.stream import ClientOptions, Session, Token
 from multicall.errors import KubeError
 from tests.support import cnibox_argv
 from tests.support.hostile import (
@@ -188,7 +189,7 @@ def test_iptables_verify_fetch_ends_within_the_deadline(tmp_path: Path, mode: st
 
 
 def session(api: HostileApi, tmp_path: Path, headers_timeout: float = TIMEOUT) -> Session:
-    """The repair controller's API session (effects/kube_stream.py) on the same primitives."""
+    """The repair controller's API session (effects/kube/stream.py) on the same primitives."""
     config = read_kubeconfig(str(api.kubeconfig(tmp_path / "kc")))
     return Session(config, Token(config), ClientOptions(headers_timeout=headers_timeout))
 

@@ -9,7 +9,8 @@ import pytest
 
 from multicall.core.installer.config import render_kubeconfig
 from multicall.core.kube.kubeconfig import ServerUrl, check_token, parse_kubeconfig, parse_server
-from multicall.effects.kube import KubeClient, read_kubeconfig, timeout_from_env
+from multicall.effects.kube.client import KubeClient
+from multicall.effects.kube.config import read_kubeconfig, timeout_from_env
 from multicall.errors import CNI_INVALID_ENV, CniError, ConfigError, KubeError
 from tests.support import FIXTURES
 from tests.support.kubeapi import pods_from_golden

@@ -1,5 +1,5 @@
-"""The stdlib Kubernetes client (multicall/effects/kube.py) against the TLS test API server on
-loopback: Status messages, refusals and deadlines (the PKI needs the openssl CLI)."""
+"""The stdlib Kubernetes client (multicall/effects/kube/client.py) against the TLS test API
+server on loopback: Status messages, refusals and deadlines (the PKI needs the openssl CLI)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from multicall.effects.kube import KubeClient, read_kubeconfig
+from multicall.effects.kube.client import KubeClient
+from multicall.effects.kube.config import read_kubeconfig
 from multicall.errors import KubeError
 from tests.support.kubeapi import KubeApi, refused_port
 from tests.support.pki import Pki, make_pki

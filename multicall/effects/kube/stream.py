@@ -3,9 +3,10 @@ WATCH streams, DELETE and POST, and its configuration (a kubeconfig, or the pod'
 account as client-go's and kube-rs's in-cluster config read it).
 
 Rules of this module:
-1. It shares the plugin client's primitives (effects/kube.py): the connection (`_Connection`:
-   dial, TLS, HTTP/1.1 head parsing), the TLS context, and client-go's wording of transport
-   errors. It adds no second HTTP implementation.
+1. It shares the plugin client's primitives: the connection (effects/http.py `Connection`:
+   dial, TLS, HTTP/1.1 head parsing), the TLS context (effects/kube/config.py), and
+   client-go's wording of transport errors (effects/kube/client.py). It adds no second HTTP
+   implementation.
 2. Every request has a deadline: the response head must arrive within the headers timeout
    (kubert's `--kube-api-response-headers-timeout`, default 9 s) or the caller's shorter one;
    a LIST body within `LIST_BODY_TIMEOUT`; a WATCH as a whole within the server's
@@ -13,7 +14,7 @@ Rules of this module:
    a peer that vanished long before that.
 3. Memory is bounded: a response body by MAX_BODY (LIST pages are `limit`ed too), a watch by
    one event (core/kube_watch.BodyLines). A watch is read in 64 KiB slices and never buffered.
-   Every read is bounded by the connection's deadline (effects/kube.py `_Connection`): a
+   Every read is bounded by the connection's deadline (effects/http.py `Connection`): a
    request moves it from the head's to the body's, a watch to its own end; a server that
    drips bytes cannot stretch either. Kubeconfig, token and CA files are read bounded and
    non-blocking (effects/inputs.py), and a GET on a connection the server closed while idle
@@ -38,18 +39,9 @@ from multicall.core.kube import paths
 from multicall.core.kube.kubeconfig import KubeConfig, parse_kubeconfig
 from multicall.core.kube.watch import BodyLines
 from multicall.core.limits import KUBECONFIG
-from multicall.effects.kube import (
-    MAX_BODY,
-    StaleConnection,
-    _Connection,
-    _endpoint,
-    _read_body,
-    _status_message,
-    _token,
-    decode_object,
-    read_text_file,
-    transport_error,
-)
+from multicall.effects.http import MAX_BODY, Connection, StaleConnection, read_body
+from multicall.effects.kube.client import decode_object, status_message, transport_error
+from multicall.effects.kube.config import endpoint, read_text_file, read_token, tls_context
 from multicall.errors import ConfigError, KubeError
 
 if TYPE_CHECKING:
@@ -153,7 +145,7 @@ class Token:
         self._stamp: tuple[int, int, int] | None = None
         # An inline token is checked at once (core/kube/kubeconfig.check_token); a file's
         # on each read.
-        self._value = _token(config) if config.token or not config.token_file else ""
+        self._value = read_token(config) if config.token or not config.token_file else ""
 
     def value(self) -> str:
         if self.config.token or not self.config.token_file:
@@ -166,7 +158,7 @@ class Token:
             stamp = (st.st_ino, st.st_mtime_ns, st.st_size) if st is not None else None
             if stamp is None or stamp != self._stamp:
                 try:
-                    self._value = _token(self.config)
+                    self._value = read_token(self.config)
                     self._stamp = stamp
                 except KubeError:
                     if self._stamp is None:  # never read: nothing to fall back on
@@ -191,10 +183,10 @@ class Session:
 
     def __init__(self, config: KubeConfig, token: Token, options: ClientOptions) -> None:
         self.config = config
-        self.endpoint = _endpoint(config.server)
+        self.endpoint = endpoint(config.server)
         self.token = token
         self.options = options
-        self._conn: _Connection | None = None
+        self._conn: Connection | None = None
         self._used = 0.0  # when the keep-alive connection last completed a request
         self._lock = threading.Lock()  # guards _conn against abort() from another thread
 
@@ -275,7 +267,7 @@ class Session:
             )
             assert conn.reader is not None
             if status != 200:  # its body is read by the head's deadline
-                raise StatusError(status, _read_body(conn.reader, fields), path)
+                raise StatusError(status, read_body(conn.reader, fields), path)
             lines = BodyLines(chunked="chunked" in fields.get("transfer-encoding", "").lower())
             streaming = True
             # The stream's own deadline from here on; every read stays bounded by it.
@@ -302,14 +294,14 @@ class Session:
     def _wire(self, path: str) -> str:
         return self.endpoint.prefix + path
 
-    def _connect(self, deadline: float, verb: str, path: str) -> _Connection:
+    def _connect(self, deadline: float, verb: str, path: str) -> Connection:
         if self._conn is not None and _stale(self._conn, time.monotonic() - self._used):
             self.close()
         with self._lock:
-            conn = self._conn or _Connection(self.endpoint)
+            conn = self._conn or Connection(self.endpoint)
             self._conn = conn
         try:
-            conn.open(self.config, deadline)
+            conn.open(deadline, lambda: tls_context(self.config))
         except (OSError, ValueError) as exc:
             self.close()
             raise transport_error(exc, verb, self.url(path), conn) from None
@@ -340,7 +332,7 @@ class StatusError(KubeError):
 
     def __init__(self, status: int, body: bytes, path: str, verb: str = "get") -> None:
         resource, name = _what(path)
-        super().__init__(_status_message(status, body, (resource, name), verb))
+        super().__init__(status_message(status, body, (resource, name), verb))
         self.status = status
 
 
@@ -357,7 +349,7 @@ def _encode(body: Mapping[str, object] | None) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _stale(conn: _Connection, idle: float) -> bool:
+def _stale(conn: Connection, idle: float) -> bool:
     """A keep-alive connection not to reuse: idle past IDLE_TIMEOUT, or one the server has
     closed (readable while no request is outstanding: EOF or junk). Reusing it would fail
     the next DELETE, which then waits for the pod's next event to be retried."""
@@ -374,7 +366,7 @@ def _stale(conn: _Connection, idle: float) -> bool:
     return bool(readable)
 
 
-def _keepalive(conn: _Connection) -> None:
+def _keepalive(conn: Connection) -> None:
     """Probe an idle watch connection: a peer that vanished is noticed in ~1 minute."""
     import socket
 
