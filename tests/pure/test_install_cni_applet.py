@@ -58,6 +58,19 @@ class TestArguments:
         with pytest.raises(UsageError):
             install_cni.parse_args(args)
 
+    @pytest.mark.parametrize(
+        ("args", "message"),
+        [
+            (["--log-level", "loud"], "invalid --log-level 'loud': debug, info, warn or error"),
+            (["--log-format", "xml"], "invalid --log-format 'xml': plain or json"),
+        ],
+    )
+    def test_bad_log_options_name_the_option(self, args: list[str], message: str) -> None:
+        """The checks shared with the node agent (core/logs.parse_log_options), word for word."""
+        with pytest.raises(UsageError) as raised:
+            install_cni.parse_args(args)
+        assert raised.value.message == message
+
     def test_help_goes_to_stdout(self) -> None:
         """--help prints the usage text and exits 0."""
         out = io.BytesIO()
