@@ -20,6 +20,8 @@ import re
 import time
 from collections.abc import Mapping
 
+from multicall.errors import UsageError
+
 # logrus's levels, most severe first; `warn` is accepted for `warning` (logrus.ParseLevel).
 LEVELS = ("panic", "fatal", "error", "warning", "info", "debug", "trace")
 FORMATS = ("plain", "json")
@@ -44,6 +46,18 @@ def parse_level(text: str) -> str:
     if level not in LEVELS:
         raise ValueError(f'not a valid logrus Level: "{text}"')
     return level
+
+
+def parse_log_options(level: str, log_format: str) -> tuple[str, str]:
+    """An applet's `--log-level` and `--log-format` values, checked: the level as
+    `parse_level` names it, the format as given; UsageError (exit 2) naming the option."""
+    try:
+        parsed = parse_level(level)
+    except ValueError:
+        raise UsageError(f"invalid --log-level '{level}': debug, info, warn or error") from None
+    if log_format not in FORMATS:
+        raise UsageError(f"invalid --log-format '{log_format}': plain or json")
+    return parsed, log_format
 
 
 def enabled(level: str, threshold: str) -> bool:

@@ -203,7 +203,7 @@ class TestUndo:
         """The burst above raced: the undo finished within the 5 ms between two signals, the
         handlers went back to SIG_DFL, and the next SIGTERM killed the process (-15) after a
         complete undo. A run a signal ended leaves further SIGTERM/SIGINT ignored."""
-        from multicall.applets.install_cni import Stop
+        from multicall.installer.watch import Stop
 
         saved = {n: signal.getsignal(n) for n in (signal.SIGTERM, signal.SIGINT)}
         try:

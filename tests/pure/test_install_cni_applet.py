@@ -19,17 +19,17 @@ from multicall.dispatch import run_applet
 from multicall.effects import inotify, pidfile
 from multicall.effects.log import Logger
 from multicall.errors import ConfigError, UsageError
+from multicall.installer.install import Installer, Options
+from multicall.installer.state import sha256
 from tests.support.installer_host import TESTDATA, Host, make_host, put_config
 from tests.support.waiting import wait_for
 
 
-def installer_for(root: Path) -> tuple[install_cni.Installer, io.BytesIO, Host]:
+def installer_for(root: Path) -> tuple[Installer, io.BytesIO, Host]:
     host = make_host(root)
     log = io.BytesIO()
     config = parse_environment(host.env())
-    inst = install_cni.Installer(
-        config, install_cni.Options(), Logger(log, "debug"), str(host.binary)
-    )
+    inst = Installer(config, Options(), Logger(log, "debug"), str(host.binary))
     inst.load_network_config()
     return inst, log, host
 
@@ -37,7 +37,7 @@ def installer_for(root: Path) -> tuple[install_cni.Installer, io.BytesIO, Host]:
 class TestArguments:
     def test_modes_and_flags(self) -> None:
         """--once / --uninstall / --link-nsenter / -v / --log-* parse into Options."""
-        assert install_cni.parse_args([]) == install_cni.Options()
+        assert install_cni.parse_args([]) == Options()
         opts = install_cni.parse_args(["--uninstall", "--link-nsenter", "-v"])
         assert (opts.mode, opts.link_nsenter, opts.log_level) == ("uninstall", True, "debug")
         opts = install_cni.parse_args(["--log-level=WARN", "--log-format", "json"])
@@ -58,6 +58,19 @@ class TestArguments:
         with pytest.raises(UsageError):
             install_cni.parse_args(args)
 
+    @pytest.mark.parametrize(
+        ("args", "message"),
+        [
+            (["--log-level", "loud"], "invalid --log-level 'loud': debug, info, warn or error"),
+            (["--log-format", "xml"], "invalid --log-format 'xml': plain or json"),
+        ],
+    )
+    def test_bad_log_options_name_the_option(self, args: list[str], message: str) -> None:
+        """The checks shared with the node agent (core/logs.parse_log_options), word for word."""
+        with pytest.raises(UsageError) as raised:
+            install_cni.parse_args(args)
+        assert raised.value.message == message
+
     def test_help_goes_to_stdout(self) -> None:
         """--help prints the usage text and exits 0."""
         out = io.BytesIO()
@@ -72,7 +85,7 @@ class TestPatch:
         """Upstream FileHashExists: a file whose hash was recorded is not touched."""
         inst, log, host = installer_for(tmp_path)
         path = put_config(host, "10-calico.conflist")
-        inst.state.written[str(path)] = install_cni.sha256(path.read_bytes())
+        inst.state.written[str(path)] = sha256(path.read_bytes())
         inst.patch(path.name)
         assert path.read_bytes() == (TESTDATA / "10-calico.conflist").read_bytes()
         assert b"our own write, ignored" in log.getvalue()

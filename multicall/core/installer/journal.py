@@ -14,7 +14,7 @@ Rules of this module:
    installer then undoes without it (removing linkerd entries only) rather than restore
    bytes to a place the journal should never name.
 4. What a record means when the file changed since the installer wrote it is the undo's
-   business (applets/install_cni.py): restored only if its bytes are still ours, else only
+   business (installer/undo.py): restored only if its bytes are still ours, else only
    its linkerd entry goes.
 """
 

@@ -1,0 +1,289 @@
+"""The installer's work on the node: the binary and its links, the plugin's kubeconfig, the
+linkerd entry in every CNI network config, and the undo journal written ahead of each change.
+
+`Installer` holds one run's config, log and `State`; `install` is the order of its steps.
+Undoing is undo.py's, reacting to inotify events watch.py's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from multicall.core.installer import conflist, journal
+from multicall.core.installer.config import (
+    InstallerConfig,
+    SourceRead,
+    choose_network_config,
+    render_kubeconfig,
+    source_names,
+)
+from multicall.core.limits import INSTALLER_FILE, UNDO_JOURNAL
+from multicall.effects import fs
+from multicall.effects.log import Logger
+from multicall.errors import CniboxError, ConfigError
+from multicall.installer.state import Original, State, sha256
+
+if TYPE_CHECKING:
+    from multicall.installer.watch import Stop
+
+COPY_NAME = "cnibox"
+PLUGIN_LINK = "linkerd-cni"
+NSENTER_LINK = "nsenter"
+KUBECONFIG_MODE = 0o600
+CONFIG_LIMIT = INSTALLER_FILE  # read limits: core/limits.py
+JOURNAL_LIMIT = UNDO_JOURNAL
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """The installer's command line, parsed."""
+
+    mode: str = "watch"  # watch | once | uninstall
+    link_nsenter: bool = False
+    log_level: str = "info"
+    log_format: str = "plain"
+
+
+class Installer:
+    def __init__(self, config: InstallerConfig, options: Options, log: Logger, binary: str) -> None:
+        self.config = config
+        self.options = options
+        self.log = log
+        self.binary = binary
+        self.state = State()
+        self.network_config = b""
+        self.journaled = b""  # the journal bytes on disk (skip identical rewrites)
+
+    # --- the undo journal (core/installer/journal.py) ----------------------------------------
+
+    def resume(self) -> None:
+        """Take over what an earlier run (killed before it could undo) recorded."""
+        path = self.config.journal_path
+        try:
+            if not fs.private_dir(self.config.state_dir, create=False):
+                return
+            data = fs.read_file(path, JOURNAL_LIMIT, what="undo journal", follow=False)
+            if data is None:
+                return
+            record = journal.decode(
+                data, net_dir=self.config.host_net_dir, bin_dir=self.config.host_bin_dir
+            )
+        except ConfigError as exc:
+            self.log.info(f"{path}: {exc.message}; undo will only remove linkerd entries")
+            return
+        self.state.resume(record)
+        self.journaled = data
+        self.log.info(f"resumed the undo journal of an earlier run ({len(record.patched)} configs)")
+
+    def record(self) -> None:
+        """Write the journal before the change it describes is made (write-ahead)."""
+        data = journal.encode(self.state.as_journal())
+        if data == self.journaled:
+            return
+        fs.private_dir(self.config.state_dir, create=True)
+        fs.write_atomic(self.config.journal_path, data, 0o600)
+        self.journaled = data
+
+    def forget(self) -> None:
+        """After a complete undo: no journal, and the state dir too when nothing else is in it."""
+        fs.remove_durably(self.config.journal_path)
+        self.journaled = b""
+        with contextlib.suppress(OSError):
+            os.rmdir(self.config.state_dir)
+
+    # --- setup -----------------------------------------------------------------------------
+
+    def load_network_config(self) -> None:
+        reads = [SourceRead(name, self._read_source(name)) for name in source_names(self.config)]
+        data = choose_network_config(reads, self.config.plugin_kubeconfig_path)
+        plugin = conflist.parse_document(data, "the linkerd network config")
+        if not conflist.is_linkerd(plugin):
+            raise ConfigError("the linkerd network config must have type linkerd-cni")
+        self.network_config = data
+
+    def _read_source(self, name: str) -> bytes | None:
+        kind, _, value = name.partition(":")
+        if kind == "env":
+            return self.config.network_config_env.encode() or None
+        return fs.read_file(value, CONFIG_LIMIT, what="network config") if value else None
+
+    def install_binaries(self) -> None:
+        bin_dir = self.config.host_bin_dir
+        if not os.path.isdir(bin_dir):
+            raise CniboxError(f"{bin_dir}: the host CNI bin dir does not exist")
+        fs.remove_stale_temps(bin_dir)
+        target = self._binary_target(bin_dir)
+        names = [PLUGIN_LINK, NSENTER_LINK] if self.options.link_nsenter else [PLUGIN_LINK]
+        for name in names:
+            self._link(os.path.join(bin_dir, name), target)
+        linked = os.path.join(bin_dir, target)  # target is relative, or the node's own file
+        self.unpack_for_node(
+            self.config.host_binary_in_container if target == self.config.host_binary else linked
+        )
+
+    def unpack_for_node(self, single_file: str) -> None:
+        """Unpack the file the plugin link points at into the node's launcher cache
+        (CNIBOX_HOST_CACHE) now; a failure only costs the first pod start its unpack, so it
+        is logged, not fatal."""
+        cache = self.config.host_cache
+        if not cache:
+            return
+        from multicall.effects.bundle import unpack_for_node
+
+        try:
+            where = unpack_for_node(single_file, cache)
+        except (OSError, RuntimeError, ValueError) as exc:
+            self.log.info(f"could not unpack cnibox into {cache}: {exc}")
+            return
+        self.log.info(f"unpacked cnibox for the node into {where}")
+
+    def _binary_target(self, bin_dir: str) -> str:
+        on_node = self.config.host_binary_in_container
+        if os.path.isfile(on_node) and os.access(on_node, os.X_OK):
+            self.log.info(f"using the node's cnibox at {self.config.host_binary}")
+            return self.config.host_binary
+        dest = os.path.join(bin_dir, COPY_NAME)
+        digest = fs.sha256_file(self.binary)
+        if digest is None:
+            raise CniboxError(f"{self.binary}: cannot read the cnibox binary to install")
+        self.state.copied[dest] = digest
+        self.record()
+        if fs.sha256_file(dest) != digest:
+            fs.copy_atomic(self.binary, dest, 0o755)
+            self.log.info(f"installed {dest}")
+        return COPY_NAME
+
+    def _link(self, path: str, target: str) -> None:
+        is_ours = os.path.islink(path) and self.is_cnibox_link(os.readlink(path))
+        if os.path.basename(path) == NSENTER_LINK and os.path.lexists(path) and not is_ours:
+            self.log.info(f"{path} exists and is not cnibox: left alone")
+            return
+        if not (os.path.islink(path) and os.readlink(path) == target):
+            fs.symlink_atomic(target, path)
+            self.log.info(f"linked {path} -> {target}")
+
+    def is_cnibox_link(self, target: str) -> bool:
+        return target in (COPY_NAME, self.config.host_binary)
+
+    # --- kubeconfig ------------------------------------------------------------------------
+
+    def write_kubeconfig(self) -> None:
+        token = self._read_required(self.config.token_file, "service-account token")
+        ca = self._read_required(self.config.ca_file, "CA certificate")
+        text = render_kubeconfig(token, ca, self.config.service_host, self.config.service_port)
+        path = self.config.kubeconfig_path
+        self.state.kubeconfig = path
+        self.record()
+        if self._current(path, "kubeconfig") == text and fs.file_mode(path) == KUBECONFIG_MODE:
+            return
+        fs.write_atomic(path, text, KUBECONFIG_MODE)
+        self.log.info(f"wrote {path}")
+
+    @staticmethod
+    def _read_required(path: str, what: str) -> bytes:
+        data = fs.read_file(path, CONFIG_LIMIT, what=what)
+        if data is None:
+            raise ConfigError(f"open {path}: no such file or directory", path=path)
+        return data
+
+    @staticmethod
+    def _current(path: str, what: str) -> bytes | None:
+        """What our own file at `path` holds; None when it is missing or not a plain file
+        (a FIFO or symlink put there is replaced, never read)."""
+        try:
+            return fs.read_file(path, CONFIG_LIMIT, what=what, follow=False)
+        except ConfigError:
+            return None
+
+    # --- CNI network configs ---------------------------------------------------------------
+
+    def watched(self, wd: int, net_wd: int) -> str:
+        return self.config.host_net_dir if wd == net_wd else self.config.service_account_dir
+
+    def wanted(self, name: str) -> bool:
+        if fs.is_temp_name(name) or not conflist.is_cni_config_name(name):
+            return False
+        wanted = self.config.conf_name
+        return not wanted or name in (wanted, conflist.upgraded_name(wanted))
+
+    def config_names(self) -> list[str]:
+        try:
+            names = sorted(os.listdir(self.config.host_net_dir))
+        except FileNotFoundError:
+            return []
+        return [n for n in names if self.wanted(n)]
+
+    def patch_all(self) -> None:
+        fs.remove_stale_temps(self.config.host_net_dir)
+        names = self.config_names()
+        if not names:
+            self.log.info("no CNI network config yet; waiting for the primary CNI")
+        for name in names:
+            self.patch(name)
+
+    def read_config(self, path: str) -> bytes | None:
+        """A CNI config's bytes; None (logged) for a symlink, FIFO, device, directory, or one
+        over the size limit: such a file is never read whole, never rewritten."""
+        try:
+            return fs.read_file(path, CONFIG_LIMIT, what="CNI network config", follow=False)
+        except fs.NotAFile as exc:
+            if exc.message == f"{path}: a symlink":
+                # Replacing it would cut the link to wherever the primary CNI keeps the file.
+                self.log.info(f"{path}: a symlink, left alone")
+            else:
+                self.log.info(f"{exc.message}: left alone")
+        except ConfigError as exc:
+            self.log.info(f"{exc.message}: left alone")
+        return None
+
+    def patch(self, name: str) -> None:
+        path = os.path.join(self.config.host_net_dir, name)
+        if not os.path.lexists(path):
+            self.log.debug(f"{path}: gone before it could be read")
+            return
+        data = self.read_config(path)
+        if data is None:
+            return
+        if self.state.written.get(path) == sha256(data):
+            self.log.debug(f"{path}: our own write, ignored")
+            return
+        try:
+            merged = conflist.insert_linkerd(data, self.network_config)
+            original = self._original_of(data)
+        except ConfigError as exc:
+            self.log.info(f"{path}: left alone: {exc.message}")
+            return
+        self._write_patched(path, data, merged, original)
+
+    @staticmethod
+    def _original_of(data: bytes) -> bytes:
+        """What to restore on undo: the file as the primary CNI wrote it, minus linkerd."""
+        if "type" in conflist.parse_document(data):
+            return data
+        return conflist.remove_linkerd(data) or data
+
+    def _write_patched(self, path: str, data: bytes, merged: bytes, original: bytes) -> None:
+        target = conflist.upgraded_name(path)
+        mode = fs.file_mode(path)
+        self.state.written[target] = sha256(merged)
+        self.state.originals[target] = Original(path, original, mode)
+        self.record()
+        if target != path or merged != data:
+            fs.write_atomic(target, merged, mode)
+            self.log.info(f"patched {target}")
+        if target != path:
+            fs.remove_durably(path)
+            self.state.written.pop(path, None)
+
+
+def install(installer: Installer, stop: Stop | None = None) -> None:
+    """Binary, kubeconfig, then configs: the plugin is never chained before it can run."""
+    installer.load_network_config()
+    installer.resume()
+    for step in (installer.install_binaries, installer.write_kubeconfig, installer.patch_all):
+        if stop is not None and stop.signum:
+            return
+        step()

@@ -1,0 +1,115 @@
+"""The installer's three modes from a parsed command line: `--once` (install and exit),
+watch (install, keep installed, undo on SIGTERM/SIGINT) and `--uninstall` (stop a running
+installer through its pid file, then undo from the journal).
+
+`run` is the service's entry; the applet (applets/install_cni.py) parses the command line,
+makes the logger and turns a `CniboxError` into the last log line and the exit code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+
+from multicall.core.installer.config import InstallerConfig, parse_environment
+from multicall.effects import fs, pidfile
+from multicall.effects.log import Logger
+from multicall.errors import EXIT_OK, CniboxError, ConfigError
+from multicall.installer.install import Installer, Options, install
+from multicall.installer.undo import undo
+from multicall.installer.watch import Stop, watch
+
+UNINSTALL_WAIT_SECONDS = 30.0
+
+
+def stop_running_installer(path: str, log: Logger) -> None:
+    """SIGTERM the installer the pid file names (effects/pidfile.py) and wait for its undo."""
+    try:
+        pid = pidfile.stop(path, UNINSTALL_WAIT_SECONDS)
+    except ConfigError as exc:
+        log.info(f"{exc.message}; no installer stopped")
+        return
+    if pid is not None:
+        log.info(f"stopped the installer (pid {pid})")
+
+
+def resolve_binary(env: Mapping[str, str]) -> str:
+    exe = env.get("CNIBOX_EXE")
+    if exe:
+        return exe
+    from multicall.effects.links import self_executable
+
+    return self_executable()
+
+
+def run(options: Options, env: Mapping[str, str], log: Logger) -> int:
+    config = parse_environment(env)
+    try:
+        if options.mode == "uninstall":
+            return uninstall(config, options, log)
+        installer = Installer(config, options, log, binary="")
+        installer.load_network_config()  # first: without a config nothing is written
+        installer.binary = resolve_binary(env)
+        if options.mode == "once":
+            install(installer)
+            return EXIT_OK
+        return run_watch(installer)
+    except OSError as exc:
+        # Nothing in the installer expects one: say which file and why, never the repr.
+        raise CniboxError(fs.os_error_text(exc), path=exc.filename) from exc
+
+
+def uninstall(config: InstallerConfig, options: Options, log: Logger) -> int:
+    stop_running_installer(config.pid_file, log)
+    installer = Installer(config, options, log, binary="")
+    installer.resume()
+    errors = undo(installer)
+    for error in errors:
+        log.error(f"undo: {error}")
+    return 1 if errors else EXIT_OK
+
+
+def run_watch(installer: Installer) -> int:
+    """Watch until a signal, then undo; signals stay recorded-only until the undo is done."""
+    stop = Stop()
+    stop.install()
+    pid_file = installer.config.pid_file
+    try:
+        try:
+            pidfile.write(pid_file)
+        except OSError as exc:
+            installer.log.info(f"{fs.os_error_text(exc)}; --uninstall will not find this run")
+        except ConfigError as exc:
+            installer.log.info(f"{exc.message}; --uninstall will not find this run")
+        try:
+            watch(installer, stop)
+        except BaseException as exc:
+            errors = _undo_and_log(installer)
+            if errors and isinstance(exc, (OSError, CniboxError)):
+                raise CniboxError(
+                    f"{_message(exc)} (and the undo met {len(errors)} error(s), listed above)"
+                ) from exc
+            raise
+        installer.log.info(f"signal {stop.signum}: undoing the installation")
+        return 1 if _undo_and_log(installer) else EXIT_OK
+    finally:
+        stop.restore()
+        with contextlib.suppress(OSError, ConfigError):
+            if pidfile.running(pid_file) is None:
+                fs.remove_durably(pid_file)
+                if not installer.journaled:
+                    os.rmdir(installer.config.state_dir)
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, OSError):
+        return fs.os_error_text(exc)
+    return exc.message if isinstance(exc, CniboxError) else str(exc)
+
+
+def _undo_and_log(installer: Installer) -> list[str]:
+    errors = undo(installer)
+    for error in errors:
+        installer.log.error(f"undo: {error}")
+    return errors
