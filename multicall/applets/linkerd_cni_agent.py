@@ -102,14 +102,9 @@ def parse_args(args: list[str]) -> dict[str, str]:
 
     line = usage.parse(args, usage.options(__doc__ or ""))
     opts = {name: line.value(f"--{name}", default) or "" for name, default in FLAGS.items()}
-    try:
-        opts["log-level"] = logs.parse_level(opts["log-level"])
-    except ValueError:
-        raise UsageError(
-            f"invalid --log-level '{opts['log-level']}': debug, info, warn or error"
-        ) from None
-    if opts["log-format"] not in logs.FORMATS:
-        raise UsageError(f"invalid --log-format '{opts['log-format']}': plain or json")
+    opts["log-level"], opts["log-format"] = logs.parse_log_options(
+        opts["log-level"], opts["log-format"]
+    )
     return opts
 
 
