@@ -268,7 +268,7 @@ def rule_differences(
 ) -> list[str]:
     """CHECK's comparison: one readable diff per family whose live nat table is not what ADD
     programs for `options` (empty: exactly the expected rules). The repair controller checks
-    a repaired sandbox with it too (plugin/repair_in_place.py)."""
+    a repaired sandbox with it too (repair/in_place.py)."""
     from multicall.core.firewall.diff import diff_tables
     from multicall.core.firewall.proxy_init import expected_table
     from multicall.core.firewall.report import format_diff
