@@ -20,7 +20,6 @@ FAMILIES = (Family.IPV4,)
 def test_records_what_apply_programmed_and_passes_reads_through() -> None:
     inner = MemoryFirewall()
     firewall = RecordingFirewall(inner)
-    assert firewall.programmed is None
     options = ProxyInitOptions()
     firewall.apply(NETNS, options, mode=Mode.LEGACY, families=FAMILIES, log=lambda _: None)
     assert firewall.programmed == Programmed(NETNS, options, Mode.LEGACY, FAMILIES)
