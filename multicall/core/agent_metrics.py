@@ -43,6 +43,50 @@ class Metrics:
         self.fallbacks[reason] += 1
 
 
+# The unlabelled families after the labelled ones, in their order: name, type, help, and the
+# `Metrics` attribute that holds the value.
+SCALARS = (
+    ("cnibox_agent_in_flight", "gauge", "Requests being served now.", "in_flight"),
+    (
+        "cnibox_agent_idle_workers",
+        "gauge",
+        "Pre-forked workers waiting for a request.",
+        "idle_workers",
+    ),
+    (
+        "cnibox_agent_queued",
+        "gauge",
+        "Callers waiting for a worker (--max-workers busy).",
+        "queued",
+    ),
+    (
+        "cnibox_agent_workers_started_total",
+        "counter",
+        "Worker processes forked.",
+        "workers_started",
+    ),
+    (
+        "cnibox_agent_worker_reuses_total",
+        "counter",
+        "Times a worker took another request after serving one (--worker-requests).",
+        "worker_reuses",
+    ),
+    (
+        "cnibox_agent_worker_crashes_total",
+        "counter",
+        "Workers that died without a result.",
+        "worker_crashes",
+    ),
+    (
+        "cnibox_agent_xtables_extension_loads_total",
+        "counter",
+        "x_tables extensions loaded by workers while serving a request (a worker preloads "
+        "those of the previous legacy request's family before its own arrives).",
+        "extension_loads",
+    ),
+)
+
+
 def render(metrics: Metrics, build: str) -> str:
     """The agent's families in their order, as the Prometheus text format."""
     return "".join(
@@ -80,49 +124,9 @@ def render(metrics: Metrics, build: str) -> str:
                 "Connections refused, by reason.",
                 [({"reason": reason}, n) for reason, n in sorted(metrics.refused.items())],
             ),
-            text_family(
-                "cnibox_agent_in_flight",
-                "gauge",
-                "Requests being served now.",
-                [({}, metrics.in_flight)],
-            ),
-            text_family(
-                "cnibox_agent_idle_workers",
-                "gauge",
-                "Pre-forked workers waiting for a request.",
-                [({}, metrics.idle_workers)],
-            ),
-            text_family(
-                "cnibox_agent_queued",
-                "gauge",
-                "Callers waiting for a worker (--max-workers busy).",
-                [({}, metrics.queued)],
-            ),
-            text_family(
-                "cnibox_agent_workers_started_total",
-                "counter",
-                "Worker processes forked.",
-                [({}, metrics.workers_started)],
-            ),
-            text_family(
-                "cnibox_agent_worker_reuses_total",
-                "counter",
-                "Times a worker took another request after serving one (--worker-requests).",
-                [({}, metrics.worker_reuses)],
-            ),
-            text_family(
-                "cnibox_agent_worker_crashes_total",
-                "counter",
-                "Workers that died without a result.",
-                [({}, metrics.worker_crashes)],
-            ),
-            text_family(
-                "cnibox_agent_xtables_extension_loads_total",
-                "counter",
-                "x_tables extensions loaded by workers while serving a request (a worker "
-                "preloads those of the previous legacy request's family before its own "
-                "arrives).",
-                [({}, metrics.extension_loads)],
+            *(
+                text_family(name, kind, help_text, [({}, getattr(metrics, attribute))])
+                for name, kind, help_text, attribute in SCALARS
             ),
         ]
     )

@@ -291,25 +291,15 @@ class Controller:
         assert self.repairer is not None
         ref = work.ref
         outcome = self.repairer.repair(work.pod)
+        where = {"namespace": ref.namespace, "name": ref.name}
         if not outcome.repaired:
+            reason = outcome.reason
             self.logger(
-                INFO,
-                CONTROLLER,
-                "Cannot repair in place, deleting",
-                namespace=ref.namespace,
-                name=ref.name,
-                reason=outcome.reason,
+                INFO, CONTROLLER, "Cannot repair in place, deleting", **where, reason=reason
             )
             self.metrics.pods_repair_skipped.inc()
             return False
-        self.logger(
-            INFO,
-            CONTROLLER,
-            "Repaired pod in place",
-            namespace=ref.namespace,
-            name=ref.name,
-            netns=outcome.netns,
-        )
+        self.logger(INFO, CONTROLLER, "Repaired pod in place", **where, netns=outcome.netns)
         self.metrics.pods_repaired.inc()
         event = policy.event_document(
             ref,
