@@ -1,21 +1,26 @@
-"""Counters and histograms rendered in the OpenMetrics text format exactly as Rust's
-`prometheus-client` renders them (the crate upstream's controllers register into), so a
-dashboard written for upstream reads cnibox's `/metrics` unchanged.
+"""Counters and histograms, and the two text expositions cnibox serves on `/metrics`: the
+OpenMetrics text exactly as Rust's `prometheus-client` renders it (the crate upstream's
+controllers register into), so a dashboard written for upstream reads the repair
+controller's `/metrics` unchanged; and the Prometheus text format (version 0.0.4, labelled
+samples) that the node agent has always served (core/agent_metrics.py defines its families).
 
-Rules of this module:
+Rules of this module (1-3 OpenMetrics, 4 the Prometheus text):
 1. A registered metric's HELP gets a full stop appended (prometheus-client's `Descriptor`);
    a counter's sample is `<name>_total`; a histogram writes `_sum`, `_count`, then cumulative
    `_bucket{le="..."}` lines ending with `+Inf`; the exposition ends with `# EOF`.
 2. Families whose help is written verbatim (collectors, e.g. process metrics) use `verbatim`.
 3. Each metric's state is one immutable value replaced in a single assignment, so a scrape
    from another thread sees a consistent histogram without a lock.
+4. Prometheus text: HELP is written as given; labels in the order given, values escaped;
+   numbers are Python's repr for floats (`1.0`, `0.005`) and decimal for ints; a histogram
+   series writes its cumulative `_bucket` lines, `+Inf` last, then `_sum` and `_count`.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 # client_golang's default buckets, which upstream copies for both latency histograms
@@ -121,3 +126,45 @@ def exposition(sections: Iterable[tuple[str, Iterable[Counter | Histogram | Samp
         metric.render(f"{prefix}_" if prefix else "") for prefix, ms in sections for metric in ms
     ]
     return "".join(parts) + "# EOF\n"
+
+
+# ----------------------------------------------------------------------------- Prometheus text
+
+Labels = Mapping[str, str]
+
+
+def _label_set(labels: Labels) -> str:
+    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+    return f"{{{inner}}}" if inner else ""
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def text_family(name: str, kind: str, help: str, samples: Iterable[tuple[Labels, float]]) -> str:
+    """One counter or gauge family: HELP, TYPE, then one line per labelled sample."""
+    lines = [f"# HELP {name} {help}\n# TYPE {name} {kind}\n"]
+    lines += [f"{name}{_label_set(labels)} {_number(value)}\n" for labels, value in samples]
+    return "".join(lines)
+
+
+def text_histogram(name: str, help: str, series: Iterable[tuple[Labels, Histogram]]) -> str:
+    """One histogram family: HELP, TYPE, then per labelled series its cumulative buckets
+    (the histogram's own bounds, then +Inf), `_sum` and `_count`."""
+    lines = [f"# HELP {name} {help}\n# TYPE {name} histogram\n"]
+    for labels, histogram in series:
+        state = histogram.state
+        counts = state.buckets or (0,) * (len(histogram.bounds) + 1)
+        running = 0
+        for bound, count in zip((*histogram.bounds, math.inf), counts, strict=True):
+            running += count
+            le = "+Inf" if math.isinf(bound) else _number(bound)
+            lines.append(f"{name}_bucket{_label_set({**labels, 'le': le})} {running}\n")
+        lines.append(f"{name}_sum{_label_set(labels)} {_number(state.total)}\n")
+        lines.append(f"{name}_count{_label_set(labels)} {state.count}\n")
+    return "".join(lines)

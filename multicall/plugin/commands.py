@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from multicall.core.cni.result import Result
     from multicall.core.cni.skel import CniEnv, PodIdentity
     from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
+    from multicall.core.kube.pod_policy import Decision
     from multicall.effects.log import Logger
     from multicall.effects.ns import NetnsRef
     from multicall.errors import KubeError
@@ -170,11 +171,16 @@ def configure_pod(call: Call, conf: NetConf, identity: PodIdentity) -> None:
 def pod_options(call: Call, conf: NetConf, identity: PodIdentity) -> ProxyInitOptions | None:
     """The effective options for a meshed pod, None for a pod that gets no rules."""
     from multicall.core.cni.netconf import base_options
-    from multicall.core.kube.pod_policy import decide, effective_options
+    from multicall.plugin.expected import options_for_pod
     from multicall.plugin.pod_inputs import read_pod_inputs
 
     def service_error(exc: KubeError) -> None:
         call.log.error(f"linkerd-cni: could not retrieve ports from 'kubernetes' service: {exc}")
+
+    def decided(decision: Decision) -> None:
+        call.log.debug(decision.message)
+        if decision.meshed:
+            call.step("applying the pod's config.linkerd.io annotations")
 
     call.step(f"loading the kubeconfig {conf.kubeconfig or '(kubernetes.kubeconfig not set)'}")
     api = call.deps.kube.connect(conf.kubeconfig, call.process_env)
@@ -185,14 +191,9 @@ def pod_options(call: Call, conf: NetConf, identity: PodIdentity) -> ProxyInitOp
         )
     finally:
         api.close()
-    decision = decide(inputs.pod)
-    call.log.debug(decision.message)
-    if not decision.meshed:
+    options = options_for_pod(base_options(conf), inputs, on_decision=decided).options
+    if options is None:
         return None
-    call.step("applying the pod's config.linkerd.io annotations")
-    options = effective_options(
-        base_options(conf), inputs.pod, inputs.namespace_annotations, inputs.service
-    )
     call.log.debug(f"linkerd-cni: effective options {options}")
     return options
 
@@ -268,14 +269,14 @@ def rule_differences(
 ) -> list[str]:
     """CHECK's comparison: one readable diff per family whose live nat table is not what ADD
     programs for `options` (empty: exactly the expected rules). The repair controller checks
-    a repaired sandbox with it too (plugin/repair_in_place.py)."""
+    a repaired sandbox with it too (repair/in_place.py)."""
     from multicall.core.firewall.diff import diff_tables
-    from multicall.core.firewall.proxy_init import expected_table
     from multicall.core.firewall.report import format_diff
+    from multicall.plugin.expected import expected_for_pod
 
     problems = []
     for family in families:
-        expected = expected_table(options, family)
+        expected = expected_for_pod(options, family)
         actual = firewall.dump_nat(netns, mode=mode, family=family, log=log)
         diff = diff_tables(expected, actual)
         if not diff.ok:

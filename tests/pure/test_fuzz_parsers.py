@@ -324,8 +324,8 @@ def test_conflists(data: bytes) -> None:
 )
 def test_iptables_verify_objects(data: bytes, option: str) -> None:
     """Objects (JSON or YAML) and network configs (plugin or conflist) given as files."""
-    from multicall.applets.iptables_verify import load_object, plugin_config
     from multicall.core.cni.netconf import parse_netconf
+    from multicall.plugin.verify import load_object, plugin_config
 
     def read() -> None:
         if option == "--config":

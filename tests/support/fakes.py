@@ -26,6 +26,7 @@ from multicall.core.kube.objects import (
 from multicall.effects.ns import NetnsRef
 from multicall.errors import FirewallError, KubeError
 from multicall.plugin.ports import PluginDeps
+from multicall.plugin.recording import Programmed
 
 
 @dataclass
@@ -88,14 +89,6 @@ class FakeKube:
         return parse_service(doc)
 
 
-@dataclass(frozen=True)
-class Applied:
-    netns: NetnsRef
-    options: ProxyInitOptions
-    mode: Mode
-    families: tuple[Family, ...]
-
-
 @dataclass
 class MemoryFirewall:
     """One nat table per (netns path, family), changed the way both backends change theirs:
@@ -103,7 +96,7 @@ class MemoryFirewall:
     """
 
     tables: dict[tuple[str, Family], Table] = field(default_factory=dict)
-    applied: list[Applied] = field(default_factory=list)
+    applied: list[Programmed] = field(default_factory=list)
     refusal: str | None = None  # the kernel's message when it refuses every rule set
 
     def table(self, path: str, family: Family) -> Table:
@@ -129,7 +122,7 @@ class MemoryFirewall:
             key = (netns.path, family)
             self.tables[key] = apply_change(self.table(netns.path, family), change)
             log(f"{family.value} nat in memory: appended {len(change.append)} rules")
-        self.applied.append(Applied(netns, options, mode, families))
+        self.applied.append(Programmed(netns, options, mode, families))
 
     def dump_nat(
         self, netns: NetnsRef, *, mode: Mode, family: Family, log: Callable[[str], None]

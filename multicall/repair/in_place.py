@@ -12,7 +12,8 @@ Rules of this module:
    (`ControllerKube`), not the kubeconfig path the entry names (a node path, written for the
    plugin); the firewall takes the node's xtables lock under the host root
    (`node_xtables_lock`), as the node agent does.
-3. What ADD programmed is then compared with the live tables by CHECK's comparison
+3. What ADD programmed (as `plugin/recording.py` recorded it) is then compared with the
+   live tables by CHECK's comparison
    (`commands.rule_differences`); an ADD that programmed nothing (the pod is no longer
    meshed, or the entry is in simulate mode) is a refusal.
 4. Any refusal is an `Outcome` with its reason; the controller then deletes the pod.
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,15 +34,12 @@ from multicall.effects.pod_sandbox import Refused, SandboxFinder, opened_sandbox
 from multicall.errors import CniboxError
 
 if TYPE_CHECKING:
-    from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
-    from multicall.core.firewall.ruleset import Table
     from multicall.core.kube.kubeconfig import KubeConfig
     from multicall.effects.firewall.locks import XtablesLock
-    from multicall.effects.ns import NetnsRef
     from multicall.effects.pod_sandbox import Sandbox
-    from multicall.plugin.ports import Firewall, PodApi
+    from multicall.plugin.ports import Firewall, Log, PodApi
+    from multicall.plugin.recording import Programmed
 
-Log = Callable[[str], None]
 API_TIMEOUT = 5.0  # each GET of the ADD, as the plugin's default
 
 
@@ -68,39 +66,6 @@ class ControllerKube:
         from multicall.effects.kube.client import KubeClient
 
         return KubeClient(self.config, timeout=self.timeout)
-
-
-@dataclass(frozen=True, slots=True)
-class Programmed:
-    """What one ADD programmed (its `Firewall.apply` call)."""
-
-    netns: NetnsRef
-    options: ProxyInitOptions
-    mode: Mode
-    families: tuple[Family, ...]
-
-
-class RecordingFirewall:
-    """The real firewall engine, remembering what ADD programmed so that it can be checked."""
-
-    def __init__(self, real: Firewall) -> None:
-        self.real = real
-        self.programmed: Programmed | None = None
-
-    def apply(
-        self,
-        netns: NetnsRef,
-        options: ProxyInitOptions,
-        *,
-        mode: Mode,
-        families: tuple[Family, ...],
-        log: Log,
-    ) -> None:
-        self.real.apply(netns, options, mode=mode, families=families, log=log)
-        self.programmed = Programmed(netns, options, mode, families)
-
-    def dump_nat(self, netns: NetnsRef, *, mode: Mode, family: Family, log: Log) -> Table:
-        return self.real.dump_nat(netns, mode=mode, family=family, log=log)
 
 
 def node_xtables_lock(host_root: str) -> XtablesLock | None:
@@ -166,6 +131,7 @@ class Repairer:
         """The plugin's ADD in the sandbox; what it programmed, or Refused with its error."""
         from multicall.core.repair.sandbox import plugin_env
         from multicall.plugin.ports import PluginDeps
+        from multicall.plugin.recording import RecordingFirewall
         from multicall.plugin.run import PluginRequest, run_plugin
 
         firewall = RecordingFirewall(self.firewall)
