@@ -16,7 +16,6 @@ import contextlib
 import io
 import os
 import socket
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from multicall.agent.worker_process import Again, Report
@@ -24,10 +23,7 @@ from multicall.agent.worker_process import Again, Report
 if TYPE_CHECKING:
     from multicall.agent.warm import Warmth
     from multicall.core.agent_protocol import Request
-    from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
-    from multicall.core.firewall.ruleset import Table
-    from multicall.effects.ns import NetnsRef
-    from multicall.plugin.ports import Firewall
+    from multicall.plugin.recording import RecordingFirewall
 
 READ_TIMEOUT = 5.0
 
@@ -72,7 +68,7 @@ class RequestWorker:
             return None
         report("S", {"command": command})
         loaded = legacy.extensions_loaded()
-        firewall: list[WatchedFirewall] = []
+        firewall: list[RecordingFirewall] = []
         try:
             code, out, err, cni_code = self.run_request(request, firewall)
         except Fallback as exc:
@@ -85,7 +81,7 @@ class RequestWorker:
         # Reported first: whoever asks /metrics once the caller has its result sees it counted.
         done: dict[str, object] = {"command": command, "exit": code, "cni_code": cni_code}
         done["xt_loads"] = legacy.extensions_loaded() - loaded
-        warm = self.warmth.report(bool(firewall) and firewall[0].applied)
+        warm = self.warmth.report(bool(firewall) and firewall[0].programmed is not None)
         if code == 0:
             done["warm"] = warm
         report("D", done)
@@ -98,7 +94,7 @@ class RequestWorker:
         )
 
     def run_request(
-        self, request: Request, watched: list[WatchedFirewall] | None = None
+        self, request: Request, watched: list[RecordingFirewall] | None = None
     ) -> tuple[int, bytes, bytes, str]:
         """The plugin, in this process, in the caller's context: (exit code, stdout, log
         lines, CNI error code or ""). `watched` receives the firewall it used. Fallback when
@@ -109,6 +105,7 @@ class RequestWorker:
         from multicall.effects.firewall.locks import XtablesLock
         from multicall.errors import NetnsError
         from multicall.plugin.ports import PluginDeps, RealFirewall, RealKube
+        from multicall.plugin.recording import RecordingFirewall
         from multicall.plugin.run import PluginRequest, run_plugin
 
         fds = request.fds
@@ -155,7 +152,7 @@ class RequestWorker:
         # apply: one of one family runs libiptc here instead of forking a child per table
         # operation (legacy.py rule 3).
         lock = XtablesLock(env=request.env, files=files)
-        firewall = WatchedFirewall(RealFirewall(lock, single_use=self.warmth.single_use()))
+        firewall = RecordingFirewall(RealFirewall(lock, single_use=self.warmth.single_use()))
         if watched is not None:
             watched.append(firewall)
         outcome = run_plugin(
@@ -169,32 +166,6 @@ class RequestWorker:
             raise Fallback("output too large")
         cni_code = str(outcome.error.code) if outcome.error is not None else ""
         return outcome.exit_code, stdout, stderr, cni_code
-
-
-class WatchedFirewall:
-    """The request's firewall (plugin.ports `Firewall`), noting whether it applied rules
-    (`Warmth.report`)."""
-
-    def __init__(self, inner: Firewall) -> None:
-        self.inner = inner
-        self.applied = False
-
-    def apply(
-        self,
-        netns: NetnsRef,
-        options: ProxyInitOptions,
-        *,
-        mode: Mode,
-        families: tuple[Family, ...],
-        log: Callable[[str], None],
-    ) -> None:
-        self.inner.apply(netns, options, mode=mode, families=families, log=log)
-        self.applied = True
-
-    def dump_nat(
-        self, netns: NetnsRef, *, mode: Mode, family: Family, log: Callable[[str], None]
-    ) -> Table:
-        return self.inner.dump_nat(netns, mode=mode, family=family, log=log)
 
 
 class Fallback(Exception):
