@@ -181,7 +181,7 @@ def test_concurrent_requests_are_all_served(
     assert metrics["cnibox_agent_worker_crashes_total"] == 0
     assert not [k for k in metrics if k.startswith("cnibox_agent_fallbacks_total")]
     # A burst costs a few forks beyond the pool (4), not one per caller: the rest waited in
-    # the queue for a worker that had served one (agent_server rule 5).
+    # the queue for a worker that had served one (agent/server.py rule 5).
     assert metrics["cnibox_agent_workers_started_total"] <= 16, "".join(near.log[-40:])
     assert metrics["cnibox_agent_worker_reuses_total"] >= 60 - 20
     assert metrics["cnibox_agent_queued"] == 0
@@ -388,7 +388,7 @@ def test_requests_waiting_on_a_silent_api_server_do_not_hold_the_queue(
 ) -> None:
     """With one worker allowed to serve at a time (--max-workers 1), a request stuck on an
     API server that never answers (until its 4 s deadline) does not make the next caller
-    wait for it: a worker on its request for over agent_server.STUCK lets one more start
+    wait for it: a worker on its request for over agent/server.py STUCK lets one more start
     (rule 5). Both results are the one-shot's: a timeout error, then the rules."""
     require_root()
     require_tool("iptables-nft-save")
