@@ -18,9 +18,19 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from multicall.errors import UsageError
+
+# Where code that reports progress writes a line: one message, its level chosen by the
+# receiver (the firewall engine, the xtables locks, the plugin's ports: the plugin's logger
+# at info, a repair's tracing logger, a test's list.append).
+MessageLog = Callable[[str], None]
+
+
+def quiet(_message: str) -> None:
+    """The `MessageLog` that drops every message."""
+
 
 # logrus's levels, most severe first; `warn` is accepted for `warning` (logrus.ParseLevel).
 LEVELS = ("panic", "fatal", "error", "warning", "info", "debug", "trace")

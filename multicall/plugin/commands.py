@@ -3,7 +3,7 @@ the Kubernetes API and the firewall passed in (Istio's doAddRun(args, conf, kube
 ruleMgr)). `run.run_plugin` has already done skel's checks when a handler runs.
 
 Rules of this module:
-1. Log lines and their levels are upstream's (docs/upstream-behaviour.md §3); errors are
+1. MessageLog lines and their levels are upstream's (docs/upstream-behaviour.md §3); errors are
    raised (CniboxError) and turned into CNI error JSON by `run.run_plugin` alone.
 2. Nothing here touches the kernel or the network directly: the API goes through
    `deps.kube`, rules through `deps.firewall`; the only effect is skel's own-netns check.
@@ -24,10 +24,11 @@ if TYPE_CHECKING:
     from multicall.core.cni.skel import CniEnv, PodIdentity
     from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
     from multicall.core.kube.pod_policy import Decision
+    from multicall.core.logs import MessageLog
     from multicall.effects.log import Logger
     from multicall.effects.ns import NetnsRef
     from multicall.errors import KubeError
-    from multicall.plugin.ports import Firewall, Log, PluginDeps
+    from multicall.plugin.ports import Firewall, PluginDeps
 
 
 @dataclass(slots=True)
@@ -265,7 +266,7 @@ def rule_differences(
     *,
     mode: Mode,
     families: tuple[Family, ...],
-    log: Log,
+    log: MessageLog,
 ) -> list[str]:
     """CHECK's comparison: one readable diff per family whose live nat table is not what ADD
     programs for `options` (empty: exactly the expected rules). The repair controller checks

@@ -8,7 +8,7 @@ their effects modules on first use, so a VERSION or DEL never loads ssl or libip
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -21,9 +21,8 @@ if TYPE_CHECKING:
     from multicall.effects.kube.warm import WarmConnections
     from multicall.effects.ns import NetnsRef
 
+from multicall.core.logs import MessageLog
 from multicall.effects.caller import OWN_FILES, Files
-
-Log = Callable[[str], None]
 
 
 class PodApi(Protocol):
@@ -60,12 +59,12 @@ class Firewall(Protocol):
         *,
         mode: Mode,
         families: tuple[Family, ...],
-        log: Log,
+        log: MessageLog,
     ) -> None:
         """Program the PROXY_INIT chains for each family, all or nothing per table."""
         ...
 
-    def dump_nat(self, netns: NetnsRef, *, mode: Mode, family: Family, log: Log) -> Table:
+    def dump_nat(self, netns: NetnsRef, *, mode: Mode, family: Family, log: MessageLog) -> Table:
         """The nat table of one family as iptables-save would print it."""
         ...
 
@@ -129,7 +128,7 @@ class RealFirewall:
         *,
         mode: Mode,
         families: tuple[Family, ...],
-        log: Log,
+        log: MessageLog,
     ) -> None:
         from multicall.effects.firewall.engine import apply_proxy_init
 
@@ -143,7 +142,7 @@ class RealFirewall:
             single_use=self.single_use,
         )
 
-    def dump_nat(self, netns: NetnsRef, *, mode: Mode, family: Family, log: Log) -> Table:
+    def dump_nat(self, netns: NetnsRef, *, mode: Mode, family: Family, log: MessageLog) -> Table:
         from multicall.effects.firewall.engine import dump_nat
 
         return dump_nat(netns, mode=mode, family=family, log=log, single_use=self.single_use)

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
     from multicall.core.firewall.ruleset import Table
+    from multicall.core.logs import MessageLog
     from multicall.effects.ns import NetnsRef
-    from multicall.plugin.ports import Firewall, Log
+    from multicall.plugin.ports import Firewall
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +45,10 @@ class RecordingFirewall:
         *,
         mode: Mode,
         families: tuple[Family, ...],
-        log: Log,
+        log: MessageLog,
     ) -> None:
         self.inner.apply(netns, options, mode=mode, families=families, log=log)
         self.programmed = Programmed(netns, options, mode, families)
 
-    def dump_nat(self, netns: NetnsRef, *, mode: Mode, family: Family, log: Log) -> Table:
+    def dump_nat(self, netns: NetnsRef, *, mode: Mode, family: Family, log: MessageLog) -> Table:
         return self.inner.dump_nat(netns, mode=mode, family=family, log=log)

@@ -2,7 +2,7 @@
 written to its stdout, as the Rust controller logs.
 
 It is an object called with a level, a target and fields, not the plugin's `(str) -> None`
-log sink (plugin/ports.Log): the controller hands the in-place repair a sink bound to one
+log sink (core/logs.MessageLog): the controller hands the in-place repair a sink bound to one
 level and target (applets/linkerd_cni_repair_controller.py).
 """
 

@@ -39,6 +39,7 @@ from multicall.core.firewall.model import (
 )
 from multicall.core.firewall.proxy_init import plan_change
 from multicall.core.firewall.ruleset import Table
+from multicall.core.logs import MessageLog, quiet
 from multicall.effects import ns
 from multicall.effects.firewall.locks import XtablesLock, legacy_locks
 from multicall.effects.ns import NetnsRef
@@ -47,12 +48,6 @@ from multicall.errors import FirewallConflict, FirewallError
 if TYPE_CHECKING:  # the backends' modules are imported when first used (`Backends`)
     from multicall.effects.firewall.legacy.isolation import SingleUse
     from multicall.effects.firewall.nft import HandedSocket
-
-Log = Callable[[str], None]
-
-
-def _quiet(_message: str) -> None:
-    """The default log: drop messages."""
 
 
 # ----------------------------------------------------------------------------- backends
@@ -109,7 +104,7 @@ PLAIN = Backends()  # immutable: no caller socket, not single-use
 
 
 def detect_backend(
-    family: Family, log: Log = _quiet, *, sole: bool = False, backends: Backends = PLAIN
+    family: Family, log: MessageLog = quiet, *, sole: bool = False, backends: Backends = PLAIN
 ) -> FirewallBackend:
     """Istio's order: legacy if it has rules here, else nft if usable, else legacy."""
     legacy_sole = family if sole else None
@@ -127,7 +122,7 @@ def detect_backend(
 def backend_for(
     mode: Mode,
     family: Family,
-    log: Log = _quiet,
+    log: MessageLog = quiet,
     *,
     sole: bool = False,
     backends: Backends = PLAIN,
@@ -166,7 +161,7 @@ class _Session:
         mode: Mode,
         options: ProxyInitOptions,
         lock: XtablesLock,
-        log: Log,
+        log: MessageLog,
         stack: ExitStack,
         *,
         sleep: Callable[[float], None] = time.sleep,
@@ -230,7 +225,7 @@ def apply_proxy_init(
     *,
     mode: Mode,
     families: tuple[Family, ...],
-    log: Log = _quiet,
+    log: MessageLog = quiet,
     lock: XtablesLock | None = None,
     single_use: SingleUse | None = None,
 ) -> None:
@@ -274,7 +269,7 @@ def dump_nat(
     *,
     mode: Mode,
     family: Family,
-    log: Log = _quiet,
+    log: MessageLog = quiet,
     single_use: SingleUse | None = None,
 ) -> Table:
     """The nat table of `family` in the netns, read through `mode`'s backend."""

@@ -42,10 +42,11 @@ import fcntl
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from multicall.core.logs import MessageLog, quiet
 from multicall.effects.caller import OWN_FILES, Files
 from multicall.effects.ns import OWN_NETNS
 from multicall.errors import FirewallError
@@ -54,12 +55,6 @@ XT_LOCK_NAME = "/run/xtables.lock"
 LOCKFILE_ENV = "XTABLES_LOCKFILE"
 WAIT_LIMIT = 30.0
 _POLL_FIRST, _POLL_MAX = 0.01, 0.1
-
-Log = Callable[[str], None]
-
-
-def _quiet(_message: str) -> None:
-    """The default log: drop messages."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +78,7 @@ class XtablesLock:
 
 
 @contextmanager
-def legacy_locks(lock: XtablesLock, *, wait: bool, log: Log = _quiet) -> Iterator[None]:
+def legacy_locks(lock: XtablesLock, *, wait: bool, log: MessageLog = quiet) -> Iterator[None]:
     """The netns lock of the netns the calling thread is in, then the xtables lock (rule 3)."""
     with netns_lock(lock.wait_limit), xtables_lock(lock, wait=wait, log=log):
         yield
@@ -110,7 +105,7 @@ def netns_lock(wait_limit: float = WAIT_LIMIT) -> Iterator[None]:
 
 
 @contextmanager
-def xtables_lock(lock: XtablesLock, *, wait: bool, log: Log = _quiet) -> Iterator[None]:
+def xtables_lock(lock: XtablesLock, *, wait: bool, log: MessageLog = quiet) -> Iterator[None]:
     """iptables' xtables lock (rules 1, 2, 4); FirewallError with iptables' texts."""
     path = lock.lock_path()
     fd = _open_lock_file(path, lock.files, log)
@@ -134,7 +129,7 @@ def xtables_lock(lock: XtablesLock, *, wait: bool, log: Log = _quiet) -> Iterato
         os.close(fd)
 
 
-def _open_lock_file(path: str, files: Files, log: Log) -> int | None:
+def _open_lock_file(path: str, files: Files, log: MessageLog) -> int | None:
     flags = os.O_RDONLY | os.O_CREAT | os.O_NONBLOCK
     try:
         fd = files.open_fd(path, flags, 0o600)
