@@ -144,3 +144,25 @@ def test_every_fixture_has_its_provenance() -> None:
     derived = {p.name for p in (fixtures / "derived").iterdir() if p.is_dir()}
     sections = set(re.findall(r"^### derived/([^/]+)/", provenance, re.MULTILINE))
     assert derived == sections
+
+
+def test_architecture_names_every_module() -> None:
+    """docs/architecture.md's package layout names every module of multicall/: by its path,
+    or by its folder (the last part of it, as the nested lines write it) and its file name;
+    a package by its folder."""
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    block = doc.split("## Package layout", 1)[1].split("```", 2)[1]
+    missing = []
+    for path in sorted((REPO / "multicall").rglob("*.py")):
+        rel = path.relative_to(REPO / "multicall")
+        folders = rel.parts[:-1]
+        named_folder = any("/".join(folders[i:]) + "/" in block for i in range(len(folders)))
+        if rel.name == "__init__.py":
+            if folders and not named_folder:
+                missing.append(str(rel))
+        elif str(rel) not in block and not (
+            (named_folder or not folders)
+            and re.search(r"(?<![\w/])" + re.escape(rel.name) + r"\b", block)
+        ):
+            missing.append(str(rel))
+    assert missing == [], "name these in docs/architecture.md's package layout"
