@@ -18,7 +18,6 @@ from multicall.core.firewall.proxy_init import (
     empty_table,
     expected_table,
     plan_change,
-    render_restore,
 )
 from multicall.core.firewall.proxy_init import strip_counters as bare
 from multicall.core.firewall.ruleset import render_table
@@ -27,6 +26,7 @@ from multicall.effects.ns import entered_netns
 from tests.support import require_tool
 from tests.support.oracles import MODES, oracle
 from tests.support.rig import Rig
+from tests.support.rulesets import render_restore
 
 pytestmark = pytest.mark.netns
 

@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 
 from multicall.core.firewall.canonical import canonical
 from multicall.core.firewall.diff import diff_tables
-from multicall.core.firewall.iptables_save import last_table, parse_save
+from multicall.core.firewall.iptables_save import parse_save
 from multicall.core.firewall.report import format_diff
 from tests.support import FIXTURES, require_tool
 from tests.support.rig import Netns, Rig
+from tests.support.rulesets import last_table
 from tests.support.scenarios import payload
 
 pytestmark = pytest.mark.netns

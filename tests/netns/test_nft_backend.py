@@ -31,11 +31,11 @@ from multicall.core.firewall.proxy_init import (
     strip_counters,
 )
 from multicall.core.firewall.ruleset import Rule, Table, render_table
-from multicall.effects.firewall.nft import NftBackend, read_chains, read_rules
+from multicall.effects.firewall.nft import NftBackend, read_rules
 from multicall.effects.ns import entered_netns
 from multicall.errors import FirewallError
 from tests.support import FIXTURES, REPO, require_root, require_tool
-from tests.support.nft import family_of, rule_specs, save_rules, typed
+from tests.support.nft import family_of, read_chains, rule_specs, save_rules, typed
 from tests.support.rig import Netns, Rig
 from tests.support.scenarios import (
     OK_NAMES,

@@ -16,6 +16,7 @@ from multicall.errors import ConfigError
 from tests.support import FIXTURES
 from tests.support.documents import json_text as _text
 from tests.support.documents import json_values as _json
+from tests.support.installer_host import count_linkerd
 
 TESTDATA = FIXTURES / "upstream" / "proxy-init" / "internal-cni-testdata"
 GO_DERIVED = FIXTURES / "derived" / "linkerd-go-installer"
@@ -125,7 +126,7 @@ class TestInvariant:
             "plugins": [{"type": "linkerd-cni"}, {"type": "a"}, {"type": "linkerd-cni"}],
         }
         out = insert_linkerd(json.dumps(doc).encode(), linkerd_config())
-        assert conflist.count_linkerd(out) == 1
+        assert count_linkerd(out) == 1
 
     def test_cni_config_names(self) -> None:
         """Only .conf and .conflist are patched, as Go's path.Ext test."""
@@ -186,7 +187,7 @@ class TestLaws:
         """insert(insert(c)) == insert(c); exactly one linkerd entry, and it is last."""
         once = insert_linkerd(json.dumps(doc).encode(), linkerd_config())
         assert insert_linkerd(once, linkerd_config()) == once
-        assert conflist.count_linkerd(once) == 1
+        assert count_linkerd(once) == 1
         assert json.loads(once)["plugins"][-1]["type"] == "linkerd-cni"
 
     @settings(max_examples=60, deadline=None)

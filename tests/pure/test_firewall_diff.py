@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 
 from multicall.core.firewall.canonical import canonical
 from multicall.core.firewall.diff import ChainProblem, RuleProblem, diff_tables
-from multicall.core.firewall.iptables_save import last_table, parse_save
+from multicall.core.firewall.iptables_save import parse_save
 from multicall.core.firewall.report import diff_to_json, format_diff
 from multicall.core.firewall.ruleset import Chain, Rule, Table, render_rule
 from tests.support import FIXTURES
+from tests.support.rulesets import last_table
 
 CANON = FIXTURES / "derived/iptables-canonicalization"
 LINKERD = FIXTURES / "derived/linkerd-iptables"

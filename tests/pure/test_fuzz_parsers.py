@@ -35,7 +35,7 @@ from multicall.core.firewall.model import Family
 from multicall.core.firewall.proxy_init import expected_table
 from multicall.core.firewall.report import diff_to_json, format_diff
 from multicall.core.installer.config import render_kubeconfig
-from multicall.core.installer.conflist import count_linkerd, insert_linkerd, remove_linkerd
+from multicall.core.installer.conflist import insert_linkerd, remove_linkerd
 from multicall.core.kube.kubeconfig import parse_kubeconfig
 from multicall.core.kube.objects import parse_namespace, parse_pod, parse_service
 from multicall.effects.log import Logger
@@ -45,6 +45,7 @@ from multicall.plugin.run import PluginRequest, _dispatch
 from tests.support import FIXTURES
 from tests.support.fakes import FakeKube, MemoryFirewall, fake_deps
 from tests.support.fuzzing import documents, fuzz, keys_of, mutated
+from tests.support.installer_host import count_linkerd
 from tests.support.kubeapi import INTERNAL, UNAUTHORIZED, namespace_doc, not_found, service_doc
 from tests.support.pods import MESHED, NOT_INJECTED, WITH_INIT
 from tests.support.scenarios import OK_NAMES, SCENARIOS, scenario_options

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from multicall.core.firewall.iptables_save import last_table, parse_save, tokenize
+from multicall.core.firewall.iptables_save import parse_save, tokenize
 from multicall.core.firewall.ruleset import (
     BUILTIN_CHAINS,
     Chain,
@@ -21,10 +21,10 @@ from multicall.core.firewall.ruleset import (
     Table,
     render_chain,
     render_rule,
-    render_ruleset,
 )
 from multicall.errors import ConfigError
 from tests.support import FIXTURES
+from tests.support.rulesets import last_table, render_ruleset
 from tests.support.scenarios import payload, save_texts
 
 SAVE_TEXTS = save_texts()

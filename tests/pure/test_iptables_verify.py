@@ -17,13 +17,14 @@ from hypothesis import strategies as st
 from multicall.applets import iptables_verify
 from multicall.core import usage
 from multicall.core.firewall.diff import diff_tables
-from multicall.core.firewall.iptables_save import last_table, parse_save
+from multicall.core.firewall.iptables_save import parse_save
 from multicall.core.firewall.proxy_init import expected_table
 from multicall.core.firewall.report import format_diff
 from multicall.core.firewall.ruleset import render_rule
 from multicall.errors import UsageError
 from tests.support import FIXTURES, cnibox_argv
 from tests.support.cnibox import run_applet_inproc
+from tests.support.rulesets import last_table
 from tests.support.scenarios import OK_NAMES, netconf, scenario_family, scenario_options
 
 LINKERD = FIXTURES / "derived/linkerd-iptables"

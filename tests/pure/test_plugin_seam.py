@@ -18,7 +18,7 @@ import pytest
 
 from multicall.core.cni.skel import VERSION_REPLY
 from multicall.core.firewall.diff import diff_tables
-from multicall.core.firewall.iptables_save import last_table, parse_save
+from multicall.core.firewall.iptables_save import parse_save
 from multicall.core.firewall.model import Family, Mode
 from multicall.core.firewall.proxy_init import build_run_argv
 from multicall.core.firewall.ruleset import Rule, Table
@@ -30,6 +30,7 @@ from tests.support.fakes import FakeKube, MemoryFirewall
 from tests.support.kubeapi import service_doc
 from tests.support.libcni import CHART_LINKERD
 from tests.support.pods import MESHED, NOT_INJECTED, NS, WITH_INIT, renamed
+from tests.support.rulesets import last_table
 
 IPTABLES = FIXTURES / "derived" / "linkerd-iptables"
 STDOUT = FIXTURES / "derived" / "linkerd-cni-stdout"

@@ -24,10 +24,10 @@ from multicall.core.firewall.proxy_init import (
     group_ports,
     invalid_ports,
     plan_change,
-    render_restore,
 )
 from multicall.core.firewall.ruleset import Chain, Rule, Table, render_table
 from multicall.errors import FirewallError
+from tests.support.rulesets import render_restore
 from tests.support.scenarios import (
     ERROR_NAMES,
     EXISTING,

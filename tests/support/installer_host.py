@@ -11,6 +11,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from multicall.core.installer import conflist
 from tests.support import FIXTURES, cnibox_argv
 
 TESTDATA = FIXTURES / "upstream" / "proxy-init" / "internal-cni-testdata"
@@ -141,3 +142,10 @@ def snapshot(root: Path) -> dict[str, tuple[int, str]]:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def count_linkerd(data: bytes) -> int:
+    """How many linkerd entries a conflist holds (ConfigError when it is not one)."""
+    return sum(
+        1 for p in conflist._plugins_of(conflist.parse_document(data)) if conflist.is_linkerd(p)
+    )

@@ -10,11 +10,14 @@ from pathlib import Path
 from hypothesis import strategies as st
 
 from multicall.core.firewall.model import Family, TableChange
+from multicall.core.firewall.nft import dump as nft_dump
 from multicall.core.firewall.nft import expr as nft_expr
+from multicall.core.firewall.nft import netlink as nft_netlink
 from multicall.core.firewall.nft import rulespec as nft_spec
 from multicall.core.firewall.nft import xt
 from multicall.core.firewall.ports import PortRange
 from multicall.core.firewall.ruleset import Rule
+from multicall.effects.firewall import nft as nft_backend
 
 V4, V6 = Family.IPV4, Family.IPV6
 
@@ -129,3 +132,14 @@ def big_change(rules: int, last: Rule | None = None) -> TableChange:
         for i in range(rules)
     )
     return TableChange("nat", ("BIG",), (), body + ((last,) if last else ()))
+
+
+def read_chains(family: Family) -> list[nft_dump.ChainInfo]:
+    """The chains of every table of one family, as the kernel reports them."""
+    return nft_backend._read_consistent(
+        lambda sock: [
+            nft_dump.parse_chain(m)
+            for m in nft_backend._dump(sock, nft_netlink.NFT_MSG_GETCHAIN, family, None)
+        ],
+        "the ruleset",
+    )

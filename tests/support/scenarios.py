@@ -7,10 +7,11 @@ import json
 import re
 from pathlib import Path
 
-from multicall.core.firewall.iptables_save import last_table, parse_save
+from multicall.core.firewall.iptables_save import parse_save
 from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
 from multicall.core.firewall.ruleset import Table
 from tests.support.paths import FIXTURES
+from tests.support.rulesets import last_table
 
 SCENARIOS = FIXTURES / "derived" / "linkerd-iptables"
 EXISTING = FIXTURES / "upstream" / "proxy-init" / "iptables" / "existing-rules.iptables-save.txt"

@@ -406,9 +406,3 @@ def _parse(lines: Iterable[tuple[int, str]], parser: _Parser) -> Ruleset:
         parser.feed(number, raw.removesuffix("\r"))
         last = number
     return parser.finish(last)
-
-
-def last_table(ruleset: Ruleset, name: str) -> Table | None:
-    """The last `name` table of a ruleset: concatenated dumps describe the latest state last."""
-    found = [t for t in ruleset.tables if t.name == name]
-    return found[-1] if found else None

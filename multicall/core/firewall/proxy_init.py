@@ -446,18 +446,3 @@ def strip_counters(table: Table) -> Table:
     chains = tuple(replace(c, counters=None) for c in table.chains)
     rules = tuple(replace(r, counters=None) for r in table.rules)
     return Table(table.name, chains, rules)
-
-
-def render_restore(change: TableChange) -> str:
-    """`iptables-restore --noflush` input for `change`.
-
-    Declaring a user chain creates it or, if present, flushes it; built-in chains are never
-    declared, so their rules survive and each listed jump is appended. Only valid against
-    the table the change was planned from: restoring it twice duplicates the jumps (the
-    `--noflush` trap in fixtures/derived/iptables-canonicalization/).
-    """
-    lines = [f"*{change.table}"]
-    lines += [f":{name} - [0:0]" for name in (*change.create_chains, *change.flush_chains)]
-    lines += [render_rule(r) for r in change.append]
-    lines.append("COMMIT")
-    return "\n".join(lines) + "\n"

@@ -125,10 +125,6 @@ def render_table(table: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_ruleset(ruleset: Ruleset) -> str:
-    return "".join(render_table(t) for t in ruleset.tables)
-
-
 def save_order(table_name: str, chain_names: set[str] | frozenset[str]) -> tuple[str, ...]:
     """Chain order in save output: built-ins in kernel order, then user chains sorted."""
     builtins = BUILTIN_CHAINS.get(table_name, ())

@@ -134,11 +134,6 @@ def remove_linkerd(existing: bytes) -> bytes | None:
     return render_go_json({**document, "plugins": kept})
 
 
-def count_linkerd(data: bytes) -> int:
-    """How many linkerd entries a conflist holds (ConfigError when it is not one)."""
-    return sum(1 for p in _plugins_of(parse_document(data)) if is_linkerd(p))
-
-
 def upgraded_name(filename: str) -> str:
     """Where the patched form of `filename` is written: `x.conf` becomes `x.conflist`."""
     return filename + "list" if filename.endswith(".conf") else filename

@@ -327,16 +327,6 @@ def read_rules(
     )
 
 
-def read_chains(family: Family) -> list[dump.ChainInfo]:
-    """The chains of every table of one family, as the kernel reports them."""
-    return _read_consistent(
-        lambda sock: [
-            dump.parse_chain(m) for m in _dump(sock, netlink.NFT_MSG_GETCHAIN, family, None)
-        ],
-        "the ruleset",
-    )
-
-
 def _netns_id(sock: _Socket) -> tuple[int, int]:
     """The netns `sock` talks to, as an identity never given to another netns.
 

@@ -136,10 +136,6 @@ def _scrub_surrogates(value: object) -> object:
     return value
 
 
-def is_object(value: object) -> bool:
-    return isinstance(value, Obj)
-
-
 def kind_of(value: object) -> str:
     """Go's word for a JSON value in type errors."""
     if value is None:
