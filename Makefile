@@ -138,7 +138,7 @@ test: deps lint type test-source test-binary test-agent test-arm64
 # The single file (docs/binary.md): Nuitka standalone dist, static musl
 # launcher, packed. Each step reruns only when its inputs changed; Nuitka keeps its own cache
 # (~/.cache/Nuitka, ccache inside), so a Python edit recompiles only what changed.
-BUILD := $(PY) build/build.py
+BUILD := $(PY) build/binary.py
 APP_SOURCES := $(shell find multicall -name '*.py') pyproject.toml
 NUITKA_DIST := build/out/cnibox_main.dist/cnibox.bin
 
@@ -153,10 +153,10 @@ else
 $(error ARCH=$(ARCH): use amd64 or arm64)
 endif
 
-$(NUITKA_DIST): $(APP_SOURCES) build/build.py build/cnibox_main.py build/selfcontained.py build/lazy_inspect.py | deps
+$(NUITKA_DIST): $(APP_SOURCES) build/binary.py build/cnibox_main.py build/selfcontained.py build/lazy_inspect.py | deps
 	$(BUILD) dist
 
-build/out/launcher: build/launcher.c build/agent_client.c build/build.py | deps
+build/out/launcher: build/launcher.c build/agent_client.c build/binary.py | deps
 	$(BUILD) launcher
 
 dist/cnibox: $(NUITKA_DIST) build/out/launcher build/pack.py build/bundled.py | deps
@@ -170,11 +170,11 @@ ARM64_DIST := build/out/arm64/cnibox_main.dist/cnibox.bin
 $(ARM64_ROOT): build/arm64_root.py pyproject.toml | deps
 	$(PY) build/arm64_root.py ensure
 
-$(ARM64_DIST): $(APP_SOURCES) build/build.py build/cnibox_main.py build/selfcontained.py build/lazy_inspect.py \
+$(ARM64_DIST): $(APP_SOURCES) build/binary.py build/cnibox_main.py build/selfcontained.py build/lazy_inspect.py \
 		build/cross/gcc build/cross/objcopy $(ARM64_ROOT) | deps
 	$(BUILD) --arch arm64 dist
 
-build/out/arm64/launcher: build/launcher.c build/agent_client.c build/build.py $(ARM64_ROOT) | deps
+build/out/arm64/launcher: build/launcher.c build/agent_client.c build/binary.py $(ARM64_ROOT) | deps
 	$(BUILD) --arch arm64 launcher
 
 dist/cnibox-arm64: $(ARM64_DIST) build/out/arm64/launcher build/pack.py build/bundled.py | deps
@@ -182,7 +182,7 @@ dist/cnibox-arm64: $(ARM64_DIST) build/out/arm64/launcher build/pack.py build/bu
 
 zipapp: dist/cnibox.pyz
 
-dist/cnibox.pyz: $(APP_SOURCES) build/build.py build/cnibox_main.py | deps
+dist/cnibox.pyz: $(APP_SOURCES) build/binary.py build/cnibox_main.py | deps
 	$(BUILD) zipapp
 
 demo: deps build
@@ -199,7 +199,7 @@ bench: deps build
 # files instead (tests/tools/test_packaging.py).
 .PHONY: images manifests
 images: dist/cnibox dist/cnibox-arm64
-	$(PY) packaging/build.py --binary amd64=dist/cnibox --binary arm64=dist/cnibox-arm64 \
+	$(PY) packaging/images.py --binary amd64=dist/cnibox --binary arm64=dist/cnibox-arm64 \
 		--out dist/images
 
 # Every artifact of one build of each architecture, reproducibly, with SHA256SUMS: both single

@@ -1,4 +1,4 @@
-"""What a packed single file holds: checked, attributed, recorded (build/build.py's `pack` step).
+"""What a packed single file holds: checked, attributed, recorded (build/binary.py's `pack` step).
 
 - `check_machine`: every ELF file in the dist is for the target machine, and the launcher is
   a static program for it (no PT_INTERP): an arm64 file carrying one x86 library, or the
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from build import Target
+    from binary import Target
 
 REPO = Path(__file__).resolve().parent.parent
 RECORD_FORMAT = 2

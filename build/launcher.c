@@ -70,7 +70,7 @@
 #endif
 #ifndef LOADER
 /* No default: a launcher for one machine naming another's loader execs a file its dist does
- * not carry (build/build.py passes the target's: ld-linux-x86-64.so.2, ld-linux-aarch64.so.1). */
+ * not carry (build/binary.py passes the target's: ld-linux-x86-64.so.2, ld-linux-aarch64.so.1). */
 #error "define LOADER, the glibc loader's file name in the dist"
 #endif
 #define TRAILER_SIZE 64

@@ -97,7 +97,7 @@ def replace_exactly(text: str, edits: tuple[tuple[str, str], ...], what: str) ->
                 f"build/lazy_inspect.py: {what}: expected the text {old!r} exactly once, found it "
                 f"{count} times; this plugin is written for Nuitka {PINNED_NUITKA} and CPython "
                 "3.11's dataclasses: review the edits against the new sources (or drop the "
-                "plugin and its --user-plugin line in build/build.py)"
+                "plugin and its --user-plugin line in build/binary.py)"
             )
         text = text.replace(old, new)
     return text

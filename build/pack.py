@@ -118,7 +118,9 @@ def pack_artifact(launcher: Path, dist: Path, programs: tuple[str, str], out: Pa
     """Write `out` from the dist whose (main binary, loader) are `programs`; returns a report."""
     for required in (*programs, "locale/C.utf8/LC_CTYPE"):
         if not (dist / required).exists():
-            raise SystemExit(f"pack: {dist / required} missing (was the dist built by build.py?)")
+            raise SystemExit(
+                f"pack: {dist / required} missing (was the dist built by build/binary.py?)"
+            )
     raw = b"".join(records(dist))
     digest = hashlib.sha256(b"format %d\n" % FORMAT_VERSION + raw).hexdigest()[:16]
     payload = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1, write_checksum=True).compress(

@@ -46,12 +46,12 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE / "helm"))
 
+import images  # noqa: E402  # packaging/ and packaging/helm/ are on the path set just above
 import manifests  # noqa: E402
 import oci  # noqa: E402
 import provenance  # noqa: E402
 import sbom  # noqa: E402
 
-import build  # noqa: E402  # packaging/ and packaging/helm/ are on the path set just above
 from multicall import __version__  # noqa: E402
 
 CHART_NAME = "linkerd2-cni"
@@ -75,8 +75,8 @@ def names(version: str) -> dict[str, str]:
     """Role -> file name in the release directory, for what all architectures share."""
     return {
         "zipapp": f"cnibox-{version}.pyz",
-        build.IMAGE_NAME: f"cnibox-installer-{version}.oci.tar",
-        build.TALOS_NAME: f"cnibox-talos-extension-{version}.oci.tar",
+        images.IMAGE_NAME: f"cnibox-installer-{version}.oci.tar",
+        images.TALOS_NAME: f"cnibox-talos-extension-{version}.oci.tar",
         "chart": f"{CHART_NAME}-{version}.tgz",
     }
 
@@ -158,15 +158,15 @@ def assemble(
             (staging / files["sbom"]).write_text(sbom_text)
             shutil.copyfile(binary, staging / files["binary"])
             executables.add(files["binary"])
-            rootfs = oci.build_tar(build.talos_entries(binary.read_bytes()))
+            rootfs = oci.build_tar(images.talos_entries(binary.read_bytes()))
             (staging / files["extension-rootfs"]).write_bytes(rootfs)
         shutil.copyfile(zipapp, staging / shared["zipapp"])
         with tempfile.TemporaryDirectory(prefix="cnibox-images-") as tmp:
             if len(binaries) == 1:
                 ((arch, binary),) = binaries.items()
-                archives = build.build(binary, Path(tmp), __version__, sboms[arch], arch)
+                archives = images.build(binary, Path(tmp), __version__, sboms[arch], arch)
             else:
-                archives = build.build_multiarch(binaries, Path(tmp), __version__, sboms)
+                archives = images.build_multiarch(binaries, Path(tmp), __version__, sboms)
             for role, archive in archives.items():
                 shutil.copyfile(archive, staging / shared[role])
         package_chart(helm, staging / shared["chart"], info.epoch)
@@ -201,8 +201,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
-        binaries = build.parse_binaries(args.binary)
-        records = build.parse_binaries(args.record or [], "--record")
+        binaries = images.parse_binaries(args.binary)
+        records = images.parse_binaries(args.record or [], "--record")
         assemble(binaries, args.zipapp, args.out, helm=args.helm, records=records)
     except (ReleaseError, sbom.SbomError, OSError, ValueError) as exc:
         sys.stderr.write(f"release.py: {exc}\n")

@@ -51,7 +51,7 @@ def test_the_scripts_are_found() -> None:
         "packaging/talos/check_extension.py",
         "packaging/helm/tools.py",
         "bench/bench.py",
-        "build/build.py",
+        "build/binary.py",
     } <= set(SCRIPTS)
 
 

@@ -99,7 +99,7 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
         args += ["--binary", f"{arch}={binary}"]
         (out / f"binary-{arch}").symlink_to(binary)
     subprocess.run(
-        [sys.executable, str(PACKAGING / "build.py"), *args, "--out", str(out)],
+        [sys.executable, str(PACKAGING / "images.py"), *args, "--out", str(out)],
         check=True,
         capture_output=True,
     )
@@ -197,7 +197,7 @@ class TestImages:
         """A second build from the same binaries gives byte-identical archives."""
         args = [f"--binary={arch}={images / f'binary-{arch}'}" for arch in ARCHES]
         subprocess.run(
-            [sys.executable, str(PACKAGING / "build.py"), *args, "--out", str(tmp_path)],
+            [sys.executable, str(PACKAGING / "images.py"), *args, "--out", str(tmp_path)],
             check=True,
             capture_output=True,
         )
@@ -281,9 +281,9 @@ class TestImages:
     def test_talos_rules_are_checked_on_every_platform(self, images: Path, tmp_path: Path) -> None:
         """A multi-arch extension whose arm64 image breaks Talos' rules is refused."""
         sys.path.insert(0, str(PACKAGING))
-        import build as packaging_build
+        import images as packaging_images
 
-        good = packaging_build.talos_entries(b"\x7fELF")
+        good = packaging_images.talos_entries(b"\x7fELF")
         bad = [*good, oci.file("rootfs/boot/vmlinuz", b"x")]
         index = oci.build_index(
             {"amd64": oci.build_image(good, oci.ImageConfig()),

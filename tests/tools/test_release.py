@@ -510,8 +510,8 @@ class TestRelease:
 
 
 def test_zipapp_writer_is_reproducible(tmp_path: Path) -> None:
-    """build/build.py's zipapp: the same tree twice, with other mtimes, gives the same bytes."""
-    module = load_script("build/build.py")
+    """build/binary.py's zipapp: the same tree twice, with other mtimes, gives the same bytes."""
+    module = load_script("build/binary.py")
     tree = tmp_path / "tree"
     (tree / "pkg").mkdir(parents=True)
     (tree / "__main__.py").write_text("print('hi')\n")

@@ -1,4 +1,4 @@
-"""Build cnibox's two OCI images: `build.py --binary [ARCH=]FILE… --out DIR`.
+"""Build cnibox's two OCI images: `images.py --binary [ARCH=]FILE… --out DIR`.
 
 - `cnibox-talos-extension`: a Talos system extension (`/manifest.yaml` from
   packaging/talos/manifest.yaml, `/rootfs/usr/local/lib/cnibox/cnibox`, links from
@@ -197,7 +197,7 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"the Talos extension breaks Talos' rules: {exc}\n")
         return 1
     except OSError as exc:
-        sys.stderr.write(f"build.py: {exc.filename or ''}: {exc.strerror or exc}\n")
+        sys.stderr.write(f"images.py: {exc.filename or ''}: {exc.strerror or exc}\n")
         return 1
     for name, path in written.items():
         sys.stdout.write(f"{name}: oci-archive:{path}:{args.version} oci:{path.with_suffix('')}\n")

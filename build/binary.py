@@ -1,11 +1,11 @@
 """Build driver for the cnibox artifacts (called by the Makefile; see docs/binary.md).
 
-    python build/build.py dist       Nuitka standalone dist   -> build/out/cnibox_main.dist/
-    python build/build.py launcher   static musl launcher     -> build/out/launcher
-    python build/build.py pack       launcher + dist          -> dist/cnibox
-    python build/build.py all        the three above
-    python build/build.py zipapp     stdlib zipapp            -> dist/cnibox.pyz
-    python build/build.py --arch arm64 dist|launcher|pack|all
+    python build/binary.py dist       Nuitka standalone dist   -> build/out/cnibox_main.dist/
+    python build/binary.py launcher   static musl launcher     -> build/out/launcher
+    python build/binary.py pack       launcher + dist          -> dist/cnibox
+    python build/binary.py all        the three above
+    python build/binary.py zipapp     stdlib zipapp            -> dist/cnibox.pyz
+    python build/binary.py --arch arm64 dist|launcher|pack|all
                                      the same for aarch64     -> build/out/arm64/, dist/cnibox-arm64
 
 Rules of this module:
@@ -252,7 +252,7 @@ def _in_arm64_root(target: Target, step: str) -> None:
         "CNIBOX_HOST_LOCALE": f"{arm64_root.LIBC_BIN}/usr/lib/locale/C.utf8",
         "CNIBOX_TARGET_SITE": arm64_root.ARM64_SITE,
     }
-    command = ["/opt/venv/bin/python", f"{ROOT_REPO}/build/build.py", "--arch", target.arch, step]
+    command = ["/opt/venv/bin/python", f"{ROOT_REPO}/build/binary.py", "--arch", target.arch, step]
     if arm64_root.chroot("env", *(f"{k}={v}" for k, v in env.items()), *command, check=False):
         raise SystemExit(f"build: {target.arch} {step} failed in the toolchain root")
 
