@@ -1,5 +1,9 @@
 """Go's JSON decoding (encoding/json decode.go): a valid document into Python values, and
-those into a typed schema the way Go's decoder fills a struct (`decode`)."""
+those into a typed schema the way Go's decoder fills a struct (`decode`).
+
+One file (~500 lines), as decode.go is one: the schema kinds and the decoder that walks them
+share Go's error texts and its literal-keeping values, and each kind's decode calls the
+others recursively (a Struct holds Slices of Structs)."""
 
 from __future__ import annotations
 
