@@ -228,7 +228,7 @@ def test_flags() -> None:
     assert parse_args(["--sock=/t", "--workers", "2"])["socket"] == "/t"  # getopt's prefixes
     defaults = parse_args([])
     assert defaults["socket"] == "/var/run/linkerd-cni/agent.sock"
-    assert defaults["admin-addr"] == "0.0.0.0:9991"
+    assert defaults["admin-addr"] == "127.0.0.1:9991"  # loopback (issue 24 #5)
     for bad in (["--nope"], ["--socket"], ["--log-level", "loud"], ["--log-format", "xml"], ["x"]):
         with pytest.raises(UsageError):
             parse_args(bad)
