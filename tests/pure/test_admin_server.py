@@ -8,7 +8,7 @@ import contextlib
 import socket
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -31,6 +31,20 @@ def server() -> Iterator[AdminServer]:
         "/metrics": metrics(lambda: b"# EOF\n", "text/plain"),
     }
     admin = AdminServer("127.0.0.1:0", routes)
+    admin.start()
+    try:
+        yield admin
+    finally:
+        admin.stop()
+
+
+@contextlib.contextmanager
+def serving(render: Callable[[], bytes]) -> Iterator[AdminServer]:
+    """A started server with /live and a /metrics rendered by `render`."""
+    admin = AdminServer("127.0.0.1:0", {
+        "/live": probe(lambda: True, b"alive\n"),
+        "/metrics": metrics(render, "text/plain"),
+    })  # fmt: skip
     admin.start()
     try:
         yield admin
@@ -146,12 +160,7 @@ def test_probes_answer_through_hostile_keep_alive_clients(kind: str) -> None:
     """Issues 24 #5 / 30 #8: 24 clients that never finish a head, or hold their keep-alive
     connection between scrapes, reconnecting as soon as closed, filled every slot of the old
     server (0 of 10 probes answered); now each probe answers within 1 s."""
-    admin = AdminServer("127.0.0.1:0", {
-        "/live": probe(lambda: True, b"alive\n"),
-        "/metrics": metrics(lambda: b"# EOF\n" * 1000, "text/plain"),
-    })  # fmt: skip
-    admin.start()
-    try:
+    with serving(lambda: b"# EOF\n" * 1000) as admin:
         hostile_clients = HostileClients(
             admin.port,
             idle=24 if kind == "idle" else 0,
@@ -164,8 +173,6 @@ def test_probes_answer_through_hostile_keep_alive_clients(kind: str) -> None:
         assert hostile.connects >= 24
         if kind == "keep-alive":
             assert hostile.answered >= 24  # they were served too
-    finally:
-        admin.stop()
 
 
 def test_probes_answer_through_a_scrape_flood() -> None:
@@ -176,35 +183,21 @@ def test_probes_answer_through_a_scrape_flood() -> None:
         time.sleep(0.3)
         return b"# EOF\n"
 
-    admin = AdminServer("127.0.0.1:0", {
-        "/live": probe(lambda: True, b"alive\n"),
-        "/metrics": metrics(slow_render, "text/plain"),
-    })  # fmt: skip
-    admin.start()
-    try:
+    with serving(slow_render) as admin:
         with HostileClients(admin.port, scrapers=32) as hostile:
             times = probe_series(admin.port, "/live", count=10)
         assert max(times) < 1.0, times
         assert hostile.answered >= 2  # the scrapes were served all along
-    finally:
-        admin.stop()
 
 
 def test_a_handler_that_raises_is_a_500_and_the_server_goes_on() -> None:
     def broken() -> bytes:
         raise RuntimeError("bug")
 
-    admin = AdminServer("127.0.0.1:0", {
-        "/live": probe(lambda: True, b"alive\n"),
-        "/metrics": metrics(broken, "text/plain"),
-    })  # fmt: skip
-    admin.start()
-    try:
+    with serving(broken) as admin:
         for _ in range(OTHER_THREADS + 1):  # every thread of its pool survives
             assert ask(admin.port, "GET", "/metrics").startswith(b"HTTP/1.1 500 ")
         assert live(admin.port).endswith(b"alive\n")
-    finally:
-        admin.stop()
 
 
 def test_a_forked_child_holds_none_of_the_servers_sockets(server: AdminServer) -> None:

@@ -158,3 +158,16 @@ def probe_series(port: int, path: str, count: int = 10, every: float = 0.2) -> l
         times.append(probe_seconds(port, path))
         time.sleep(every)
     return times
+
+
+def assert_probes_answer_through_hostile_clients(port: int, path: str) -> None:
+    """Issues 24 #5 / 30 #8 against a running applet: 8 idle, 8 trickling and 8 keep-alive
+    clients, then 32 scrapers asking /metrics as soon as answered; 10 probes of `path`
+    through each must all answer 200 within 1 s, and the scrapes be served too."""
+    with HostileClients(port, idle=8, slow=8, keep_alive=8):
+        times = probe_series(port, path, count=10)
+    assert max(times) < 1.0, times
+    with HostileClients(port, scrapers=32) as flood:
+        times = probe_series(port, path, count=10)
+    assert max(times) < 1.0, times
+    assert flood.answered > 10
