@@ -8,7 +8,7 @@ serve a request, the plugin runs as a one-shot process (docs/agent.md).
 
   --socket PATH            where to listen (default /var/run/linkerd-cni/agent.sock; the
                            plugin uses $CNIBOX_AGENT_SOCKET when set)
-  --admin-addr HOST:PORT   /healthz, /readyz, /metrics (default 0.0.0.0:9991; "" disables)
+  --admin-addr HOST:PORT   /healthz, /readyz, /metrics (default 127.0.0.1:9991; "" disables)
   --workers N              pre-forked idle workers (default 4)
   --max-requests N         requests in flight or queued before callers are handed back
                            (default 256)
@@ -32,7 +32,7 @@ from typing import BinaryIO
 from multicall.errors import UsageError
 
 DEFAULT_SOCKET = "/var/run/linkerd-cni/agent.sock"
-DEFAULT_ADMIN = "0.0.0.0:9991"
+DEFAULT_ADMIN = "127.0.0.1:9991"  # loopback: nothing authenticates it (issue 24 #5)
 
 
 def main(

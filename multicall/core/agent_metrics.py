@@ -16,6 +16,53 @@ BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 DURATION = "cnibox_agent_request_duration_seconds"
 DURATION_HELP = "From accepting the connection to the result, by command."
 
+# Label values come from these sets only (issue 24 #6: the `command` label was the caller's
+# CNI_COMMAND, and 50 values of 100 KB made /metrics 96 MB): anything else counts as OTHER,
+# so a caller moves a count, never the exposition's size.
+OTHER = "other"
+COMMANDS = frozenset({"ADD", "CHECK", "DEL", "STATUS", "GC", "VERSION"})  # the CNI spec's
+# Every reason the agent hands a request back for: its parent's (agent/server.py), its
+# worker's `Fallback`s (agent/worker.py) and the plugin's `ServeElsewhere`s (effects/).
+# tests/pure/test_agent_protocol.py finds each in the source, so a new one cannot be missed.
+# A reason with details ("bad request: short body") counts under the part before the colon.
+FALLBACK_REASONS = frozenset(
+    {
+        "bad request",
+        "caller gone",
+        "caller sent no root or netns",
+        "cannot enter the caller's netns",
+        "CNI_NETNS is not a network namespace",
+        "CNI_NETNS is the agent's own netns",
+        "CNI_NETNS not handed over",
+        "deadline",
+        "no CAP_SYS_ADMIN to enter the pod netns",
+        "no worker",
+        "openat2 unavailable",
+        "other build",
+        "output too large",
+        "overloaded",
+        "shutdown",
+        "worker died",
+        "x_tables extensions of the other family loaded",
+    }
+)
+
+
+def command_label(command: str) -> str:
+    return command if command in COMMANDS else OTHER
+
+
+def reason_label(reason: str) -> str:
+    if reason in FALLBACK_REASONS:
+        return reason
+    head = reason.split(":", 1)[0]
+    return head if head in FALLBACK_REASONS else OTHER
+
+
+def code_label(code: str) -> str:
+    """A CNI error code (1-3 digits, the spec's and the plugin's), or "" for a success."""
+    return code if code == "" or (code.isdigit() and code.isascii() and len(code) <= 3) else OTHER
+
 
 @dataclass
 class Metrics:
@@ -34,13 +81,17 @@ class Metrics:
     worker_reuses: int = 0
 
     def served(self, command: str, result: str, cni_code: str, seconds: float) -> None:
-        self.requests[(command, result, cni_code)] += 1
+        """Counted under bounded labels: `command` and `cni_code` come from the worker's
+        report of what the caller sent."""
+        command = command_label(command)
+        result = result if result in ("ok", "error") else OTHER
+        self.requests[(command, result, code_label(cni_code))] += 1
         if command not in self.durations:
             self.durations[command] = Histogram(DURATION, DURATION_HELP, BUCKETS)
         self.durations[command].observe(seconds)
 
     def fell_back(self, reason: str) -> None:
-        self.fallbacks[reason] += 1
+        self.fallbacks[reason_label(reason)] += 1
 
 
 # The unlabelled families after the labelled ones, in their order: name, type, help, and the

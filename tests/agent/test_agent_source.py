@@ -19,6 +19,7 @@ import pytest
 
 from multicall.core.agent_protocol import SOURCE_BUILD
 from tests.support import REPO, require_root, require_tool
+from tests.support.admin_clients import assert_probes_answer_through_hostile_clients
 from tests.support.agent import AgentProcess
 from tests.support.kubeapi import KubeApi
 from tests.support.libcni import CHART_LINKERD
@@ -428,3 +429,19 @@ def test_requests_waiting_on_a_silent_api_server_do_not_hold_the_queue(
         api.stop()
         silent.stop()
         rig.cleanup()
+
+
+def test_healthz_answers_through_hostile_admin_clients(tmp_path: Path) -> None:
+    """Issue 24 #5: 16 keep-alive clients starved /healthz (0 of 40 probes answered in 20 s:
+    the kubelet would restart the agent). With 8 idle, 8 trickling and 8 keep-alive clients
+    that reconnect as soon as closed, then 32 scrapers asking /metrics as soon as answered
+    (each rendered by the agent's loop, as /healthz is), every probe answers within 1 s."""
+    agent = AgentProcess(
+        tmp_path / "run" / "agent.sock",
+        argv=[sys.executable, "-m", "multicall"],
+        env={"PYTHONPATH": str(REPO)},
+    )
+    with agent:
+        assert agent.port is not None
+        assert_probes_answer_through_hostile_clients(agent.port, "/healthz")
+        assert agent.get("/readyz")[0] == 200

@@ -9,6 +9,7 @@ from multicall.applets.linkerd_cni_agent import parse_args
 from multicall.core import agent_metrics
 from multicall.core import agent_protocol as proto
 from multicall.errors import UsageError
+from tests.support import REPO
 
 BUILD = "0123456789abcdef"
 
@@ -130,9 +131,95 @@ def test_metrics_exposition() -> None:
 
 
 def test_label_values_are_escaped() -> None:
+    text = agent_metrics.render(agent_metrics.Metrics(), 'a "quoted"\nbuild\\')
+    assert 'cnibox_agent_info{build="a \\"quoted\\"\\nbuild\\\\"} 1\n' in text
+
+
+def test_caller_commands_are_labels_from_a_fixed_set() -> None:
+    """Issue 24 #6: 50 CNI_COMMANDs of 100 KB made /metrics 96 MB (each one a label value of
+    every family and histogram bucket). Now they count under `other`, and the exposition
+    stays the size of a handful of series."""
     m = agent_metrics.Metrics()
-    m.fell_back('a "quoted"\nreason\\')
-    assert 'reason="a \\"quoted\\"\\nreason\\\\"' in agent_metrics.render(m, BUILD)
+    for i in range(50):
+        m.served(f"{i:02d}" + "X" * 100_000, "ok", "", 0.01)
+        m.served(f"{i:02d}" + "Y" * 100_000, "error", "7" * 100_000, 0.01)
+        m.fell_back(f"{i:02d}" + "Z" * 100_000)
+    m.served("ADD", "ok", "", 0.004)
+    m.served("", "ok", "", 0.004)
+    text = agent_metrics.render(m, BUILD)
+    assert len(text.encode()) < 16 * 1024, len(text)
+    assert 'cnibox_agent_requests_total{command="other",result="ok",cni_code=""} 51\n' in text
+    assert 'cnibox_agent_requests_total{command="other",result="error",cni_code="other"} 50\n' in (
+        text
+    )
+    assert 'cnibox_agent_request_duration_seconds_count{command="other"} 101\n' in text
+    assert 'cnibox_agent_requests_total{command="ADD",result="ok",cni_code=""} 1\n' in text
+    assert 'cnibox_agent_fallbacks_total{reason="other"} 50\n' in text
+
+
+@pytest.mark.parametrize(
+    ("reported", "label"),
+    [
+        ("bad request: short body", "bad request"),
+        ("cannot enter the caller's netns: Operation not permitted", "cannot enter the caller's netns"),  # noqa: E501
+        ("deadline", "deadline"),
+        ("x_tables extensions of the other family loaded", "x_tables extensions of the other family loaded"),  # noqa: E501
+        ("nonsense: deadline", "other"),
+        ("", "other"),
+    ],
+)  # fmt: skip
+def test_fallback_reasons_are_labels_from_a_fixed_set(reported: str, label: str) -> None:
+    m = agent_metrics.Metrics()
+    m.fell_back(reported)
+    assert dict(m.fallbacks) == {label: 1}
+
+
+@pytest.mark.parametrize(
+    ("code", "label"), [("", ""), ("7", "7"), ("999", "999"), ("1000", "other"), ("٣", "other")]
+)
+def test_cni_codes_are_labels_from_a_bounded_set(code: str, label: str) -> None:
+    m = agent_metrics.Metrics()
+    m.served("DEL", "error", code, 0.1)
+    assert list(m.requests) == [("DEL", "error", label)]
+
+
+def _reasons_in_source() -> set[str]:
+    """The fallback reasons the code can report: string constants (an f-string's text up to
+    its first colon) given to fell_back, Fallback, ServeElsewhere and kill, or under a
+    report's "fallback" key, anywhere in multicall/."""
+    import ast
+
+    from multicall.effects.firewall.legacy.isolation import OTHER_FAMILY
+
+    def constants(node: ast.AST) -> set[str]:
+        found = set()
+        for sub in ast.walk(node):  # (an f-string's text parts are Constants too)
+            if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+                found.add(sub.value.split(":")[0])
+            elif isinstance(sub, ast.Name) and sub.id == "OTHER_FAMILY":
+                found.add(OTHER_FAMILY)
+        return found
+
+    reasons: set[str] = set()
+    for path in (REPO / "multicall").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+                if name in ("fell_back", "Fallback", "ServeElsewhere") and node.args:
+                    reasons |= constants(node.args[0])
+                elif name == "kill" and len(node.args) == 2:
+                    reasons |= constants(node.args[1])
+            elif isinstance(node, ast.Dict):
+                for key, value in zip(node.keys, node.values, strict=True):
+                    if isinstance(key, ast.Constant) and key.value == "fallback":
+                        reasons |= constants(value)
+    return reasons
+
+
+def test_every_fallback_reason_in_the_source_has_its_label() -> None:
+    reasons = _reasons_in_source()
+    assert {"other build", "bad request", "overloaded", "deadline"} <= reasons  # the walk works
+    assert reasons <= agent_metrics.FALLBACK_REASONS
 
 
 def test_flags() -> None:
@@ -141,7 +228,7 @@ def test_flags() -> None:
     assert parse_args(["--sock=/t", "--workers", "2"])["socket"] == "/t"  # getopt's prefixes
     defaults = parse_args([])
     assert defaults["socket"] == "/var/run/linkerd-cni/agent.sock"
-    assert defaults["admin-addr"] == "0.0.0.0:9991"
+    assert defaults["admin-addr"] == "127.0.0.1:9991"  # loopback (issue 24 #5)
     for bad in (["--nope"], ["--socket"], ["--log-level", "loud"], ["--log-format", "xml"], ["x"]):
         with pytest.raises(UsageError):
             parse_args(bad)

@@ -483,6 +483,7 @@ class TestValues:
             ({"destCNINetDir": "etc/cni"}, "destCNINetDir"),
             ({"disableIPv6": "yes"}, "disableIPv6"),
             ({"agent": {"logFormat": "xml"}}, "agent.logFormat"),
+            ({"agent": {"adminAddress": "localhost"}}, "agent.adminAddress"),
             ({"logLevel": 'info", "x": "y'}, "logLevel"),
         ],
     )
@@ -690,14 +691,23 @@ class TestRendering:
             "--socket",
             "/var/run/linkerd-cni/agent.sock",
             "--admin-addr",
-            "0.0.0.0:9991",
+            "127.0.0.1:9991",
             "--log-level",
             "info",
             "--log-format",
             "plain",
         ]
-        assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "agent-admin"}
-        assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "agent-admin"}
+        # Loopback (issue 24 #5), so the probes name it: the kubelet would ask the node's IP.
+        assert agent["livenessProbe"]["httpGet"] == {
+            "host": "127.0.0.1",
+            "path": "/healthz",
+            "port": "agent-admin",
+        }
+        assert agent["readinessProbe"]["httpGet"] == {
+            "host": "127.0.0.1",
+            "path": "/readyz",
+            "port": "agent-admin",
+        }
         assert agent["ports"] == [{"containerPort": 9991, "name": "agent-admin"}]
         assert agent["securityContext"] == {
             "runAsUser": 0,
@@ -727,6 +737,27 @@ class TestRendering:
             "path": "/var/lib/cnibox",
             "type": "DirectoryOrCreate",
         }
+
+    @pytest.mark.parametrize(
+        ("address", "listen", "host"),
+        [
+            ("::1", "[::1]:9991", "::1"),
+            ("0.0.0.0", "0.0.0.0:9991", None),
+            ("::", "[::]:9991", None),
+        ],
+    )
+    def test_the_agents_admin_address(
+        self, address: str, listen: str, host: str | None, tmp_path: Path
+    ) -> None:
+        """agent.adminAddress: the agent listens there and its probes ask there; on every
+        address (a wildcard) the probes ask the kubelet's default, the node's IP."""
+        values = {"agent": {"enabled": True, "adminAddress": address}}
+        [agent] = objects(render(values, tmp=tmp_path))[AGENT]["spec"]["template"]["spec"][
+            "containers"
+        ]
+        assert agent["args"][agent["args"].index("--admin-addr") + 1] == listen
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert agent[probe]["httpGet"].get("host") == host
 
     def test_the_agent_only_when_enabled(self, tmp_path: Path) -> None:
         """By default nothing of the agent is rendered: the objects are the ones compared with

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests.support import cnibox_argv
+from tests.support.admin_clients import assert_probes_answer_through_hostile_clients
 from tests.support.kubeapi import refused_port
 from tests.support.kubewatch import WatchApi
 from tests.support.kubewatch import pod_doc as make_pod
@@ -416,6 +417,16 @@ def test_admin_endpoints(api: WatchApi, start: Any, tmp_path: Path) -> None:
     assert gzip.decompress(body).decode().startswith(f"# HELP {PREFIX}queue_overflow ")
     assert ctl.proc.poll() is None
     assert ctl.stop() == 0
+
+
+def test_live_answers_through_hostile_admin_clients(api: WatchApi, start: Any) -> None:
+    """Issue 30 #8: 16 idle or slow keep-alive connections to the admin port starved /live (0
+    of 10 answered: the kubelet would restart the controller in a loop). With 8 idle, 8
+    trickling and 8 keep-alive clients that reconnect as soon as closed, and then a scrape
+    flood, every one of 10 probes answers within 1 s."""
+    ctl = start()
+    assert_probes_answer_through_hostile_clients(ctl.admin, "/live")
+    assert ctl.proc.poll() is None
 
 
 def test_missing_rbac_shows_at_the_default_log_level(api: WatchApi, start: Any) -> None:
