@@ -34,7 +34,6 @@ from multicall.errors import (
 
 SUPPORTED_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 IMPLEMENTED_VERSION = "1.1.0"
-COMMANDS = ("ADD", "CHECK", "DEL", "GC", "STATUS", "VERSION")
 
 VERSION_REPLY = (
     marshal({"cniVersion": IMPLEMENTED_VERSION, "supportedVersions": SUPPORTED_VERSIONS}) + "\n"

@@ -33,7 +33,6 @@ NFNL_SUBSYS_NFTABLES = 10
 _NLMSGHDR = struct.Struct("=IHHII")
 _NFGENMSG = struct.Struct(">BBH")
 _NLA = struct.Struct("=HH")
-HEADER_LEN = _NLMSGHDR.size + _NFGENMSG.size
 
 # --- nf_tables message types and attributes -------------------------------------------------
 NFT_MSG_NEWTABLE = 0

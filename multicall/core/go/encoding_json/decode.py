@@ -208,8 +208,6 @@ IP = Scalar("ip", "net.IP")
 CIDR = Scalar("cidr", "types.IPNet")
 ANYMAP = Scalar("anymap", "map[string]interface {}")
 BOOLMAP = Scalar("boolmap", "map[string]bool")
-ANY = Scalar("any", "interface {}")
-INT_PTR = Scalar("int", "int")
 
 INT_RE = re.compile(r"-?(0|[1-9][0-9]*)")
 
