@@ -7,7 +7,7 @@
     4  multicall.agent.*, multicall.repair.*, multicall.installer.*
                              the services, one package each
     5  multicall.applet, multicall.applets.*
-    6  multicall.dispatch, multicall.__main__, multicall.selftest (the binary's test probes)
+    6  multicall.dispatch, multicall.__main__
 
 A module imports its own layer or lower ones, never a higher one; there are no import cycles
 (imports inside functions count, `if TYPE_CHECKING:` ones do not); core imports no os-level
@@ -45,7 +45,7 @@ LAYERS = (
     ("multicall.plugin",),
     SERVICES := ("multicall.agent", "multicall.repair", "multicall.installer"),
     ("multicall.applet", "multicall.applets"),
-    ("multicall.dispatch", "multicall.__main__", "multicall.selftest"),
+    ("multicall.dispatch", "multicall.__main__"),
 )
 
 
