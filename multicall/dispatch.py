@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import BinaryIO, NoReturn
 
 from multicall import __version__
@@ -31,7 +31,6 @@ from multicall.core import usage
 from multicall.core.usage import Show, help_text, try_help, version_text
 from multicall.effects.streams import write_text
 from multicall.errors import (
-    EXIT_FAILURE,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_NOT_FOUND,
@@ -42,11 +41,6 @@ from multicall.errors import (
 )
 
 MULTIPLEXER_NAMES = frozenset({"cnibox", "cnibox.bin", "multicall", "__main__.py"})
-# Test-only, undocumented in --help: proves SIGTERM reaches a Python handler in the built
-# binary (tests/binary). Prints "ready PID", exits 42 on SIGTERM, 1 after 60 s.
-SELFTEST_SIGNAL = "--selftest-signal"
-SELFTEST_INSPECT = "--selftest-inspect"  # test-only: inspect imported late (docs/binary.md)
-SELFTEST_SIGTERM_EXIT = 42
 
 
 def invocation_name() -> str:
@@ -206,10 +200,6 @@ MULTIPLEXER_OPTIONS = (
 
 def _option(args: Sequence[str], stdout: BinaryIO, stderr: BinaryIO) -> int:
     """The multiplexer's own options (UsageError for a bad command line)."""
-    if args[0] == SELFTEST_SIGNAL:
-        return _selftest_signal(stdout)
-    if args[0] == SELFTEST_INSPECT:
-        return _selftest_inspect(stdout)
     if list(args[:2]) == ["--install", "-s"]:  # the documented order: -s is no DIR
         args = ["-s", "--install", *args[2:]]
     line = usage.parse(args, MULTIPLEXER_OPTIONS)
@@ -226,57 +216,6 @@ def _option(args: Sequence[str], stdout: BinaryIO, stderr: BinaryIO) -> int:
     else:
         write_text(stdout, format_list())
     return EXIT_OK
-
-
-def _selftest_signal(stdout: BinaryIO) -> int:
-    """Wait up to 60 s for SIGTERM (-> 42) or SIGINT (-> KeyboardInterrupt, 130).
-
-    Compiled code has no eval loop: Nuitka runs Python handlers at loop iterations and
-    where C code checks (an interrupted system call, signal.pthread_sigmask, os.kill), not
-    between two plain calls. A signal arriving just before a plain sleep waited for the
-    sleep to end (seen under the binary); the wakeup fd catches it.
-    """
-    import select
-    import signal
-
-    class Terminated(Exception):
-        pass
-
-    def on_sigterm(signum: int, frame: object) -> None:
-        raise Terminated
-
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
-    signal.set_wakeup_fd(write_end)
-    signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        write_text(stdout, f"ready {os.getpid()}\n")  # the handler may already run in here
-        select.select([read_end], [], [], 60)
-        signal.pthread_sigmask(signal.SIG_BLOCK, [])  # runs pending handlers
-    except Terminated:
-        return SELFTEST_SIGTERM_EXIT
-    return EXIT_FAILURE
-
-
-def _selftest_inspect(stdout: BinaryIO) -> int:
-    """Import `inspect` late, as the binary now does (build/lazy_inspect.py), and check that
-    Nuitka's patch for compiled generators ran with it: stock `getgeneratorstate` reads
-    attributes compiled generators lack. Prints the states seen; 0 when they are right."""
-    import inspect
-
-    def numbers() -> Generator[int, None, None]:
-        yield 1
-
-    gen = numbers()
-    states = [inspect.getgeneratorstate(gen)]
-    next(gen)
-    states.append(inspect.getgeneratorstate(gen))
-    gen.close()
-    states.append(inspect.getgeneratorstate(gen))
-    signature = str(inspect.signature(_selftest_inspect))
-    write_text(stdout, f"{' '.join(states)} {signature}\n")
-    expected = [inspect.GEN_CREATED, inspect.GEN_SUSPENDED, inspect.GEN_CLOSED]
-    return EXIT_OK if states == expected else EXIT_FAILURE
 
 
 def _install(directory: str, symbolic: bool, stdout: BinaryIO, stderr: BinaryIO) -> int:

@@ -103,9 +103,22 @@ APPLETS: tuple[Applet, ...] = (
 )
 
 
+def _selftest() -> AppletModule:
+    from multicall.applets import selftest
+
+    return selftest
+
+
+# Hidden rows: found by name like the others, but not in `--help`, `--list` or `--install`
+# (nor the README): probes of the built binary that its tests run (tests/binary, tests/arm64).
+HIDDEN: tuple[Applet, ...] = (
+    Applet("selftest", (), "probes of the built binary for its tests", _selftest),
+)
+
+
 def find_applet(name: str) -> Applet | None:
-    """The applet answering to `name` (its own name or an alias), if any."""
-    return next((applet for applet in APPLETS if name in applet.names), None)
+    """The applet answering to `name` (its own name or an alias), if any, hidden ones too."""
+    return next((applet for applet in (*APPLETS, *HIDDEN) if name in applet.names), None)
 
 
 def all_names() -> list[str]:

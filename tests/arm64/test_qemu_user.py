@@ -144,7 +144,7 @@ def test_netns_exec_enters_a_netns(qroot: QemuRoot, name: str) -> None:
     """netns-exec (and its nsenter name) enters the throwaway netns: the aarch64 program it
     runs lives in that netns, not in ours."""
     qroot.with_netns = True
-    argv = [f"/{name}", f"--net={NETNS_IN_ROOT}", "/cnibox", "--selftest-signal"]
+    argv = [f"/{name}", f"--net={NETNS_IN_ROOT}", "/cnibox", "selftest", "signal"]
     with qroot.started(argv, {}) as proc:
         assert proc.stdout is not None
         first = proc.stdout.readline().split()

@@ -100,7 +100,7 @@ def test_cnibox_cache_in_a_read_only_root(root: EmptyRoot) -> None:
 
 def test_maps_only_files_from_the_root(root: EmptyRoot) -> None:
     require_tool("nsenter")
-    with root.started(["/cnibox", "--selftest-signal"], {}) as proc:
+    with root.started(["/cnibox", "selftest", "signal"], {}) as proc:
         assert proc.stdout is not None
         pid = int(proc.stdout.readline().split()[1])
         maps = subprocess.run(
@@ -127,7 +127,7 @@ def case_netns_exec(root: EmptyRoot, rig: Rig, env: dict[str, str]) -> None:
     """netns-exec (and nsenter) enters a netns: the program it runs lives in that netns."""
     ns = rig.netns()
     for name in ("netns-exec", "nsenter"):
-        argv = [f"/{name}", f"--net={ns.path}", "/cnibox", "--selftest-signal"]
+        argv = [f"/{name}", f"--net={ns.path}", "/cnibox", "selftest", "signal"]
         with root.started(argv, env) as proc:
             assert proc.stdout is not None
             line = proc.stdout.readline()

@@ -102,7 +102,7 @@ def test_inspect_is_imported_late_and_still_patched_for_compiled_code(
     imported = {line.split("|")[-1].strip() for line in version.stderr.splitlines()}
     assert "dataclasses" in imported, "PYTHONPROFILEIMPORTTIME must list the imports"
     assert not imported & {"inspect", "ast", "dis", "tokenize"}, sorted(imported)
-    done = run([str(artifact), "--selftest-inspect"], cache)
+    done = run([str(artifact), "selftest", "inspect"], cache)
     assert done.returncode == 0, (done.stdout, done.stderr)
     assert done.stdout.startswith("GEN_CREATED GEN_SUSPENDED GEN_CLOSED ("), done.stdout
 
@@ -110,7 +110,7 @@ def test_inspect_is_imported_late_and_still_patched_for_compiled_code(
 def test_sigterm_reaches_the_python_handler_in_the_same_process(
     artifact: Path, cache: Path
 ) -> None:
-    with started([str(artifact), "--selftest-signal"], env_with_cache(cache)) as proc:
+    with started([str(artifact), "selftest", "signal"], env_with_cache(cache)) as proc:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert line == f"ready {proc.pid}\n", "the launcher must exec, not fork"
@@ -119,7 +119,7 @@ def test_sigterm_reaches_the_python_handler_in_the_same_process(
 
 
 def test_sigint_maps_to_130(artifact: Path, cache: Path) -> None:
-    with started([str(artifact), "--selftest-signal"], env_with_cache(cache)) as proc:
+    with started([str(artifact), "selftest", "signal"], env_with_cache(cache)) as proc:
         assert proc.stdout is not None
         proc.stdout.readline()
         proc.send_signal(signal.SIGINT)
@@ -182,7 +182,7 @@ def test_old_versions_are_removed_unless_in_use(artifact: Path, cache: Path) -> 
 
 def test_running_copy_is_never_removed(artifact: Path, cache: Path, content_hash: str) -> None:
     """A process of this version holds its directory against another version's cleanup."""
-    with started([str(artifact), "--selftest-signal"], env_with_cache(cache)) as proc:
+    with started([str(artifact), "selftest", "signal"], env_with_cache(cache)) as proc:
         assert proc.stdout is not None
         proc.stdout.readline()
         ok = cache / content_hash / ".ok"

@@ -13,20 +13,21 @@ from multicall.applet import Applet
 from tests.support import REPO
 
 APPLET_DIR = REPO / "multicall" / "applets"
+EVERY_ROW = (*applets.APPLETS, *applets.HIDDEN)
 
 
 def test_every_applet_module_has_one_row() -> None:
     """Each module in multicall/applets/ is loaded by exactly one row, named after it."""
     modules = {p.stem for p in APPLET_DIR.glob("*.py") if p.stem != "__init__"}
-    loaded = [applet.load().__name__ for applet in applets.APPLETS]
+    loaded = [applet.load().__name__ for applet in EVERY_ROW]
     assert sorted(loaded) == sorted(f"multicall.applets.{m}" for m in modules)
-    for applet in applets.APPLETS:
+    for applet in EVERY_ROW:
         assert applet.load().__name__.endswith(applet.name.replace("-", "_")), applet.name
 
 
 def test_find_applet_by_every_name() -> None:
-    """Every name (aliases too) finds its row; others find nothing."""
-    for applet in applets.APPLETS:
+    """Every name (aliases too) finds its row, a hidden one's too; others find nothing."""
+    for applet in EVERY_ROW:
         for name in applet.names:
             assert applets.find_applet(name) is applet
     assert applets.find_applet("no-such-applet") is None
@@ -38,7 +39,16 @@ def test_names_are_unique_and_listed() -> None:
     assert applets.all_names() == sorted(names)
 
 
-@pytest.mark.parametrize("applet", applets.APPLETS, ids=lambda a: a.name)
+def test_hidden_rows_are_not_listed() -> None:
+    """A hidden row (the built binary's test probes) is in no list: --help, --list,
+    --install's links and the images' links all read APPLETS and all_names() alone."""
+    hidden = {n for applet in applets.HIDDEN for n in applet.names}
+    assert hidden == {"selftest"}
+    assert not hidden & set(applets.all_names())
+    assert not hidden & {n for applet in applets.APPLETS for n in applet.names}
+
+
+@pytest.mark.parametrize("applet", EVERY_ROW, ids=lambda a: a.name)
 def test_usage_line_names_the_applet(applet: Applet) -> None:
     """Each applet's help starts with `usage: NAME` (what help_text renames)."""
     doc = applet.load().__doc__ or ""
