@@ -21,13 +21,8 @@ from multicall.errors import EXIT_FAILURE, EXIT_OK, UsageError
 SIGTERM_EXIT = 42
 
 
-def main(
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    stdin: BinaryIO,
-    stdout: BinaryIO,
-    stderr: BinaryIO,
-) -> int:
+def main(argv: Sequence[str], env: Mapping[str, str],
+         stdin: BinaryIO, stdout: BinaryIO, stderr: BinaryIO) -> int:  # fmt: skip
     probes = {"signal": probe_signal, "inspect": probe_inspect}
     if len(argv) != 2 or argv[1] not in probes:
         raise UsageError("expected one probe: signal or inspect")
