@@ -28,6 +28,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import struct
 from collections.abc import Sequence
@@ -433,3 +434,28 @@ def _prefixlen(mask: bytes) -> int:
     if bits != ((1 << width) - 1) ^ ((1 << (width - ones)) - 1):
         return -1  # not a prefix mask
     return ones
+
+
+def diff_text(expected: Sequence[str], actual: Sequence[str], source: str = "live") -> str:
+    """A unified diff of two `render`ed tables ("" when equal), for CHECK and the verifier."""
+    if list(expected) == list(actual):
+        return ""
+    lines = difflib.unified_diff(expected, actual, "expected", source, lineterm="")
+    return "\n".join(lines)
+
+
+def extract_table(lines: Sequence[str], family: Family) -> list[str]:
+    """The family's `linkerd-proxy-init` block of an `nft list ruleset`/`list table` text
+    (blank lines between chains kept, trailing spaces dropped); `render`'s absent line if
+    there is none, so a text compares with a live dump line by line."""
+    head = f"table {FAMILY_WORD[family]} {TABLE} {{"
+    out: list[str] = []
+    for raw in lines:
+        line = raw.rstrip()
+        if not out and line == head:
+            out.append(line)
+        elif out:
+            out.append(line)
+            if line == "}":
+                return out
+    return out or render(None, family)
