@@ -282,43 +282,29 @@ def rule_differences(
     log: MessageLog,
 ) -> list[str]:
     """CHECK's comparison: one readable diff per family whose live nat table is not what ADD
-    programs for `options` (empty: exactly the expected rules). The repair controller checks
-    a repaired sandbox with it too (repair/in_place.py)."""
+    programs for `options` (empty: exactly the expected rules); in the nftables mode, the
+    family's `linkerd-proxy-init` table as nft lists it, as a line diff of the two texts.
+    The repair controller checks a repaired sandbox with it too (repair/in_place.py)."""
     from multicall.core.firewall.diff import diff_tables
     from multicall.core.firewall.model import Mode
+    from multicall.core.firewall.nft.native import diff_text, native_table, render
     from multicall.core.firewall.report import format_diff
     from multicall.plugin.expected import expected_for_pod
 
-    if mode is Mode.NFTABLES:
-        return native_differences(firewall, netns, options, families=families, log=log)
     problems = []
     for family in families:
-        expected = expected_for_pod(options, family)
-        actual = firewall.dump_nat(netns, mode=mode, family=family, log=log)
-        diff = diff_tables(expected, actual)
-        if not diff.ok:
-            problems.append(f"{family.value}:\n{format_diff(diff)}")
-    return problems
-
-
-def native_differences(
-    firewall: Firewall,
-    netns: NetnsRef,
-    options: ProxyInitOptions,
-    *,
-    families: tuple[Family, ...],
-    log: MessageLog,
-) -> list[str]:
-    """CHECK for the nftables mode: each family's `linkerd-proxy-init` table, as nft lists
-    it, against the one ADD programs (a line diff of the two texts)."""
-    from multicall.core.firewall.nft.native import diff_text, native_table, render
-
-    problems = []
-    for family in families:
-        expected = render(native_table(options, family), family)
-        actual = render(firewall.dump_native(netns, family=family, log=log), family)
-        if diff := diff_text(expected, actual):
-            problems.append(f"{family.value}:\n{diff}")
+        if mode is Mode.NFTABLES:
+            wanted = render(native_table(options, family), family)
+            found = render(firewall.dump_native(netns, family=family, log=log), family)
+            text = diff_text(wanted, found)
+        else:
+            expected = expected_for_pod(options, family)
+            diff = diff_tables(
+                expected, firewall.dump_nat(netns, mode=mode, family=family, log=log)
+            )
+            text = "" if diff.ok else format_diff(diff)
+        if text:
+            problems.append(f"{family.value}:\n{text}")
     return problems
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from subprocess import Popen
@@ -26,6 +26,7 @@ from multicall.core.firewall.nft.native import native_table, render
 from multicall.effects.firewall import nft as nft_effects
 from multicall.effects.firewall.engine import apply_proxy_init, dump_native
 from multicall.errors import FirewallError
+from tests.support.libcni import TCP_PROBE
 from tests.support.rig import Netns, Rig, unique_name
 from tests.support.scenarios import (
     ERROR_NAMES,
@@ -86,7 +87,7 @@ def make_site(rig: Rig, n: int) -> Site:
         ns.ip("addr", "add", f"{site.v6(host)}/64", "dev", dev, "nodad")
         ns.ip("link", "set", dev, "up")
     for ns, ports in ((pod, POD_PORTS), (peer, PEER_PORTS)):
-        proc = ns.popen([sys.executable, str(PROBE), "listen", *map(str, ports)])
+        proc = ns.popen([sys.executable, str(TCP_PROBE), "listen-dual", *map(str, ports)])
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert line.strip() == "ready", proc.stderr.read() if proc.stderr else line
@@ -100,7 +101,7 @@ def stop(site: Site) -> None:
         proc.communicate()
 
 
-def probe(ns: Netns, cases: list[tuple[str, int, int | None, int | None]]) -> list[str]:
+def probe(ns: Netns, cases: Sequence[tuple[str, int, int | None, int | None]]) -> list[str]:
     out = ns.exec([sys.executable, str(PROBE), "connect", json.dumps(cases)])
     found: list[str] = json.loads(out)
     return found
@@ -125,10 +126,11 @@ def traffic(site: Site) -> dict[str, str]:
         for port in ports
     ]
     results = {}
-    cases = [(host, port, None, None) for _, host, port in inbound]
+    Case = tuple[str, int, int | None, int | None]
+    cases: list[Case] = [(host, port, None, None) for _, host, port in inbound]
     for (name, _, port), outcome in zip(inbound, probe(site.peer, cases), strict=True):
         results[f"in {name}:{port}"] = outcome
-    cases = [(host, port, uid, gid) for _, host, port, uid, gid in outbound]
+    cases = [(host, port, uid, gid) for _, host, port, uid, gid in outbound]  # as the proxy or not
     for (name, _, port, _, _), outcome in zip(outbound, probe(site.pod, cases), strict=True):
         results[f"out {name}:{port}"] = outcome
     return results

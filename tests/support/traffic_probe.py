@@ -1,8 +1,7 @@
 """TCP probes for the mode-equivalence proofs, run inside test netns with `ip netns exec`.
 
-python3 traffic_probe.py listen PORT...   accept on every address of both families (one
-                                          dual-stack socket per port) and answer each
-                                          connection with "PORT\n"; prints "ready"
+(Listeners: tests/support/libcni/tcp_probe.py listen-dual.)
+
 python3 traffic_probe.py connect JSON     JSON: [[host, port, uid, gid], ...] (uid null: as
                                           root); prints a JSON list of outcomes in order: the
                                           answer (the port of the listener the connection
@@ -16,28 +15,10 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import socket
 import sys
 
 TIMEOUT = 2.0
-
-
-def listen(ports: list[int]) -> None:
-    sel = selectors.DefaultSelector()
-    for port in ports:
-        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        s.bind(("::", port))
-        s.listen(64)
-        sel.register(s, selectors.EVENT_READ, port)
-    print("ready", flush=True)
-    while True:
-        for key, _ in sel.select():
-            conn, _ = key.fileobj.accept()  # type: ignore[union-attr]
-            conn.sendall(f"{key.data}\n".encode())
-            conn.close()
 
 
 def _one(host: str, port: int) -> str:
@@ -78,7 +59,4 @@ def connect(cases: list[list[object]]) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "listen":
-        listen([int(p) for p in sys.argv[2:]])
-    else:
-        connect(json.loads(sys.argv[2]))
+    connect(json.loads(sys.argv[2]))
