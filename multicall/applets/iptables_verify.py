@@ -18,7 +18,11 @@ control-plane pods, the `default/kubernetes` service.
   --netns PATH           dump the nat table of that network namespace (no iptables needed)
   --pid PID              the same for the network namespace of process PID
   --family ipv4|ipv6     which family's rules are expected and dumped (default ipv4)
-  --mode legacy|nft      kernel interface to dump (default: the config's iptables-mode)
+  --mode legacy|nft|nftables
+                         kernel interface to dump (default: the config's iptables-mode);
+                         nftables compares the native linkerd-proxy-init table of the
+                         family as `nft list table` prints it (--input: that text, or
+                         `nft list ruleset` output) and shows a diff of the two texts
   --strict               compare the whole nat table, not only PROXY_INIT_* chains and the
                          rules jumping to them
   --json                 print the result as JSON (schema: docs/iptables-verify.md)
@@ -107,7 +111,7 @@ def _options(values: Mapping[str, str]) -> Options:
         netns=values.get("--netns"),
         pid=pid,
         family=_choice(values, "--family", ("ipv4", "ipv6")) or "ipv4",
-        mode=_choice(values, "--mode", ("legacy", "nft")),
+        mode=_choice(values, "--mode", ("legacy", "nft", "nftables")),
         strict="--strict" in values,
         json="--json" in values,
         quiet="--quiet" in values,
@@ -142,6 +146,13 @@ def run(opts: Options, env: Mapping[str, str], stdin: BinaryIO, stdout: BinaryIO
     from multicall.plugin.verify import actual, expected, format_json, format_text
 
     want = expected(opts, stdin, env)
+    if want.native:
+        from multicall.plugin.verify import native_actual, native_report
+
+        lines, source = native_actual(opts, stdin)
+        if not opts.quiet:
+            write_text(stdout, native_report(opts, want, lines, source))
+        return EXIT_OK if lines == list(want.native) else EXIT_FAILURE
     got = actual(opts, want.mode, stdin)
     diff = diff_tables(want.table, got.table, strict=opts.strict)
     if not opts.quiet:

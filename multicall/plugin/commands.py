@@ -151,7 +151,7 @@ def configure_pod(call: Call, conf: NetConf, identity: PodIdentity) -> None:
     if options is None:
         return
     from multicall.core.cni.netconf import mode_of
-    from multicall.core.firewall.model import families
+    from multicall.core.firewall.model import Mode, families
     from multicall.core.firewall.proxy_init import build_run_argv, invalid_ports
 
     call.step(f"programming the firewall in {call.env.netns}")
@@ -161,12 +161,25 @@ def configure_pod(call: Call, conf: NetConf, identity: PodIdentity) -> None:
         call.log.info(dropped.message())
     wanted = families(ipv6=conf.ipv6)
     if conf.simulate:
-        # upstream's simulate output: each command line, the existing rules taken as empty
+        # upstream's simulate output: each command line, the existing rules taken as empty;
+        # the nftables mode has no upstream commands: the tables it would program, as nft
+        # lists them
+        if mode is Mode.NFTABLES:
+            for line in native_lines(options, wanted):
+                call.log.info(line)
+            return
         for family in wanted:
             for argv in build_run_argv(options, family, mode=mode, netns=call.env.netns):
                 call.log.info(" ".join(argv))
         return
     call.deps.firewall.apply(call.netns, options, mode=mode, families=wanted, log=call.log.info)
+
+
+def native_lines(options: ProxyInitOptions, wanted: tuple[Family, ...]) -> list[str]:
+    """The nftables mode's tables for `options`, as `nft list table` prints them."""
+    from multicall.core.firewall.nft.native import native_table, render
+
+    return [line for family in wanted for line in render(native_table(options, family), family)]
 
 
 def pod_options(call: Call, conf: NetConf, identity: PodIdentity) -> ProxyInitOptions | None:
@@ -269,19 +282,29 @@ def rule_differences(
     log: MessageLog,
 ) -> list[str]:
     """CHECK's comparison: one readable diff per family whose live nat table is not what ADD
-    programs for `options` (empty: exactly the expected rules). The repair controller checks
-    a repaired sandbox with it too (repair/in_place.py)."""
+    programs for `options` (empty: exactly the expected rules); in the nftables mode, the
+    family's `linkerd-proxy-init` table as nft lists it, as a line diff of the two texts.
+    The repair controller checks a repaired sandbox with it too (repair/in_place.py)."""
     from multicall.core.firewall.diff import diff_tables
+    from multicall.core.firewall.model import Mode
+    from multicall.core.firewall.nft.native import diff_text, native_table, render
     from multicall.core.firewall.report import format_diff
     from multicall.plugin.expected import expected_for_pod
 
     problems = []
     for family in families:
-        expected = expected_for_pod(options, family)
-        actual = firewall.dump_nat(netns, mode=mode, family=family, log=log)
-        diff = diff_tables(expected, actual)
-        if not diff.ok:
-            problems.append(f"{family.value}:\n{format_diff(diff)}")
+        if mode is Mode.NFTABLES:
+            wanted = render(native_table(options, family), family)
+            found = render(firewall.dump_native(netns, family=family, log=log), family)
+            text = diff_text(wanted, found)
+        else:
+            expected = expected_for_pod(options, family)
+            diff = diff_tables(
+                expected, firewall.dump_nat(netns, mode=mode, family=family, log=log)
+            )
+            text = "" if diff.ok else format_diff(diff)
+        if text:
+            problems.append(f"{family.value}:\n{text}")
     return problems
 
 

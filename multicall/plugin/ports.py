@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
+    from multicall.core.firewall.nft.native import NativeTable
     from multicall.core.firewall.ruleset import Table
     from multicall.core.kube.objects import Namespace, Pod, Service
     from multicall.effects.firewall.legacy.isolation import SingleUse
@@ -66,6 +67,12 @@ class Firewall(Protocol):
 
     def dump_nat(self, netns: NetnsRef, *, mode: Mode, family: Family, log: MessageLog) -> Table:
         """The nat table of one family as iptables-save would print it."""
+        ...
+
+    def dump_native(
+        self, netns: NetnsRef, *, family: Family, log: MessageLog
+    ) -> NativeTable | None:
+        """The nftables mode's `linkerd-proxy-init` table of one family (None: absent)."""
         ...
 
 
@@ -146,6 +153,13 @@ class RealFirewall:
         from multicall.effects.firewall.engine import dump_nat
 
         return dump_nat(netns, mode=mode, family=family, log=log, single_use=self.single_use)
+
+    def dump_native(
+        self, netns: NetnsRef, *, family: Family, log: MessageLog
+    ) -> NativeTable | None:
+        from multicall.effects.firewall.engine import dump_native
+
+        return dump_native(netns, family=family, log=log)
 
 
 def real_deps() -> PluginDeps:

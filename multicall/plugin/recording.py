@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
+    from multicall.core.firewall.nft.native import NativeTable
     from multicall.core.firewall.ruleset import Table
     from multicall.core.logs import MessageLog
     from multicall.effects.ns import NetnsRef
@@ -52,3 +53,8 @@ class RecordingFirewall:
 
     def dump_nat(self, netns: NetnsRef, *, mode: Mode, family: Family, log: MessageLog) -> Table:
         return self.inner.dump_nat(netns, mode=mode, family=family, log=log)
+
+    def dump_native(
+        self, netns: NetnsRef, *, family: Family, log: MessageLog
+    ) -> NativeTable | None:
+        return self.inner.dump_native(netns, family=family, log=log)

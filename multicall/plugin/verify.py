@@ -37,7 +37,7 @@ class Options:
     netns: str | None = None
     pid: str | None = None
     family: str = "ipv4"
-    mode: str | None = None  # "legacy" | "nft"; None: the config's iptables-mode
+    mode: str | None = None  # "legacy" | "nft" | "nftables"; None: the config's iptables-mode
     strict: bool = False
     json: bool = False
     quiet: bool = False
@@ -110,6 +110,7 @@ class Expectation:
     pod: str | None  # "namespace/name" when a pod was given
     meshed: bool
     note: str  # why no rules are expected, when none are
+    native: tuple[str, ...] = ()  # nftables mode: the tables as `nft list table` prints them
 
 
 def expected(opts: Options, stdin: BinaryIO, env: Mapping[str, str]) -> Expectation:
@@ -135,7 +136,12 @@ def expected(opts: Options, stdin: BinaryIO, env: Mapping[str, str]) -> Expectat
         options, note = None, "the config does not enable IPv6 (linkerd.ipv6), so no rules"
     backend = mode.value if mode in (Mode.LEGACY, Mode.NFT) else "legacy"
     table = expected_for_pod(options, family, backend=backend)
-    return Expectation(table, mode, pod_name, options is not None, note)
+    native: tuple[str, ...] = ()
+    if mode is Mode.NFTABLES:
+        from multicall.core.firewall.nft.native import native_table, render
+
+        native = tuple(render(native_table(options, family) if options else None, family))
+    return Expectation(table, mode, pod_name, options is not None, note, native)
 
 
 def _pod_inputs(
@@ -235,6 +241,53 @@ def read_save_input(path: str, stdin: BinaryIO, *, strict: bool) -> Actual:
             stream.close()
     # iptables-save prints no *nat block when the table was never instantiated.
     return Actual(found or empty_table(), source, warnings)
+
+
+def native_actual(opts: Options, stdin: BinaryIO) -> tuple[list[str], str]:
+    """nftables mode: the family's `linkerd-proxy-init` table as nft lists it, from a text
+    (`nft list table` or `nft list ruleset` output) or a live netns, and where it came from."""
+    from multicall.core.firewall.model import Family
+    from multicall.core.firewall.nft.native import extract_table, render
+
+    family = Family(opts.family)
+    if opts.input is not None:
+        text = read_bytes(opts.input, stdin, "--input").decode("utf-8", "surrogateescape")
+        source = "<stdin>" if opts.input == "-" else opts.input
+        return extract_table(text.splitlines(), family), source
+    from multicall.effects.firewall.engine import dump_native
+    from multicall.effects.ns import NetnsRef
+
+    path = opts.netns if opts.netns is not None else f"/proc/{opts.pid}/ns/net"
+    return render(dump_native(NetnsRef(path, allow_own=True), family=family), family), path
+
+
+def native_report(opts: Options, want: Expectation, got: list[str], source: str) -> str:
+    """The nftables mode's result: a unified diff of the two nft texts, as text or JSON."""
+    import json
+
+    from multicall.core.firewall.nft.native import TABLE, diff_text
+
+    diff = diff_text(want.native, got, source)
+    if opts.json:
+        doc = {
+            "schema": JSON_SCHEMA,
+            "ok": not diff,
+            "mode": "nftables",
+            "family": opts.family,
+            "source": source,
+            "pod": want.pod,
+            "meshed": want.meshed,
+            "note": want.note or None,
+            "expected": list(want.native),
+            "actual": got,
+            "diff": diff.splitlines(),
+        }
+        return json.dumps(doc, indent=2) + "\n"
+    note = f"note: {want.note}\n" if want.note else ""
+    head = f"{opts.family} {TABLE} table of {source}"
+    return f"{note}{head}: {'as expected' if not diff else 'differs'}\n" + (
+        f"{diff}\n" if diff else ""
+    )
 
 
 def format_json(diff: RulesetDiff, opts: Options, want: Expectation, got: Actual) -> str:

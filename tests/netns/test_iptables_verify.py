@@ -144,3 +144,32 @@ def test_engine_applied_rules_verify(rig: Rig, tmp_path: Path, name: str) -> Non
             ["--config", path, "--netns", ns.path, "--family", fam.value, "--strict"],
         )
         assert rc == 0, out + err
+
+
+@pytest.mark.parametrize("name", OK_NAMES)
+def test_native_tables_verify(rig: Rig, tmp_path: Path, name: str) -> None:
+    """iptables-verify --mode nftables: the live native table, and `nft list ruleset` text of
+    it, are what it expects; a rule deleted with nft is reported as a diff line."""
+    ns = rig.netns()
+    family = scenario_family(name)
+    wanted = families(ipv6=family is Family.IPV6)
+    apply_proxy_init(ns.path, scenario_options(name), mode=Mode.NFTABLES, families=wanted)
+    path = config(tmp_path, name, "nftables")
+    base = ["--config", path, "--family", family.value]
+    live = verify([*base, "--netns", ns.path])  # the config's iptables-mode says nftables
+    assert live.returncode == 0, live.stdout + live.stderr
+    assert "linkerd-proxy-init table of" in live.stdout
+    listed = tmp_path / "ruleset.txt"
+    listed.write_text(ns.exec(["nft", "list", "ruleset"]))
+    text = verify([*base, "--input", str(listed), "--mode", "nftables"])
+    assert text.returncode == 0, text.stdout + text.stderr
+    word = "ip" if family is Family.IPV4 else "ip6"
+    handles = ns.exec(["nft", "-a", "list", "chain", word, "linkerd-proxy-init", "output"])
+    loopback = next(line for line in handles.splitlines() if 'oifname "lo"' in line)
+    ns.exec(["nft", "delete", "rule", word, "linkerd-proxy-init", "output", "handle",
+             loopback.rsplit(" ", 1)[1]])  # fmt: skip
+    broken = verify([*base, "--netns", ns.path, "--json"])
+    assert broken.returncode == 1
+    report = json.loads(broken.stdout)
+    assert report["ok"] is False
+    assert '-\t\toifname "lo" return comment "proxy-init/ignore-loopback"' in report["diff"]

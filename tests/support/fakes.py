@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
+from multicall.core.firewall.nft.native import NativeTable, native_table
 from multicall.core.firewall.proxy_init import apply_change, empty_table, plan_change
 from multicall.core.firewall.ruleset import Table
 from multicall.core.kube.objects import (
@@ -98,6 +99,7 @@ class MemoryFirewall:
     tables: dict[tuple[str, Family], Table] = field(default_factory=dict)
     applied: list[Programmed] = field(default_factory=list)
     refusal: str | None = None  # the kernel's message when it refuses every rule set
+    native: dict[tuple[str, Family], NativeTable] = field(default_factory=dict)  # nftables
 
     def table(self, path: str, family: Family) -> Table:
         return self.tables.get((path, family), empty_table())
@@ -113,6 +115,11 @@ class MemoryFirewall:
     ) -> None:
         if self.refusal is not None:
             raise FirewallError(self.refusal, netns=netns.path, table="nat")
+        if mode is Mode.NFTABLES:  # the engine's: every family planned, then replaced
+            tables = [native_table(options, family) for family in families]
+            self.native.update({(netns.path, t.family): t for t in tables})
+            self.applied.append(Programmed(netns, options, mode, families))
+            return
         backend = "legacy" if mode is Mode.LEGACY else "nft"
         plans = [
             (family, plan_change(self.table(netns.path, family), options, family, backend=backend))
@@ -128,6 +135,11 @@ class MemoryFirewall:
         self, netns: NetnsRef, *, mode: Mode, family: Family, log: Callable[[str], None]
     ) -> Table:
         return self.table(netns.path, family)
+
+    def dump_native(
+        self, netns: NetnsRef, *, family: Family, log: Callable[[str], None]
+    ) -> NativeTable | None:
+        return self.native.get((netns.path, family))
 
 
 def fake_deps(kube: FakeKube | None = None, firewall: MemoryFirewall | None = None) -> PluginDeps:

@@ -477,7 +477,7 @@ class TestValues:
     @pytest.mark.parametrize(
         ("values", "message"),
         [
-            ({"iptablesMode": "nftables"}, "iptablesMode"),
+            ({"iptablesMode": "iptables"}, "iptablesMode"),
             ({"inboundProxyPort": "4143x"}, "inboundProxyPort"),
             ({"portsToRedirect": "80;443"}, "portsToRedirect"),
             ({"destCNINetDir": "etc/cni"}, "destCNINetDir"),
@@ -667,8 +667,8 @@ class TestRendering:
 
     @pytest.mark.parametrize(
         ("mode", "capabilities"),
-        [("nft", ["NET_ADMIN"]), ("legacy", ["NET_ADMIN", "SYS_ADMIN"]),
-         ("plain", ["NET_ADMIN", "SYS_ADMIN"])],
+        [("nft", ["NET_ADMIN"]), ("nftables", ["NET_ADMIN"]),
+         ("legacy", ["NET_ADMIN", "SYS_ADMIN"]), ("plain", ["NET_ADMIN", "SYS_ADMIN"])],
     )  # fmt: skip
     def test_the_agent_daemonset(self, mode: str, capabilities: list[str], tmp_path: Path) -> None:
         """agent.enabled: a DaemonSet of its own in the node's network namespace (the plugin's),

@@ -87,7 +87,8 @@ PLUGIN_CONF = Struct(
     ),
 )
 
-MODE_ERROR = '--iptables-mode valid values are only "legacy", "nft" and "plain"'
+# upstream's text, with cnibox's own native mode added (docs/firewall.md)
+MODE_ERROR = '--iptables-mode valid values are only "legacy", "nft", "plain" and "nftables"'
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,9 @@ class Mode(Enum):
     LEGACY = "legacy"
     NFT = "nft"
     PLAIN = "plain"  # detect: legacy if it already has rules here, else nft, else legacy
+    # cnibox's own: native nf_tables rules in tables of their own, no iptables table and no
+    # xt compat expression (core/firewall/nft/native.py, docs/firewall.md)
+    NFTABLES = "nftables"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,9 @@ Rules of this module:
    in one transaction (one libiptc commit, one nf_tables batch).
 3. `legacy` is x_tables through libiptc, `nft` is nf_tables over netlink, `plain` detects as
    Istio does: legacy if legacy already holds rules in this netns, else nft if the kernel
-   speaks it, else legacy; the choice is logged.
+   speaks it, else legacy; the choice is logged. `nftables` is no iptables backend: its own
+   native tables (core/firewall/nft/native.py), all of a pod's families in one batch
+   (`apply_native_proxy_init`, `dump_native`); it has no nat table to dump.
 4. Simulate mode and the logging of dropped port items are the plugin's
    (`multicall.plugin.commands`): this engine only ever programs or reads rules.
 5. Concurrency: each change is planned from a snapshot and applied against it; when the table
@@ -46,6 +48,7 @@ from multicall.effects.ns import NetnsRef
 from multicall.errors import FirewallConflict, FirewallError
 
 if TYPE_CHECKING:  # the backends' modules are imported when first used (`Backends`)
+    from multicall.core.firewall.nft.native import NativeTable
     from multicall.effects.firewall.legacy.isolation import SingleUse
     from multicall.effects.firewall.nft import HandedSocket
 
@@ -133,6 +136,11 @@ def backend_for(
         return backends.legacy(family if sole else None)
     if mode is Mode.NFT:
         return backends.nft()
+    if mode is Mode.NFTABLES:
+        raise FirewallError(
+            'iptables-mode "nftables" programs no iptables nat table: read its '
+            "linkerd-proxy-init tables instead"
+        )
     return detect_backend(family, log, sole=sole, backends=backends)
 
 
@@ -235,6 +243,9 @@ def apply_proxy_init(
     `single_use`: this process serves one request (legacy.py rule 3).
     Raises FirewallError (rules rejected, lock busy), NetnsError (netns).
     """
+    if mode is Mode.NFTABLES:
+        apply_native_proxy_init(netns, options, families=families, log=log)
+        return
     with ns.entered_netns(netns, netlink_only=mode is Mode.NFT), ExitStack() as stack:
         sole = len(set(families)) == 1
         backends = Backends.for_netns(netns, single_use)
@@ -261,6 +272,30 @@ def describe(planned: Pass) -> str:
     )
 
 
+def apply_native_proxy_init(
+    netns: NetnsRef | str,
+    options: ProxyInitOptions,
+    *,
+    families: tuple[Family, ...],
+    log: MessageLog = quiet,
+) -> None:
+    """`iptables-mode: nftables`: every family's `linkerd-proxy-init` table, planned before
+    anything is sent (rule 2), then programmed in one batch. No lock, no retry: the batch
+    replaces the tables whatever they held (native.py rule 4)."""
+    from multicall.core.firewall.nft.native import TABLE, native_table
+    from multicall.effects.firewall.nft import apply_native
+
+    tables = tuple(native_table(options, family) for family in dict.fromkeys(families))
+    handed = Backends.for_netns(netns, None).handed
+    with ns.entered_netns(netns, netlink_only=True):
+        apply_native(tables, handed)
+    for table in tables:
+        log(
+            f"{table.family.value} {TABLE} via nftables: table replaced, "
+            f"{len(table.rules)} rules in one batch"
+        )
+
+
 # ----------------------------------------------------------------------------- dump
 
 
@@ -276,3 +311,14 @@ def dump_nat(
     backends = Backends.for_netns(netns, single_use)
     with ns.entered_netns(netns, netlink_only=mode is Mode.NFT):
         return backend_for(mode, family, log, backends=backends).dump(family, "nat")
+
+
+def dump_native(
+    netns: NetnsRef | str, *, family: Family, log: MessageLog = quiet
+) -> NativeTable | None:
+    """The family's native `linkerd-proxy-init` table in the netns (None: there is none)."""
+    from multicall.effects.firewall.nft import read_native
+
+    handed = Backends.for_netns(netns, None).handed
+    with ns.entered_netns(netns, netlink_only=True):
+        return read_native(family, handed)

@@ -39,6 +39,8 @@ from typing import TypeVar
 from multicall.core.firewall.model import Family, Snapshot, TableChange
 from multicall.core.firewall.nft import dump, netlink
 from multicall.core.firewall.nft.batch import Batch, build_batch
+from multicall.core.firewall.nft.native import TABLE as NATIVE_TABLE
+from multicall.core.firewall.nft.native import NativeTable, build_native_batch, from_dump, render
 from multicall.core.firewall.proxy_init import apply_change, strip_counters
 from multicall.core.firewall.ruleset import Table
 from multicall.effects.ns import OWN_NETNS
@@ -279,14 +281,30 @@ def _send_batch(sock: _Socket, batch: Batch, *, grow_receive: bool = True) -> _R
     return _Reply(tuple(errors), acked, expected, not overrun and acked == expected)
 
 
+# What the kernel answers for a `match`/`target` expression it cannot load: ENOENT when
+# nft_compat or the xt_* module is missing (after its request_module), EOPNOTSUPP when the
+# compat layer refuses the extension.
+COMPAT_MISSING = frozenset({errno_mod.ENOENT, errno_mod.EOPNOTSUPP})
+COMPAT_HINT = (
+    "this kernel may lack the x_tables compat support (nft_compat and the xt_* match and "
+    'target modules) that iptables-nft rules need; iptables-mode "nftables" programs the '
+    "same redirect with native nf_tables expressions only"
+)
+
+
 def _refusal(batch: Batch, errors: tuple[netlink.NetlinkError, ...]) -> FirewallError:
-    """The first error the kernel gave (the batch was aborted as a whole)."""
+    """The first error the kernel gave (the batch was aborted as a whole). An iptables rule
+    (`-A ...`) refused as missing points at the native mode (a kernel without x_tables)."""
     if any(e.errno == errno_mod.ERESTART for e in errors):
         return FirewallConflict(
             "nf_tables: the ruleset changed since it was read; nothing was changed"
         )
     first = min(errors, key=lambda e: e.seq)
-    return _error(batch.requests.get(first.seq, f"message {first.seq}"), first)
+    what = batch.requests.get(first.seq, f"message {first.seq}")
+    error = _error(what, first)
+    if first.errno in COMPAT_MISSING and what.startswith("-A "):
+        return FirewallError(error.message, errno=first.errno, hint=COMPAT_HINT)
+    return error
 
 
 T = TypeVar("T")
@@ -325,6 +343,44 @@ def read_rules(
         "the ruleset",
         handed=handed,
     )
+
+
+def read_native(family: Family, handed: HandedSocket | None = None) -> NativeTable | None:
+    """The family's native `linkerd-proxy-init` table (`iptables-mode: nftables`), or None."""
+
+    def read(sock: _Socket) -> NativeTable | None:
+        before = _genid(sock)
+        chains = _dump(sock, netlink.NFT_MSG_GETCHAIN, family, NATIVE_TABLE)
+        rules = _dump(sock, netlink.NFT_MSG_GETRULE, family, NATIVE_TABLE)
+        if _genid(sock) != before:
+            raise _Interrupted
+        return from_dump(
+            family, [dump.parse_chain(m) for m in chains], [dump.parse_rule(m) for m in rules]
+        )
+
+    return _read_consistent(read, f"the {NATIVE_TABLE} table", NATIVE_TABLE, handed)
+
+
+def apply_native(tables: tuple[NativeTable, ...], handed: HandedSocket | None = None) -> None:
+    """Program every family's native table in one batch (native.py rule 4). Its result does
+    not depend on what was there, so it needs no generation guard and no retry; when acks
+    were lost (rule 5) the tables read back say whether it was committed."""
+    with _netlink(handed) as sock:
+        batch = build_native_batch(tables, sock.next_seq())
+        sock.seq = batch.last_seq
+        reply = _send_batch(sock, batch)
+        if reply.errors:
+            raise _refusal(batch, reply.errors)
+        if reply.complete:
+            return
+    for table in tables:
+        now = read_native(table.family, handed)
+        if render(now, table.family) != render(table, table.family):
+            raise FirewallError(
+                f"nf_tables replies were lost ({reply.acked} of {reply.expected} acks) and "
+                f"the {table.family.value} {NATIVE_TABLE} table is not what was sent",
+                table=NATIVE_TABLE,
+            )
 
 
 def _netns_id(sock: _Socket) -> tuple[int, int]:

@@ -2,6 +2,7 @@
 
 python3 tcp_probe.py listen PORT...       answer each connection with "PORT\n" (the port of
                                           the listener that accepted it); prints "ready"
+python3 tcp_probe.py listen-dual PORT...  the same on every IPv4 and IPv6 address
 python3 tcp_probe.py connect HOST PORT [UID]
                                           connect (as UID if given), print the answer
 """
@@ -14,12 +15,14 @@ import socket
 import sys
 
 
-def listen(ports: list[int]) -> None:
+def listen(ports: list[int], *, dual: bool = False) -> None:
     sel = selectors.DefaultSelector()
     for port in ports:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s = socket.socket(socket.AF_INET6 if dual else socket.AF_INET, socket.SOCK_STREAM)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("0.0.0.0", port))
+        if dual:  # one socket for both families
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        s.bind(("::" if dual else "0.0.0.0", port))
         s.listen(8)
         sel.register(s, selectors.EVENT_READ, port)
     print("ready", flush=True)
@@ -40,7 +43,7 @@ def connect(host: str, port: int, uid: int | None) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "listen":
-        listen([int(p) for p in sys.argv[2:]])
+    if sys.argv[1] in ("listen", "listen-dual"):
+        listen([int(p) for p in sys.argv[2:]], dual=sys.argv[1] == "listen-dual")
     else:
         connect(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else None)

@@ -90,7 +90,7 @@ def _rule_body(table: str, rule: Rule, family: Family) -> bytes:
     )
 
 
-def _base_chain_body(table: str, name: str, hook: int, priority: int, kind: str) -> bytes:
+def base_chain_body(table: str, name: str, hook: int, priority: int, kind: str) -> bytes:
     """As `iptables-nft -A` makes them: ACCEPT policy, no counters."""
     hook_attr = nested(NFTA_CHAIN_HOOK, attr_u32(NFTA_HOOK_HOOKNUM, hook), attr_u32(2, priority))
     return (
@@ -120,7 +120,7 @@ def plan_batch_ops(
     base_names = {b[0] for b in BASE_CHAINS[table]}
     for name, hook, prio, kind in BASE_CHAINS[table]:
         if name in used and name not in existing:
-            body = _base_chain_body(table, name, hook, prio, kind)
+            body = base_chain_body(table, name, hook, prio, kind)
             ops.append((NFT_MSG_NEWCHAIN, NLM_F_CREATE, body, f"chain {name}"))
     made = existing | base_names
     for name in dict.fromkeys((*change.create_chains, *change.flush_chains)):
@@ -143,19 +143,19 @@ def build_batch(
 ) -> Batch:
     """One NFNL batch applying `change`; the kernel commits all of it or none of it."""
     ops = plan_batch_ops(change, existing, family)
+    return frame_batch([(*op, family) for op in ops], seq, genid)
+
+
+def frame_batch(
+    ops: list[tuple[int, int, bytes, str, Family]], seq: int, genid: int | None = None
+) -> Batch:
+    """Messages (type, extra flags, body, description, family) between BEGIN and END; with
+    `genid`, the kernel refuses the batch (ERESTART) if the ruleset moved past it."""
     res = NFNL_SUBSYS_NFTABLES
-    parts = [
-        build_message(
-            NFNL_MSG_BATCH_BEGIN,
-            NLM_F_REQUEST,
-            seq,
-            0,
-            attr_u32(NFNL_BATCH_GENID, genid),
-            res_id=res,
-        )
-    ]
+    guard = attr_u32(NFNL_BATCH_GENID, genid) if genid is not None else b""
+    parts = [build_message(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq, 0, guard, res_id=res)]
     requests: dict[int, str] = {seq: "batch"}
-    for i, (msg, flags, body, what) in enumerate(ops, start=1):
+    for i, (msg, flags, body, what, family) in enumerate(ops, start=1):
         parts.append(
             build_message(
                 nft_type(msg), NLM_F_REQUEST | NLM_F_ACK | flags, seq + i, NFPROTO[family], body

@@ -35,6 +35,12 @@ NFT_PAYLOAD_TRANSPORT_HEADER = 2
 NFT_META_IIFNAME = 6
 NFT_META_OIFNAME = 7
 NFT_META_L4PROTO = 16
+NFT_META_SKUID = 10
+NFT_META_SKGID = 11
+NFTA_REDIR_REG_PROTO_MIN = 1
+NFTA_REDIR_REG_PROTO_MAX = 2
+NFTA_REDIR_FLAGS = 3
+NF_NAT_RANGE_PROTO_SPECIFIED = 2
 NFT_CMP_EQ = 0
 NFT_CMP_NEQ = 1
 NFT_RANGE_EQ = 0
@@ -96,6 +102,23 @@ class Immediate(NamedTuple):
     dreg: int = NFT_REG_VERDICT
 
 
+class ImmediateData(NamedTuple):
+    """A value loaded into a data register (the port a native `redirect` reads)."""
+
+    data: bytes
+    dreg: int = NFT_REG_1
+
+
+class Redir(NamedTuple):
+    """nft's native `redirect` (iptables-nft uses the REDIRECT `target` instead): the port
+    range is read from registers; nft sends `redirect to :P` as min = max = the register
+    holding P, flags NF_NAT_RANGE_PROTO_SPECIFIED."""
+
+    reg_min: int | None = None
+    reg_max: int | None = None
+    flags: int = 0
+
+
 class XtMatch(NamedTuple):
     name: str
     rev: int
@@ -114,7 +137,20 @@ class Unknown(NamedTuple):
     name: str
 
 
-Expr = Meta | Payload | Cmp | Bitwise | Range | Counter | Immediate | XtMatch | XtTarget | Unknown
+Expr = (
+    Meta
+    | Payload
+    | Cmp
+    | Bitwise
+    | Range
+    | Counter
+    | Immediate
+    | ImmediateData
+    | Redir
+    | XtMatch
+    | XtTarget
+    | Unknown
+)
 
 
 # --- expression <-> attributes ---------------------------------------------------------------
@@ -147,6 +183,12 @@ def _expr_data(expr: Expr) -> tuple[str, bytes]:  # noqa: PLR0911 - one arm per 
             if chain is not None:
                 verdict += attr_str(NFTA_VERDICT_CHAIN, chain)
             return "immediate", attr_u32(1, dreg) + nested(2, nested(NFTA_DATA_VERDICT, verdict))
+        case ImmediateData(data, dreg):
+            return "immediate", attr_u32(1, dreg) + _data_value(2, data)
+        case Redir(reg_min, reg_max, flags):
+            body = b"" if reg_min is None else attr_u32(NFTA_REDIR_REG_PROTO_MIN, reg_min)
+            body += b"" if reg_max is None else attr_u32(NFTA_REDIR_REG_PROTO_MAX, reg_max)
+            return "redir", body + (attr_u32(NFTA_REDIR_FLAGS, flags) if flags else b"")
         case XtMatch(name, rev, info):
             return "match", attr_str(1, name) + attr_u32(2, rev) + attr(3, info)
         case XtTarget(name, rev, info):
@@ -164,9 +206,12 @@ def _value(data: bytes) -> bytes:
 
 
 def _decode_immediate(a: dict[int, bytes]) -> Expr:
-    verdict = attr_map(attr_map(a.get(2, b"")).get(NFTA_DATA_VERDICT, b""))
+    data = attr_map(a.get(2, b""))
+    if NFTA_DATA_VALUE in data:
+        return ImmediateData(data[NFTA_DATA_VALUE], u32(a.get(1, b"\0" * 4)))
+    verdict = attr_map(data.get(NFTA_DATA_VERDICT, b""))
     if NFTA_VERDICT_CODE not in verdict:
-        return Unknown("immediate (data, not verdict)")
+        return Unknown("immediate (neither data nor verdict)")
     chain = cstr(verdict[NFTA_VERDICT_CHAIN]) if NFTA_VERDICT_CHAIN in verdict else None
     return Immediate(s32(verdict[NFTA_VERDICT_CODE]), chain, u32(a.get(1, b"\0" * 4)))
 
@@ -181,6 +226,14 @@ def _decode_payload(a: dict[int, bytes]) -> Expr:
     if 1 not in a or 5 in a:  # a payload write (mangling) has SREG instead of DREG
         return Unknown("payload (write)")
     return Payload(u32(a[2]), u32(a[3]), u32(a[4]), u32(a[1]))
+
+
+def _decode_redir(a: dict[int, bytes]) -> Expr:
+    def reg(key: int) -> int | None:
+        return u32(a[key]) if key in a else None
+
+    flags = u32(a[NFTA_REDIR_FLAGS]) if NFTA_REDIR_FLAGS in a else 0
+    return Redir(reg(NFTA_REDIR_REG_PROTO_MIN), reg(NFTA_REDIR_REG_PROTO_MAX), flags)
 
 
 def _decode_meta(a: dict[int, bytes]) -> Expr:
@@ -207,6 +260,8 @@ def decode_expr(elem: bytes) -> Expr:  # noqa: PLR0911 - one arm per expression 
                 return Counter(u64(a.get(2, b"\0" * 8)), u64(a.get(1, b"\0" * 8)))
             case "immediate":
                 return _decode_immediate(a)
+            case "redir":
+                return _decode_redir(a)
             case "match":
                 return XtMatch(cstr(a[1]), u32(a[2]), a.get(3, b""))
             case "target":
