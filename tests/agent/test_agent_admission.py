@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import signal
 import socket
 import statistics
 import subprocess
@@ -202,8 +203,11 @@ def test_two_agents_with_the_same_pid_do_not_share_a_temporary_socket_name(
             # One serves the path; the others see it is not theirs (rule 7).
             assert wait_for(lambda: sum(a.get("/readyz")[0] == 200 for a in agents) == 1)
         finally:
-            for a in agents:
-                a.stop()
+            for a in agents:  # the agent is unshare's child: SIGTERM it, unshare follows
+                with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+                    for child in a.workers():
+                        os.kill(child, signal.SIGTERM)
+            assert [a.stop() for a in agents] == [0] * 6
     finally:
         other.close()
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp") and ".1." not in p]
