@@ -90,7 +90,7 @@ def flood(path: str, idle: int, drips: int) -> Iterator[list[int]]:
     try:
         for _ in range(idle):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
-            with contextlib.suppress(BlockingIOError):  # a full backlog: fine, it is a flood
+            with contextlib.suppress(OSError):  # a full backlog, a reset: fine, it is a flood
                 s.connect(path)
             socks.append(s)
         for t in threads:
@@ -99,7 +99,8 @@ def flood(path: str, idle: int, drips: int) -> Iterator[list[int]]:
     finally:
         stop.set()
         for t in threads:
-            t.join(5)
+            if t.ident is not None:  # started
+                t.join(5)
         for s in socks:
             s.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
