@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -38,7 +38,9 @@ STARTED = "cnibox_agent_workers_started_total"
 VERSION_ENV = {"CNI_COMMAND": "VERSION", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
 
-def source_agent(path: Path, *, extra: list[str] | None = None, preexec: list[str] | None = None):
+def source_agent(
+    path: Path, *, extra: list[str] | None = None, preexec: list[str] | None = None
+) -> AgentProcess:
     return AgentProcess(
         path, argv=SOURCE, extra=extra, preexec=preexec, env={"PYTHONPATH": str(REPO)}
     )
@@ -53,10 +55,10 @@ def served(frames: list[proto.Reply]) -> bool:
     return [f.kind for f in frames] == [proto.FRAME_ACCEPT, proto.FRAME_RESULT]
 
 
-def wait_for(check: object, timeout: float = 10) -> bool:
+def wait_for(check: Callable[[], bool], timeout: float = 10) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
+        if check():
             return True
         time.sleep(0.05)
     return False
