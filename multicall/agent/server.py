@@ -3,7 +3,7 @@ pool of pre-forked workers and the queue in front of it, cancellation, deadlines
 HTTP endpoints, SIGTERM and the drain (docs/agent.md). A worker's own life after the fork is
 agent/worker_process.py's; what it does with a request, agent/worker.py's.
 
-It is one file (~600 lines) because it is one single-threaded poll loop whose state (the
+It is one file (~750 lines) because it is one single-threaded poll loop whose state (the
 workers, their client connections, the queue, the draining flag) every part reads and
 changes on each turn; split, each part would reach into the others' state.
 
@@ -17,8 +17,9 @@ any other request, and the fork is off the request's critical path. A worker ser
 Rules of this module:
 1. The parent owns: the listening socket (bound under a temporary name, then renamed over
    the socket path, so an upgrade takes over without a window), one control socketpair per
-   worker, its own copy of each client connection (only to notice a caller that went away:
-   it never reads or writes it). The admin endpoints are the project's admin server
+   worker, the connections whose request it is reading (rule 6), and its own copy of each
+   served client connection (only to notice a caller that went away: once the request is
+   handed on it never reads or writes it). The admin endpoints are the project's admin server
    (effects/admin_server.py, on its own threads); what they show is read on the loop.
 2. A client that hangs up before its worker reported a result gets that worker SIGKILLed;
    so does a worker past the request deadline. Either way the client sees EOF and (if it is
@@ -37,13 +38,27 @@ Rules of this module:
    CPUs between more processes than they can run. When every serving worker has been on its
    request for STUCK seconds (waiting on a slow API server, not using a CPU), one more may
    start, so a slow server does not hold the queue.
+6. Admission before work (agent/admission.py): the parent reads each request whole, without
+   blocking, within ADMISSION_DEADLINE of its accept, and only then answers ACCEPT and gives
+   it a queue place or a worker; the worker gets the request's bytes (a memfd) and the
+   caller's descriptors with the connection. A caller that is idle, drips its bytes or sends
+   a malformed request is handed back before it costs a worker or a fork. Out of
+   descriptors (EMFILE), the oldest incomplete connection is dropped, or accepting pauses
+   for ACCEPT_BACKOFF; the log says so at most once per LOG_INTERVAL.
+7. The socket path is checked every SOCKET_CHECK: removed, the agent listens again (nobody
+   else serves it); taken over by another agent, /readyz turns not ready (the other one
+   serves the node) until the path is free again. A failure to remove the socket at
+   SIGTERM (a read-only directory) is logged; the drain goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import resource
+import secrets
 import select
 import signal
 import socket
@@ -55,9 +70,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+from multicall.agent import admission
+from multicall.agent.admission import Admitted, Pending, Refused
 from multicall.agent.worker_process import Log, Prepare, Serve, WorkerJob, become_worker
 from multicall.core.agent_metrics import Metrics, render
-from multicall.core.agent_protocol import accept_frame
+from multicall.core.agent_protocol import accept_frame, fallback_frame
 
 if TYPE_CHECKING:
     from multicall.effects.admin_server import AdminServer
@@ -74,6 +91,17 @@ MAX_REPORT = 256 * 1024
 CALLER_GRACE = 0.05
 # A request still running after this is taken to be waiting, not computing (rule 5).
 STUCK = 0.2
+# Out of descriptors with nothing to drop: how long the listener rests (rule 6).
+ACCEPT_BACKOFF = 0.1
+# A repeated trouble (EMFILE, a fork that fails, callers handed back at admission) is logged
+# at most once per this many seconds, with the count of the ones not logged.
+LOG_INTERVAL = 10.0
+SOCKET_CHECK = 1.0  # seconds between checks that the socket path is still this agent's
+# accept() errors that mean "out of a resource now", not "this caller": wait, do not spin.
+OUT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# Descriptors the parent keeps for itself beyond its connections: its own (stdio, poll,
+# wake pipe, admin server threads and their sockets) and a worker's socketpair and memfd.
+RESERVED_FDS = 32
 
 
 def default_max_workers() -> int:
@@ -123,10 +151,22 @@ class Server:
         self.listener: socket.socket | None = None
         self.admin: AdminServer | None = None
         self.jobs: deque[Callable[[], None]] = deque()  # from admin threads (on_loop)
-        self.queue: deque[tuple[socket.socket, float]] = deque()  # (caller, accepted at)
+        self.reading: dict[int, Pending] = {}  # by connection fd, oldest first (rule 6)
+        self.queue: deque[Admitted] = deque()
         self.socket_id: tuple[int, int] | None = None
+        self.socket_lost = False  # the path is another agent's (rule 7)
+        self.next_socket_check = 0.0
+        self.accepting = False  # the listener is in the poll set
+        self.accept_paused_until = 0.0
+        self.noted: dict[str, tuple[float, int]] = {}  # key -> (last logged, not logged since)
+        self.stop_reason = ""  # set by the signal handler, acted on by the loop
         self.draining = False
         self.terminate_at = 0.0
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        budget = soft - RESERVED_FDS - 3 * (options.workers + options.max_workers)
+        # Connections being read at once: what the descriptors allow, each with the
+        # caller's (a queued or served request holds its own too: EMFILE handles the rest).
+        self.max_reading = max(1, min(admission.MAX_READING, budget // admission.FDS_PER_REQUEST))
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     # ------------------------------------------------------------------ setup
@@ -135,24 +175,52 @@ class Server:
         """The admin server first (a bad --admin-addr changes nothing), then the socket."""
         if self.options.admin_addr:
             self.start_admin()
+        self.listen()
+        self.poll.register(self.wake_r, select.POLLIN)
+
+    def listen(self) -> None:
+        """Bind a new listening socket under a temporary name and rename it over the socket
+        path (rule 1). The temporary name is this process's alone: two agents starting at
+        once may have the same pid (each pid 1 of its container), so it carries a random
+        token too, and bind() fails rather than reuse an existing name (O_EXCL-like)."""
         path = self.options.socket_path
         directory = os.path.dirname(path) or "."
         if not os.path.isdir(directory):
             os.makedirs(directory, mode=0o700)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        sock.bind(tmp)
-        os.chmod(tmp, 0o600)
-        sock.listen(1024)
+        try:
+            sock.bind(tmp)
+            try:
+                os.chmod(tmp, 0o600)
+                sock.listen(1024)
+                os.rename(tmp, path)  # atomic takeover from a previous agent (rule 1)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+            st = os.stat(path)
+        except OSError:
+            sock.close()
+            raise
         sock.setblocking(False)
-        os.rename(tmp, path)  # atomic takeover from a previous agent (rule 1)
-        st = os.stat(path)
+        if self.listener is not None:
+            self.stop_accepting()
+            self.listener.close()
         self.socket_id = (st.st_dev, st.st_ino)
+        self.socket_lost = False
         self.listener = sock
-        self.poll.register(sock, select.POLLIN)
-        self.poll.register(self.wake_r, select.POLLIN)
+        self.start_accepting()
+
+    def start_accepting(self) -> None:
+        if self.listener is not None and not self.accepting:
+            self.poll.register(self.listener, select.POLLIN)
+            self.accepting = True
+
+    def stop_accepting(self) -> None:
+        if self.listener is not None and self.accepting:
+            self.poll.unregister(self.listener)
+            self.accepting = False
 
     @property
     def admin_port(self) -> int | None:
@@ -179,7 +247,10 @@ class Server:
             for fd, mask, owner in sorted(bound, key=lambda e: not isinstance(e[2], Worker)):
                 if self.owner(fd) is owner:
                     self.handle(fd, mask)
+            if self.stop_reason and not self.draining:
+                self.start_draining(self.stop_reason)
             self.check_deadlines()
+            self.check_socket()
             if self.draining and self.finished_draining():
                 break
         self.stop_workers()
@@ -187,13 +258,14 @@ class Server:
         return 0
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        if not self.draining:
-            self.start_draining(signal.Signals(signum).name)
+        # Only noted: the handler runs between any two bytecodes of the loop, which must not
+        # find its listener closed under it; the wake-up fd makes the loop act at once.
+        self.stop_reason = self.stop_reason or signal.Signals(signum).name
 
     def owner(self, fd: int) -> object:
         """What a descriptor belongs to now (a Worker by its control socket or by its client
         connection), or the descriptor itself for the fixed ones."""
-        return self.workers.get(fd) or self.by_conn.get(fd) or fd
+        return self.workers.get(fd) or self.by_conn.get(fd) or self.reading.get(fd) or fd
 
     def handle(self, fd: int, mask: int) -> None:
         if fd == self.wake_r:
@@ -206,85 +278,186 @@ class Server:
             self.worker_event(self.workers[fd], mask)
         elif fd in self.by_conn:
             self.client_gone(self.by_conn[fd])
+        elif fd in self.reading and (admitted := self.read_request(self.reading[fd])):
+            self.dispatch(admitted)
 
     # ------------------------------------------------------------------ clients
 
     def accept_clients(self) -> None:
-        """Accept (and answer ACCEPT to) every waiting caller first, then hand them to
-        workers, accepting again after each fork: a burst's late callers must not wait for
-        the forks of the ones before them to hear that the agent is alive (the launcher's
-        short deadline)."""
-        accepted = self.accept_waiting()
-        while accepted:
-            if self.dispatch(accepted.pop(0)):
-                accepted += self.accept_waiting()
+        """Accept every waiting caller and read the requests already there first, then hand
+        them to workers, accepting again after each fork: a burst's late callers must not
+        wait for the forks of the ones before them to hear that the agent is alive (the
+        launcher's short deadline)."""
+        admitted = self.accept_waiting()
+        while admitted:
+            if self.dispatch(admitted.pop(0)):
+                admitted += self.accept_waiting()
 
-    def accept_waiting(self) -> list[socket.socket]:
-        """Every connection in the backlog now, admitted (ACCEPT sent) or closed."""
-        accepted: list[socket.socket] = []
-        while self.listener is not None:
+    def accept_waiting(self) -> list[Admitted]:
+        """Every connection in the backlog now: its request read whole (ACCEPT sent), still
+        being read (rule 6), or handed back."""
+        admitted: list[Admitted] = []
+        while self.listener is not None and self.accepting:
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 break
-            except OSError as exc:  # EMFILE and the like: the callers fall back
-                self.log("error", f"accept: {exc.strerror}")
+            except OSError as exc:
+                if exc.errno in OUT_OF and self.drop_oldest_reading():
+                    continue  # a descriptor is free again: the next caller may be a real one
+                if exc.errno in OUT_OF:
+                    self.stop_accepting()
+                    self.accept_paused_until = time.monotonic() + ACCEPT_BACKOFF
+                self.note("accept", "error", f"accept: {exc.strerror}; callers fall back")
                 break
-            if self.admit(conn):
-                accepted.append(conn)
-        return accepted
+            pid = self.admit(conn)
+            if pid is not None and (got := self.read_request(Pending(conn, pid))) is not None:
+                admitted.append(got)
+        return admitted
 
-    def admit(self, conn: socket.socket) -> bool:
-        """Root only; then ACCEPT at once (before any fork)."""
+    def admit(self, conn: socket.socket) -> int | None:
+        """Root only: the caller's pid, or None (closed)."""
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        _pid, uid, _gid = struct.unpack("3i", creds)
+        pid, uid, _gid = struct.unpack("3i", creds)
         if uid != 0:
             self.metrics.refused["not root"] += 1
-            self.log("warning", f"refused a client with uid {uid}: only root may call the agent")
+            self.note(
+                "not root",
+                "warning",
+                f"refused a client with uid {uid}: only root may call the agent",
+            )
             conn.close()
-            return False
+            return None
+        conn.setblocking(False)
+        return int(pid)
+
+    def read_request(self, pending: Pending) -> Admitted | None:
+        """Read what `pending` sent so far (rule 6): the request once it is whole (ACCEPT
+        sent), else None (kept to read on, or handed back)."""
+        fd = pending.conn.fileno()
+        budget = admission.MAX_BUFFERED - self.buffered() + pending.reserved
         try:
-            conn.send(accept_frame(), socket.MSG_DONTWAIT)
+            got = pending.read(budget)
+        except Refused as exc:
+            self.forget_reading(fd)
+            self.hand_back(pending.conn, exc.reason, str(exc))
+            return None
+        if got is None:
+            if fd not in self.reading:
+                self.start_reading(pending)
+            return None
+        self.forget_reading(fd)
+        try:
+            got.conn.send(accept_frame(), socket.MSG_DONTWAIT)
         except OSError:
-            conn.close()
+            got.close()
+            return None
+        return got
+
+    def start_reading(self, pending: Pending) -> None:
+        """Keep reading `pending` as its bytes arrive, within the per-caller and total
+        bounds (the oldest goes when they are reached: it had the longest to send)."""
+        same_peer = [p for p in self.reading.values() if p.peer == pending.peer]
+        if pending.peer and len(same_peer) >= admission.MAX_READING_PER_PEER:
+            self.drop_reading(same_peer[0], "slow client")
+        if len(self.reading) >= self.max_reading:
+            self.drop_oldest_reading()
+        self.reading[pending.conn.fileno()] = pending
+        self.poll.register(pending.conn, select.POLLIN | POLLRDHUP)
+
+    def forget_reading(self, fd: int) -> None:
+        if self.reading.pop(fd, None) is not None:
+            self.poll.unregister(fd)
+
+    def drop_reading(self, pending: Pending, reason: str) -> None:
+        self.forget_reading(pending.conn.fileno())
+        admission.close_fds(pending.fds)
+        self.hand_back(pending.conn, reason, "")
+
+    def drop_oldest_reading(self) -> bool:
+        oldest = next(iter(self.reading.values()), None)
+        if oldest is None:
             return False
+        self.drop_reading(oldest, "slow client")
         return True
 
-    def dispatch(self, conn: socket.socket, accepted_at: float | None = None) -> bool:
-        """Hand `conn` to an idle worker, or a new one, or queue it when --max-workers are
-        serving (rule 4); True when that took a fork."""
-        if self.in_flight() + len(self.queue) >= self.options.max_requests:
+    def hand_back(self, conn: socket.socket, reason: str, detail: str) -> None:
+        """A caller admission refused: FALLBACK (if it still reads), closed, counted, and
+        logged once per LOG_INTERVAL per reason (a flood of them must not flood the log)."""
+        with contextlib.suppress(OSError):
+            conn.send(fallback_frame(reason), socket.MSG_DONTWAIT)
+        conn.close()
+        self.metrics.fell_back(reason)
+        why = f"{reason}: {detail}" if detail and detail != reason else reason
+        self.note(f"admission {reason}", "info", f"handed a caller back before reading: {why}")
+
+    def buffered(self) -> int:
+        """Bytes of requests the parent holds (admission.MAX_BUFFERED)."""
+        return sum(p.reserved for p in self.reading.values()) + sum(len(a.data) for a in self.queue)
+
+    def note(self, key: str, level: str, message: str) -> None:
+        """Log `message` unless a message of `key` was logged within LOG_INTERVAL; count it
+        then, and say how many were not logged with the next one."""
+        now = time.monotonic()
+        last, quiet = self.noted.get(key, (-LOG_INTERVAL, 0))
+        if now - last < LOG_INTERVAL:
+            self.noted[key] = (last, quiet + 1)
+            return
+        self.noted[key] = (now, 0)
+        more = f" ({quiet} more like it in the last {LOG_INTERVAL:.0f} s)" if quiet else ""
+        self.log(level, message + more)
+
+    def dispatch(self, request: Admitted, queued: bool = False) -> bool:
+        """Hand a request read whole to an idle worker, or a new one, or queue it when
+        --max-workers are serving (rule 5); True when that took a fork."""
+        if not queued and self.in_flight() + len(self.queue) >= self.options.max_requests:
             self.metrics.fell_back("overloaded")
-            conn.close()
+            request.close()
             return False
-        accepted_at = time.monotonic() if accepted_at is None else accepted_at
         if not self.may_serve_another():
-            self.queue.append((conn, accepted_at))
+            self.queue.append(request)
             return False
         worker = self.idle_worker()
         forked = worker is None
         worker = worker or self.spawn()
-        if worker is None:
+        if worker is None or not self.hand_over(worker, request):
             self.metrics.fell_back("no worker")
-            conn.close()
+            request.close()
             return forked
-        try:
-            socket.send_fds(worker.ctl, [b"R"], [conn.fileno()])
-        except OSError:
-            self.metrics.fell_back("no worker")
-            conn.close()
-            return forked
+        conn = request.conn
         worker.state = "busy"
         worker.conn = conn
-        worker.accepted_at = accepted_at
+        worker.accepted_at = request.accepted_at
         worker.dispatched_at = time.monotonic()
         worker.caller_gone_at = 0.0
-        worker.command = ""
-        conn.setblocking(False)
+        worker.command = request.command
         self.by_conn[conn.fileno()] = worker
         self.poll.register(conn, POLLRDHUP)
         worker.watching = True
         return forked
+
+    def hand_over(self, worker: Worker, request: Admitted) -> bool:
+        """Send `worker` the caller's connection, the request's bytes (in a memfd: a request
+        may be larger than one control message) and the caller's descriptors; the parent's
+        copies of those descriptors are closed either way."""
+        try:
+            memfd = os.memfd_create("cnibox-request", os.MFD_CLOEXEC)
+        except OSError as exc:
+            self.note("memfd", "error", f"cannot pass a request to a worker: {exc.strerror}")
+            return False
+        try:
+            view = memoryview(request.data)
+            while view:
+                view = view[os.write(memfd, view) :]
+            os.lseek(memfd, 0, os.SEEK_SET)
+            socket.send_fds(worker.ctl, [b"R"], [request.conn.fileno(), memfd, *request.fds])
+        except OSError as exc:
+            self.note("memfd", "error", f"cannot pass a request to a worker: {exc.strerror}")
+            return False
+        finally:
+            os.close(memfd)
+            admission.close_fds(request.fds)
+        return True
 
     def in_flight(self) -> int:
         return sum(1 for w in self.workers.values() if w.state == "busy")
@@ -300,8 +473,7 @@ class Server:
     def dispatch_queued(self) -> None:
         """Callers waiting in the queue, to the workers free now (oldest first)."""
         while self.queue and self.may_serve_another():
-            conn, accepted_at = self.queue.popleft()
-            self.dispatch(conn, accepted_at)
+            self.dispatch(self.queue.popleft(), queued=True)
 
     def client_gone(self, worker: Worker) -> None:
         """The caller closed its end. If the result was sent it is just done; if not (killed,
@@ -343,13 +515,17 @@ class Server:
                 return
 
     def spawn(self) -> Worker | None:
-        parent_end, child_end = socket.socketpair(
-            socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC
-        )
+        try:
+            parent_end, child_end = socket.socketpair(
+                socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC
+            )
+        except OSError as exc:  # EMFILE: the request falls back, the loop goes on
+            self.note("spawn", "error", f"cannot start a worker: {exc.strerror}")
+            return None
         try:
             pid = os.fork()
         except OSError as exc:
-            self.log("error", f"cannot fork a worker: {exc.strerror}")
+            self.note("spawn", "error", f"cannot start a worker: {exc.strerror}")
             parent_end.close()
             child_end.close()
             return None
@@ -376,6 +552,10 @@ class Server:
         socks = [self.listener]
         socks += [w.ctl for w in self.workers.values()]
         socks += [w.conn for w in self.workers.values()]
+        holding: list[Pending | Admitted] = [*self.reading.values(), *self.queue]
+        for held in holding:  # callers' requests (rule 6)
+            socks.append(held.conn)
+            fds += held.fds
         for sock in socks:
             if sock is not None and sock.fileno() >= 0:
                 fds.append(sock.detach())
@@ -482,12 +662,17 @@ class Server:
         self.dispatch_queued()  # workers that became stuck let one more start (rule 5)
         now = time.monotonic()
         while self.queue and (
-            now - self.queue[0][1] > self.options.request_timeout
+            now - self.queue[0].accepted_at > self.options.request_timeout
             or (self.draining and now > self.terminate_at)
         ):
-            conn, _ = self.queue.popleft()
-            conn.close()  # the caller, if still there, runs the one-shot path
+            self.queue.popleft().close()  # the caller, if still there, runs one-shot
             self.metrics.fell_back("shutdown" if self.draining else "deadline")
+        for pending in list(self.reading.values()):  # oldest first
+            if now - pending.accepted_at <= admission.ADMISSION_DEADLINE:
+                break
+            self.drop_reading(pending, "slow client")
+        if not self.accepting and now >= self.accept_paused_until and not self.draining:
+            self.start_accepting()
         for worker in list(self.workers.values()):
             if worker.state != "busy":
                 continue
@@ -502,7 +687,35 @@ class Server:
     def poll_timeout(self) -> int:
         """Milliseconds until the next deadline check is due (short while a caller is gone)."""
         pending = any(w.state == "busy" and w.caller_gone_at for w in self.workers.values())
-        return int(CALLER_GRACE * 1000) if pending or self.queue else 250
+        if pending or self.queue or not self.accepting:
+            return int(CALLER_GRACE * 1000)
+        return 250
+
+    def check_socket(self) -> None:
+        """Rule 7: the socket path, still this agent's? Listen again when it was removed;
+        not ready while another agent's socket is there."""
+        now = time.monotonic()
+        if self.draining or now < self.next_socket_check:
+            return
+        self.next_socket_check = now + SOCKET_CHECK
+        path = self.options.socket_path
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            try:
+                self.accept_clients()  # callers that connected before it was removed
+                self.listen()
+            except OSError as exc:
+                self.note("rebind", "error", f"cannot listen on {path} again: {exc.strerror}")
+                return
+            self.log("warning", f"{path} was removed: listening on it again")
+            return
+        except OSError:
+            return  # cannot tell (a directory it may not search): as it was
+        lost = (st.st_dev, st.st_ino) != self.socket_id
+        if lost and not self.socket_lost:
+            self.log("warning", f"{path} is another agent's socket now: not ready")
+        self.socket_lost = lost
 
     # ------------------------------------------------------------------ shutdown
 
@@ -514,20 +727,26 @@ class Server:
         self.log("info", f"{why}: stopping; {self.in_flight()} request(s) in flight")
         self.remove_socket()
         if self.listener is not None:
-            self.poll.unregister(self.listener)
+            self.stop_accepting()
             self.listener.close()
             self.listener = None
+        for pending in list(self.reading.values()):  # not read yet: the caller runs one-shot
+            self.drop_reading(pending, "shutdown")
 
     def remove_socket(self) -> None:
         """Unlink the socket path only while it is still ours (not a successor's)."""
         path = self.options.socket_path
-        with contextlib.suppress(FileNotFoundError):
+        try:
             st = os.stat(path)
             if (st.st_dev, st.st_ino) == self.socket_id:
                 os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # a read-only directory: callers find nobody listening
+            self.log("warning", f"cannot remove {path}: {exc.strerror}; draining anyway")
 
     def finished_draining(self) -> bool:
-        return self.in_flight() == 0 and not self.queue
+        return self.in_flight() == 0 and not self.queue and not self.reading
 
     def stop_workers(self) -> None:
         for worker in list(self.workers.values()):
@@ -561,7 +780,9 @@ class Server:
 
         routes = {
             "/healthz": probe(lambda: self.on_loop(lambda: True) is True, b"ok\n", b"stuck\n"),
-            "/readyz": probe(lambda: not self.draining, b"ready\n", b"stopping\n"),
+            "/readyz": probe(
+                lambda: not self.draining and not self.socket_lost, b"ready\n", b"stopping\n"
+            ),
             "/metrics": Route(metrics, announce_allow=True),
         }
         self.admin = AdminServer(self.options.admin_addr, routes)

@@ -1,4 +1,4 @@
-"""One request in a node agent's worker: read it from the launcher's connection, check what
+"""One request in a node agent's worker (read by the parent, agent/admission.py): check what
 the caller handed over, run the plugin through the seam in the caller's context, answer.
 
 The caller's context is passed explicitly, never installed in a global: its root and cwd
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from multicall.core.agent_protocol import Request
     from multicall.plugin.recording import RecordingFirewall
 
-READ_TIMEOUT = 5.0
+SEND_TIMEOUT = 5.0  # a caller that reads its reply slower than this runs one-shot
 
 
 class RequestWorker:
@@ -36,20 +36,12 @@ class RequestWorker:
         self.own_netns = own_netns  # the agent's netns: never a request's target
         self.warmth = warmth
 
-    def serve(self, conn: socket.socket, report: Report) -> Again | None:
-        """One request on `conn`. Returns what the worker prepares its next request with when
-        it may serve another (agent/server.py rule 4): the request ran no x_tables code here
-        (libxtables keeps one family's extensions per process) and left the worker in its
-        own netns. None: the worker exits."""
-        from multicall.core import agent_protocol as proto
-
-        conn.settimeout(READ_TIMEOUT)
-        try:
-            request = read_request(conn)
-        except (proto.ProtocolError, OSError) as exc:
-            report("D", {"fallback": f"bad request: {exc}"})
-            _send(conn, proto.fallback_frame("bad request"))
-            return None
+    def serve(self, conn: socket.socket, request: Request, report: Report) -> Again | None:
+        """One request, read whole by the parent (agent/server.py rule 6), answered on
+        `conn`. Returns what the worker prepares its next request with when it may serve
+        another (agent/server.py rule 4): the request ran no x_tables code here (libxtables
+        keeps one family's extensions per process) and left the worker in its own netns.
+        None: the worker exits."""
         try:
             return self._serve_request(conn, report, request)
         finally:
@@ -176,30 +168,9 @@ class Fallback(Exception):
         self.reason = reason
 
 
-def read_request(conn: socket.socket) -> Request:
-    from multicall.core import agent_protocol as proto
-
-    head = b""
-    fds: list[int] = []
-    while len(head) < proto.HEADER.size:
-        chunk, got, _flags, _addr = socket.recv_fds(conn, proto.HEADER.size - len(head), 4)
-        fds += got
-        if not chunk:
-            raise proto.ProtocolError("connection closed in the header")
-        head += chunk
-    header = proto.parse_header(head)
-    body = bytearray()
-    while len(body) < header.body_len:
-        chunk = conn.recv(min(header.body_len - len(body), 1 << 20))
-        if not chunk:
-            raise proto.ProtocolError("connection closed in the body")
-        body += chunk
-    return proto.parse_body(header, bytes(body), fds)
-
-
 def _send(conn: socket.socket, data: bytes) -> None:
     try:
-        conn.settimeout(READ_TIMEOUT)
+        conn.settimeout(SEND_TIMEOUT)
         conn.sendall(data)
     except OSError:
         pass  # the caller went away; it runs the one-shot path if it still can

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
+from multicall.core import agent_protocol as proto
+
 Log = Callable[[str, str], None]  # (level, message)
 Report = Callable[[str, dict[str, object]], None]  # (kind, data): "S", "D", "I" (rule 3)
 
@@ -29,9 +31,10 @@ class Again:
     kept: frozenset[int] = frozenset()  # descriptors it leaves open on purpose (a warm one)
 
 
-# A worker's job: serve one accepted connection, reporting through the callable; `Again` when
-# this process may serve another request (rule 4), None when it must exit.
-Serve = Callable[[socket.socket, Report], Again | None]
+# A worker's job: serve one request the parent read whole (agent/server.py rule 6), answering
+# on its connection and reporting through the callable; `Again` when this process may serve
+# another request (rule 4), None when it must exit.
+Serve = Callable[[socket.socket, proto.Request, Report], Again | None]
 # What a new worker does before it waits for its request, with the "warm" values of the
 # latest reports, merged by key (agent/warm.py: dial the API server the previous request
 # used, load the x_tables extensions of its family).
@@ -90,16 +93,26 @@ def _serve_one(
     ctl: socket.socket, serve: Serve, log: Log
 ) -> Again | None:  # pragma: no cover - in the child
     """Wait for a request and serve it; `Again` when this process may serve another (rule
-    4), with what to prepare it with."""
-    msg, fds, _flags, _addr = socket.recv_fds(ctl, 16, 1)
-    if msg != b"R" or len(fds) != 1:
+    4), with what to prepare it with. The parent sends "R" with the caller's connection, a
+    memfd holding the request's bytes and the caller's descriptors (agent/server.py rule 6)."""
+    msg, fds, _flags, _addr = socket.recv_fds(ctl, 16, 2 + len(proto.FD_ORDER))
+    if msg != b"R" or len(fds) < 2:
         for fd in fds:
             os.close(fd)
         return None
     before = _open_fds()
     conn = socket.socket(fileno=fds[0])
     try:
-        again = serve(conn, lambda kind, data: _report(ctl, kind, data))
+        with os.fdopen(fds[1], "rb") as memfd:  # bounded: the parent read it under the bounds
+            data = memfd.read()
+        try:
+            request = proto.decode_request(data, fds[2:])
+        except proto.ProtocolError:  # the parent checked it: only a bug gets here
+            for fd in fds[2:]:
+                os.close(fd)
+            _report(ctl, "D", {"fallback": "bad request"})
+            return None
+        again = serve(conn, request, lambda kind, data: _report(ctl, kind, data))
     finally:
         conn.close()
     if again is None:

@@ -35,6 +35,7 @@ FALLBACK_REASONS = frozenset(
         "CNI_NETNS is the agent's own netns",
         "CNI_NETNS not handed over",
         "deadline",
+        "descriptors lost",
         "no CAP_SYS_ADMIN to enter the pod netns",
         "no worker",
         "openat2 unavailable",
@@ -42,6 +43,7 @@ FALLBACK_REASONS = frozenset(
         "output too large",
         "overloaded",
         "shutdown",
+        "slow client",
         "worker died",
         "x_tables extensions of the other family loaded",
     }

@@ -131,6 +131,11 @@ def parse_body(header: Header, body: bytes, fds: list[int]) -> Request:
     )
 
 
+def decode_request(data: bytes, fds: list[int]) -> Request:
+    """A whole request's bytes (header, strings, stdin) and its descriptors: the request."""
+    return parse_body(parse_header(data[: HEADER.size]), data[HEADER.size :], fds)
+
+
 def _decode(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 

@@ -70,10 +70,14 @@ def start(
     flags, fds = caller_fds(env, netlink=netlink)
     data = proto.encode_request(build, argv, env, os.getcwd(), stdin, flags)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    sock.settimeout(30)
-    sock.connect(path)
-    socket.send_fds(sock, [data[: proto.HEADER.size]], fds)
-    sock.sendall(data[proto.HEADER.size :])
+    try:
+        sock.settimeout(30)
+        sock.connect(path)
+        socket.send_fds(sock, [data[: proto.HEADER.size]], fds)
+        sock.sendall(data[proto.HEADER.size :])
+    except OSError:  # refused or dropped while sending: nothing of this call stays open
+        Call(sock, fds).close()
+        raise
     return Call(sock, fds)
 
 
