@@ -139,7 +139,9 @@ def test_idle_and_dripping_callers_do_not_delay_a_real_add_nor_fork_workers(
         most_children = len(agent.workers())
         metrics = agent.metrics()
     assert made[0] > 8, "the drips were never dropped"
-    assert loaded < 2 * unloaded + 0.25, f"ADD took {loaded:.3f} s loaded, {unloaded:.3f} s not"
+    # Twice the unloaded median, plus half a second for a machine busy with other suites
+    # (the audit's flood held an ADD for 49.8 s; the bench has the real figures).
+    assert loaded < 2 * unloaded + 0.5, f"ADD took {loaded:.3f} s loaded, {unloaded:.3f} s not"
     # Five ADDs, each at most one fork (a worker that cannot be reused), no more than
     # --max-workers (4) serving: the flood itself forked nothing.
     assert metrics[STARTED] - before <= 5, "".join(agent.log[-20:])
