@@ -1,5 +1,5 @@
 """Finding a running pod's sandbox on this node from what the container runtime already wrote,
-for the repair controller's `--repair-in-place` (repair/in_place.py programs it).
+for the repair controller's `--repair-in-place` (plugin/in_place.py programs it).
 
 How the netns is found (core/repair/sandbox.py): the runtime's libcni result cache names, for
 each sandbox, the pod (CNI_ARGS), the network and the sandbox netns path; the entry must agree

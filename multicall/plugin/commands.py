@@ -284,7 +284,7 @@ def rule_differences(
     """CHECK's comparison: one readable diff per family whose live nat table is not what ADD
     programs for `options` (empty: exactly the expected rules); in the nftables mode, the
     family's `linkerd-proxy-init` table as nft lists it, as a line diff of the two texts.
-    The repair controller checks a repaired sandbox with it too (repair/in_place.py)."""
+    The repair controller checks a repaired sandbox with it too (plugin/in_place.py)."""
     from multicall.core.firewall.diff import diff_tables
     from multicall.core.firewall.model import Mode
     from multicall.core.firewall.nft.native import diff_text, native_table, render
