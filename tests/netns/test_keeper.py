@@ -68,7 +68,11 @@ class Running:
         assert not self.failed, self.failed
 
 
-def start_keeper(node: Node, net_dir: Path, mode: KeeperMode = KeeperMode.REPAIR) -> Running:
+def start_keeper(
+    node: Node,  # noqa: F811
+    net_dir: Path,
+    mode: KeeperMode = KeeperMode.REPAIR,
+) -> Running:
     from multicall.effects import ns
     from multicall.effects.kube.stream import ClientOptions, Token, load_config
     from multicall.effects.pod_sandbox import SandboxFinder
@@ -107,7 +111,7 @@ def start_keeper(node: Node, net_dir: Path, mode: KeeperMode = KeeperMode.REPAIR
             ns.setns(fd, ns.CLONE_NEWNET)  # this thread only: the node's netns
             os.close(fd)
             keeper.run(stop_r)
-        except BaseException as exc:  # surfaced by stop()
+        except BaseException as exc:  # noqa: BLE001 - surfaced by stop()
             failed.append(exc)
         finally:
             os.close(stop_r)
@@ -188,7 +192,7 @@ def test_keeper_programs_a_pod_found_without_rules_and_repairs_every_drift(
 
 
 def test_report_mode_reports_and_never_repairs(node: Node) -> None:  # noqa: F811
-    pod, netns = node.sandbox("web-5d8-r1", with_linkerd=True)
+    _pod, netns = node.sandbox("web-5d8-r1", with_linkerd=True)
     net_dir = node.fix_chain_on_disk()
     upstream = fixture_text("default-nft")
     assert nat(netns) == upstream
