@@ -244,7 +244,6 @@ def _options(value: object) -> ProxyInitOptions:
     if not isinstance(value, dict):
         raise TypeError("options")
     ints = ("incoming_proxy_port", "outgoing_proxy_port", "proxy_uid", "proxy_gid")
-    lists = ("inbound_ports_to_ignore", "outbound_ports_to_ignore", "subnets_to_ignore")
     for name in ints:
         if type(value[name]) is not int:
             raise TypeError(name)
@@ -254,9 +253,14 @@ def _options(value: object) -> ProxyInitOptions:
     if type(value["use_wait_flag"]) is not bool:
         raise TypeError("use_wait_flag")
     return ProxyInitOptions(
-        **{name: value[name] for name in ints},
+        incoming_proxy_port=value["incoming_proxy_port"],
+        outgoing_proxy_port=value["outgoing_proxy_port"],
+        proxy_uid=value["proxy_uid"],
+        proxy_gid=value["proxy_gid"],
         ports_to_redirect=tuple(ports),
-        **{name: _strings(value[name]) for name in lists},
+        inbound_ports_to_ignore=_strings(value["inbound_ports_to_ignore"]),
+        outbound_ports_to_ignore=_strings(value["outbound_ports_to_ignore"]),
+        subnets_to_ignore=_strings(value["subnets_to_ignore"]),
         use_wait_flag=value["use_wait_flag"],
     )
 

@@ -19,6 +19,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,10 @@ def start_keeper(
     return Running(keeper, thread, stop_w, failed, session)
 
 
+def repaired(keeper: Keeper, count: int) -> bool:
+    return keeper.metrics.repairs >= count
+
+
 def restore(netns: Netns, mode: str, lines: list[str]) -> None:
     tool = {"nft": "iptables-nft-restore", "legacy": "iptables-legacy-restore"}[mode]
     text = "*nat\n" + "\n".join(lines) + "\nCOMMIT\n"
@@ -147,7 +152,7 @@ def test_keeper_programs_a_pod_found_without_rules_and_repairs_every_drift(
         assert node.api.events[0]["regarding"]["name"] == "web-5d8-k1"
         keeper = running.keeper
         assert keeper.metrics.adopted == 1
-        wait_for(lambda: keeper.watched, "the adopted sandbox watched")
+        wait_for(lambda: bool(keeper.watched), "the adopted sandbox watched")
         assert keeper.metrics.watched == ({"events": 1, "sweep": 0} if mode == "nft"
                                           else {"events": 0, "sweep": 1})  # fmt: skip
         records = list((node.tmp / "records").iterdir())
@@ -157,9 +162,7 @@ def test_keeper_programs_a_pod_found_without_rules_and_repairs_every_drift(
         for n, (what, lines) in enumerate(CHANGES.items(), start=1):
             restore(netns, mode, lines)
             changed = time.monotonic()
-            assert nat(netns, mode) != upstream or keeper.metrics.repairs >= n
-            wait_for(lambda n=n: keeper.metrics.repairs >= n, f"the repair of: {what}",
-                     timeout=10)  # fmt: skip
+            wait_for(partial(repaired, keeper, n), f"the repair of: {what}", timeout=10)
             took[what] = time.monotonic() - changed
             assert nat(netns, mode) == upstream, what
         assert keeper.metrics.repair_failures == 0
@@ -212,11 +215,11 @@ def test_report_mode_reports_and_never_repairs(node: Node) -> None:  # noqa: F81
         record = record_from_sandbox(entry, mode=Mode.NFT, families=(Family.IPV4,), options=options)
         assert record is not None
         (node.tmp / "records" / record.key).write_bytes(encode(record))
-        wait_for(lambda: running.keeper.watched, "the record watched")
+        wait_for(lambda: bool(running.keeper.watched), "the record watched")
         time.sleep(0.5)
         assert running.keeper.metrics.drift == {}  # the recorded rules are there
         restore(netns, "nft", CHANGES["flush"])
-        wait_for(lambda: node.api.events, "the report's Event")
+        wait_for(lambda: bool(node.api.events), "the report's Event")
         assert node.api.events[0]["action"] == "Reporting"
         assert "missing_rule" in node.api.events[0]["note"]
         time.sleep(1.0)
