@@ -23,6 +23,7 @@ from multicall.agent.worker_process import Again, Report
 if TYPE_CHECKING:
     from multicall.agent.warm import Warmth
     from multicall.core.agent_protocol import Request
+    from multicall.effects.sandbox_records import RecordStore
     from multicall.plugin.recording import RecordingFirewall
 
 SEND_TIMEOUT = 5.0  # a caller that reads its reply slower than this runs one-shot
@@ -31,10 +32,17 @@ SEND_TIMEOUT = 5.0  # a caller that reads its reply slower than this runs one-sh
 class RequestWorker:
     """Serves the requests one worker process takes (agent/server.py's `Serve`)."""
 
-    def __init__(self, build: str, own_netns: tuple[int, int], warmth: Warmth) -> None:
+    def __init__(
+        self,
+        build: str,
+        own_netns: tuple[int, int],
+        warmth: Warmth,
+        records: RecordStore | None = None,
+    ) -> None:
         self.build = build  # requests of another build are handed back
         self.own_netns = own_netns  # the agent's netns: never a request's target
         self.warmth = warmth
+        self.records = records  # the keeper's record of programmed sandboxes (agent/keeper.py)
 
     def serve(self, conn: socket.socket, request: Request, report: Report) -> Again | None:
         """One request, read whole by the parent (agent/server.py rule 6), answered on
@@ -76,6 +84,13 @@ class RequestWorker:
         warm = self.warmth.report(bool(firewall) and firewall[0].programmed is not None)
         if code == 0:
             done["warm"] = warm
+        if self.records is not None:
+            from multicall.agent.keeper import note_request
+
+            programmed = firewall[0].programmed if firewall else None
+            done["record"] = note_request(
+                self.records, request.env, request.stdin, programmed, code
+            )
         report("D", done)
         _send(conn, proto.result_frame(code, out, err))
         reusable = legacy.extensions_loaded() == 0 and not self.warmth.ran_xtables()

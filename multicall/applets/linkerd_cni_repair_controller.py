@@ -89,8 +89,8 @@ def run(options: Options, env: Mapping[str, str], stdout: BinaryIO) -> int:
     repairer = None
     if options.repair_in_place:
         from multicall.effects.pod_sandbox import SandboxFinder
+        from multicall.plugin.in_place import ControllerKube, Repairer, node_xtables_lock
         from multicall.plugin.ports import RealFirewall
-        from multicall.repair.in_place import ControllerKube, Repairer, node_xtables_lock
 
         repairer = Repairer(
             SandboxFinder(options.cni_net_dir, options.cni_cache_dir, options.host_root),

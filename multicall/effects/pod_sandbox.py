@@ -1,5 +1,5 @@
 """Finding a running pod's sandbox on this node from what the container runtime already wrote,
-for the repair controller's `--repair-in-place` (repair/in_place.py programs it).
+for the repair controller's `--repair-in-place` (plugin/in_place.py programs it).
 
 How the netns is found (core/repair/sandbox.py): the runtime's libcni result cache names, for
 each sandbox, the pod (CNI_ARGS), the network and the sandbox netns path; the entry must agree
@@ -53,7 +53,7 @@ class SandboxFinder:
         entry = sandbox.choose_sandbox(self._cache_entries(namespace, name, uid, ips))
         if isinstance(entry, str):
             raise Refused(entry)
-        return Sandbox(entry, self._host_path(entry.netns), self._plugin_config(entry.network))
+        return Sandbox(entry, self.host_path(entry.netns), self.plugin_config(entry.network))
 
     def _cache_entries(
         self, namespace: str, name: str, uid: str, ips: tuple[str, ...]
@@ -71,7 +71,7 @@ class SandboxFinder:
                 found.append(entry)
         return found
 
-    def _host_path(self, path: str) -> str:
+    def host_path(self, path: str) -> str:
         """A netns path as the runtime wrote it, seen through the node's root mount."""
         if not path.startswith("/") or "/../" in path + "/" or "\x00" in path:
             raise Refused(f"the CNI result cache names an unusable netns path {path!r}")
@@ -84,7 +84,7 @@ class SandboxFinder:
                 return candidate
         raise Refused(f"the sandbox network namespace {path} no longer exists")
 
-    def _plugin_config(self, network: str) -> bytes:
+    def plugin_config(self, network: str) -> bytes:
         from multicall.core.installer.conflist import is_cni_config_name
 
         try:

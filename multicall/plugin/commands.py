@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from multicall.core.cni.result import Result
     from multicall.core.cni.skel import CniEnv, PodIdentity
     from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
+    from multicall.core.keeper import Reason
     from multicall.core.kube.pod_policy import Decision
     from multicall.core.logs import MessageLog
     from multicall.effects.log import Logger
@@ -284,28 +285,55 @@ def rule_differences(
     """CHECK's comparison: one readable diff per family whose live nat table is not what ADD
     programs for `options` (empty: exactly the expected rules); in the nftables mode, the
     family's `linkerd-proxy-init` table as nft lists it, as a line diff of the two texts.
-    The repair controller checks a repaired sandbox with it too (repair/in_place.py)."""
+    The repair controller checks a repaired sandbox with it too (plugin/in_place.py)."""
+    found = drifted_families(firewall, netns, options, mode=mode, families=families, log=log)
+    return [f"{drift.family.value}:\n{drift.text}" for drift in found]
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyDrift:
+    """One family whose live table differs from ADD's: the readable diff, and its kinds."""
+
+    family: Family
+    text: str
+    reasons: tuple[Reason, ...]
+
+
+def drifted_families(
+    firewall: Firewall,
+    netns: NetnsRef,
+    options: ProxyInitOptions,
+    *,
+    mode: Mode,
+    families: tuple[Family, ...],
+    log: MessageLog,
+) -> list[FamilyDrift]:
+    """`rule_differences` with the kinds of each difference (the node agent's keeper counts
+    and reports them: agent/keeper.py)."""
     from multicall.core.firewall.diff import diff_tables
     from multicall.core.firewall.model import Mode
     from multicall.core.firewall.nft.native import diff_text, native_table, render
     from multicall.core.firewall.report import format_diff
+    from multicall.core.keeper import diff_reasons, native_reasons
     from multicall.plugin.expected import expected_for_pod
 
-    problems = []
+    found: list[FamilyDrift] = []
     for family in families:
         if mode is Mode.NFTABLES:
             wanted = render(native_table(options, family), family)
-            found = render(firewall.dump_native(netns, family=family, log=log), family)
-            text = diff_text(wanted, found)
+            live = firewall.dump_native(netns, family=family, log=log)
+            text = diff_text(wanted, render(live, family))
+            reasons = native_reasons(wanted, None if live is None else render(live, family))
         else:
             expected = expected_for_pod(options, family)
             diff = diff_tables(
                 expected, firewall.dump_nat(netns, mode=mode, family=family, log=log)
             )
             text = "" if diff.ok else format_diff(diff)
+            reasons = diff_reasons(diff)
         if text:
-            problems.append(f"{family.value}:\n{text}")
-    return problems
+            found.append(FamilyDrift(family, text, reasons))
+    return found
 
 
 # ----------------------------------------------------------------------------- DEL, STATUS, GC

@@ -2,7 +2,7 @@
 
 Its users need to know, after a plugin run through the seam, whether ADD programmed rules
 and with what: the repair controller checks exactly those rules in the sandbox afterwards
-(repair/in_place.py); the node agent only asks whether rules were applied (to warm the next
+(plugin/in_place.py); the node agent only asks whether rules were applied (to warm the next
 workers). One wrapper serves both, so what "programmed" means is decided once: an `apply`
 that returned (a failed one raised, and programmed nothing by the port's contract).
 """

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from multicall.core.openmetrics import Counter, Histogram
     from multicall.core.repair.cli import Options
     from multicall.effects.kube.stream import ClientOptions, Session, Token
-    from multicall.repair.in_place import Repairer
+    from multicall.plugin.in_place import Repairer
     from multicall.repair.logger import TracingLogger
     from multicall.repair.metrics import Metrics
 

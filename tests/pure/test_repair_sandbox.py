@@ -12,7 +12,7 @@ import pytest
 
 from multicall.core.cni.skel import parse_cni_args
 from multicall.core.repair import sandbox
-from multicall.repair.in_place import node_xtables_lock
+from multicall.plugin.in_place import node_xtables_lock
 
 
 def cache(

@@ -1,6 +1,8 @@
-"""`linkerd-cni-repair-controller --repair-in-place`: program a pod's redirect in its running
-sandbox by running the plugin's own ADD there, instead of deleting the pod (what Istio's
-repair controller does by default).
+"""Repair in place: program a pod's redirect in its running sandbox by running the plugin's
+own ADD there, instead of deleting the pod (what Istio's repair controller does by
+default). Two services use it, so it lives here: the repair controller's
+`--repair-in-place` (repair/controller.py, by pod) and the node agent's keeper
+(agent/keeper.py, by a recorded sandbox: `repair_sandbox`).
 
 Rules of this module:
 1. The rules go in through the seam (`run.run_plugin`, command ADD) exactly as the runtime's
@@ -102,7 +104,6 @@ class Repairer:
         from multicall.core.kube.pod_policy import decide
         from multicall.core.repair.policy import pod_ref
         from multicall.core.repair.sandbox import pod_ips
-        from multicall.plugin.commands import rule_differences
 
         ref = pod_ref(pod)
         spec = pod.get("spec")
@@ -114,6 +115,14 @@ class Repairer:
         if not ips:
             raise Refused("the pod has no IP yet")
         found = self.finder.find(ref.namespace, ref.name, ref.uid, ips)
+        self.repair_sandbox(found, ips)
+        return found.netns
+
+    def repair_sandbox(self, found: Sandbox, ips: tuple[str, ...]) -> Programmed:
+        """ADD in the sandbox `found` (its netns checked to hold one of `ips`), then CHECK's
+        comparison of what it programmed; what was programmed, or Refused."""
+        from multicall.plugin.commands import rule_differences
+
         with opened_sandbox(found.netns, ips) as fd:
             done = self._add(found, fd)
             problems = rule_differences(
@@ -126,7 +135,7 @@ class Repairer:
             )
         if problems:
             raise Refused("the programmed rules did not verify: " + "; ".join(problems))
-        return found.netns
+        return done
 
     def _add(self, found: Sandbox, netns_fd: int) -> Programmed:
         """The plugin's ADD in the sandbox; what it programmed, or Refused with its error."""

@@ -1,0 +1,559 @@
+"""The node agent's keeper: every recorded sandbox keeps the redirect its ADD programmed.
+
+What it watches: the record of every sandbox programmed through the agent (or repaired by
+the keeper), in the node's record directory (effects/sandbox_records.py; the agent's worker
+writes one after each ADD that programmed rules and removes it on DEL). Each record says
+what the sandbox must hold (core/keeper.py). For nf_tables sandboxes (`iptables-mode` nft or
+nftables) it holds a netlink socket made inside the pod's netns and subscribed to the
+kernel's nf_tables notifications (effects/nft_events.py): no dump runs while nothing
+changes. x_tables (legacy, plain) has no notifications: those sandboxes are compared in a
+periodic sweep, at most `MAX_SWEEP` per pass.
+
+What it compares: CHECK's own comparison (`commands.drifted_families`) of the live tables
+with what the record's options make, after every notification and sweep.
+
+What it repairs, and why that is safe: the plugin's own ADD, run in the sandbox through
+the seam (plugin/in_place.py: the node's current linkerd-cni entry, the CNI_* values of the
+record, the netns opened once and checked to hold the pod's IP), which replaces the owned
+chains in one transaction and is then verified. Never for a netns whose pod is gone, being
+deleted or replaced by another UID (asked of the API first), nor for a netns that is no longer
+the recorded one (device and inode), and never more than the back-off allows
+(core/keeper.BackOff): after that, drift is reported only. Mode `report` never repairs.
+
+Threads: one. The loop waits in poll(2) on the notification sockets, an inotify watch on
+the record directory and a stop pipe; the timeout is the next sweep or scheduled repair.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from multicall.core.firewall.model import Mode
+from multicall.core.keeper import (
+    BackOff,
+    KeeperMetrics,
+    KeeperMode,
+    Reason,
+    SandboxRecord,
+)
+
+if TYPE_CHECKING:
+    from multicall.core.repair.sandbox import CacheEntry
+    from multicall.effects.inotify import Inotify
+    from multicall.effects.kube.stream import Session
+    from multicall.effects.nft_events import NftEvents
+    from multicall.effects.pod_sandbox import SandboxFinder
+    from multicall.effects.sandbox_records import RecordStore
+    from multicall.plugin.commands import FamilyDrift
+    from multicall.plugin.in_place import Repairer
+    from multicall.plugin.ports import Firewall
+    from multicall.plugin.recording import Programmed
+
+Log = Callable[[str, str], None]  # (level, message)
+EVENT_REASON = "LinkerdCNIRedirectDrifted"
+EVENT_NOTE_MAX = 1000  # events.k8s.io/v1 `note` is at most 1 kB
+MAX_SWEEP = 512  # x_tables sandboxes compared per sweep
+EVENT_DRIFT = (Mode.NFT, Mode.NFTABLES)  # backends whose changes the kernel announces
+
+
+class EventSink(Protocol):
+    """Posts a Kubernetes Event about a pod (the agent's API identity)."""
+
+    def post(self, record: SandboxRecord, action: str, note: str) -> None: ...
+
+
+class PodState(Protocol):
+    """Whether the recorded pod still runs: "" when it does, else why not."""
+
+    def gone(self, record: SandboxRecord) -> str: ...
+
+
+@dataclass(slots=True)
+class Watched:
+    """One recorded sandbox the keeper watches."""
+
+    record: SandboxRecord
+    path: str  # its netns as this process sees it
+    identity: tuple[int, int]  # (device, inode) of that netns when watching began
+    events: NftEvents | None = None
+    repairs: tuple[float, ...] = ()  # when it was repaired (the back-off's input)
+    due: float | None = None  # a repair waiting for its back-off delay
+    backed_off: bool = False  # reported as no longer repaired, until the window passes
+    changed_at: float | None = None  # when the notification arrived
+
+
+@dataclass(slots=True)
+class Keeper:
+    store: RecordStore
+    finder: SandboxFinder  # the node's CNI config dir, host root: where ADD's entry is
+    repairer: Repairer
+    firewall: Firewall
+    events: EventSink
+    pods: PodState
+    log: Log
+    mode: KeeperMode = KeeperMode.REPAIR
+    sweep_every: float = 10.0
+    backoff: BackOff = field(default_factory=BackOff)
+    clock: Callable[[], float] = time.monotonic
+    metrics: KeeperMetrics = field(default_factory=KeeperMetrics)
+    watched: dict[str, Watched] = field(default_factory=dict)  # by record key
+    by_fd: dict[int, str] = field(default_factory=dict)
+    next_sweep: float = 0.0
+    passed_over: dict[str, float] = field(default_factory=dict)  # cache files not adopted
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, stop_fd: int) -> None:
+        """Until `stop_fd` is readable (or closed)."""
+        from multicall.effects.inotify import (
+            IN_CLOSE_WRITE,
+            IN_DELETE,
+            IN_MOVED_FROM,
+            IN_MOVED_TO,
+            Inotify,
+        )
+
+        self.store.ready()
+        with Inotify() as notify:
+            notify.add_watch(
+                self.store.directory, IN_CLOSE_WRITE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM
+            )
+            self.resync()
+            self.discover()
+            poll = select.poll()
+            poll.register(stop_fd, select.POLLIN)
+            poll.register(notify.fileno(), select.POLLIN)
+            registered: set[int] = set()
+            self.next_sweep = self.clock() + self.sweep_every
+            while True:
+                for fd in set(self.by_fd) - registered:
+                    poll.register(fd, select.POLLIN)
+                for fd in registered - set(self.by_fd):
+                    with contextlib.suppress(KeyError):
+                        poll.unregister(fd)
+                registered = set(self.by_fd)
+                ready = poll.poll(self.timeout_ms())
+                now = self.clock()
+                for fd, _mask in ready:
+                    if fd == stop_fd:
+                        self.close()
+                        return
+                    if fd == notify.fileno():
+                        self.records_changed(notify)
+                    elif fd in self.by_fd:
+                        self.notified(self.by_fd[fd], now)
+                self.run_due(self.clock())
+                if self.clock() >= self.next_sweep:
+                    self.sweep()
+
+    def timeout_ms(self) -> int:
+        now = self.clock()
+        wake = [self.next_sweep, *(w.due for w in self.watched.values() if w.due is not None)]
+        return max(0, int((min(wake) - now) * 1000) + 1)
+
+    def close(self) -> None:
+        for key in list(self.watched):
+            self.unwatch(key)
+
+    # ------------------------------------------------------------------ what is watched
+
+    def records_changed(self, notify: Inotify) -> None:
+        events = notify.read_events()
+        if any(e.overflowed for e in events):
+            self.resync()
+            return
+        for name in {e.name for e in events if e.name}:
+            self.reload(name)
+
+    def resync(self) -> None:
+        """Every record in the directory watched; watches without a record dropped."""
+        keys = set(self.store.keys())
+        for key in set(self.watched) - keys:
+            self.unwatch(key)
+        for key in sorted(keys):
+            self.reload(key)
+
+    def reload(self, key: str) -> None:
+        record = self.store.read(key)
+        current = self.watched.get(key)
+        if record is None:
+            if current is not None:
+                self.unwatch(key)  # DEL: the record went, so does the watch
+            return
+        if current is not None and current.record == record:
+            return
+        if current is not None:
+            self.unwatch(key)
+        self.watch(record)
+
+    def watch(self, record: SandboxRecord) -> None:
+        from multicall.effects.ns import ns_identity, open_netns
+        from multicall.effects.pod_sandbox import Refused
+
+        try:
+            path = self.finder.host_path(record.netns)
+            fd = open_netns(path)
+        except (Refused, OSError, Exception) as exc:  # noqa: BLE001 - NetnsError and friends
+            self.log("info", f"keeper: not watching {record.key}: {exc}")
+            return
+        try:
+            watched = Watched(record, path, ns_identity(fd))
+            if record.mode in EVENT_DRIFT:
+                from multicall.effects.nft_events import NftEvents
+
+                try:
+                    watched.events = NftEvents.subscribe(fd, path)
+                except OSError as exc:
+                    self.log("warning", f"keeper: no nf_tables events for {record.key}: {exc}")
+        finally:
+            os.close(fd)
+        self.watched[record.key] = watched
+        if watched.events is not None:
+            self.by_fd[watched.events.fileno()] = record.key
+        self.count_watched()
+        self.log("debug", f"keeper: watching {_pod(record)} in {record.netns}")
+        self.check(watched, self.clock())  # drift since the ADD, or across an agent restart
+
+    def unwatch(self, key: str) -> None:
+        watched = self.watched.pop(key, None)
+        if watched is None:
+            return
+        if watched.events is not None:
+            self.by_fd.pop(watched.events.fileno(), None)
+            watched.events.close()
+        self.count_watched()
+        self.log("debug", f"keeper: no longer watching {key}")
+
+    def count_watched(self) -> None:
+        via = ("events" if w.events is not None else "sweep" for w in self.watched.values())
+        counts: dict[str, int] = {"events": 0, "sweep": 0}
+        for name in via:
+            counts[name] += 1
+        self.metrics.watched = counts
+
+    # ------------------------------------------------------------------ detection
+
+    def notified(self, key: str, now: float) -> None:
+        watched = self.watched.get(key)
+        if watched is None or watched.events is None:
+            return
+        try:
+            changed = watched.events.drain()
+        except OSError as exc:
+            self.log("warning", f"keeper: {key}: reading nf_tables events failed: {exc}")
+            changed = True
+        if changed:
+            self.check(watched, now)
+
+    def discover(self) -> None:
+        """Sandboxes in the runtime's CNI result cache that no record names: the ones whose
+        ADD ran without linkerd-cni in the chain (after a reboot, before install-cni re-chained
+        it) or one-shot. Each is programmed in place through the seam, whose ADD decides from
+        the API whether the pod is meshed at all; one that is not, or cannot be programmed
+        yet (the chain still incomplete), is passed over for the back-off window. Bounded:
+        at most MAX_SWEEP cache files per pass."""
+        from multicall.core.repair.sandbox import parse_cache_entry
+        from multicall.effects.fs import read_file
+
+        if self.mode is not KeeperMode.REPAIR:
+            return
+        results = os.path.join(self.finder.cache_dir, "results")
+        try:
+            names = sorted(os.listdir(results))[: MAX_SWEEP * 4]
+        except OSError:
+            return
+        recorded = {w.record.container_id for w in self.watched.values()}
+        now = self.clock()
+        tried = 0
+        for name in names:
+            since = self.passed_over.get(name)
+            if since is not None and now - since < self.backoff.window:
+                continue
+            try:
+                data = read_file(os.path.join(results, name), 1024 * 1024, follow=False)
+            except Exception:  # noqa: BLE001 - not a regular small file: not a cache entry
+                data = None
+            entry = parse_cache_entry(data) if data is not None else None
+            if entry is None or entry.container_id in recorded:
+                continue
+            if tried >= MAX_SWEEP:
+                break
+            tried += 1
+            if not self.adopt(entry):
+                self.passed_over[name] = now
+        for name in set(self.passed_over) - set(names):
+            del self.passed_over[name]  # the sandbox is gone
+
+    def adopt(self, entry: CacheEntry) -> bool:
+        """The plugin's ADD in place for an unrecorded sandbox, then its record (watched
+        from then on); False when it was not programmed (logged at debug: most are pods
+        that are not meshed)."""
+        from multicall.core.keeper import record_from_sandbox
+        from multicall.effects.pod_sandbox import Sandbox
+
+        started = self.clock()
+        try:
+            path = self.finder.host_path(entry.netns)
+            found = Sandbox(entry, path, self.finder.plugin_config(entry.network))
+            done = self.repairer.repair_sandbox(found, entry.ips)
+        except Exception as exc:  # noqa: BLE001 - Refused and every CniboxError: passed over
+            self.log("debug", f"keeper: sandbox {entry.container_id} not programmed: {exc}")
+            return False
+        record = record_from_sandbox(
+            entry, mode=done.mode, families=done.families, options=done.options
+        )
+        if record is None:
+            return False
+        self.metrics.adopted += 1
+        self.metrics.count_drift((Reason.NEVER_PROGRAMMED,))
+        self.metrics.repair_latency.observe(max(0.0, self.clock() - started))
+        self.log("info", f"keeper: {_pod(record)}: its sandbox had no record; programmed in place")
+        self.post(record, "Repairing", "The pod's sandbox was not recorded as programmed by "
+                  "linkerd-cni (e.g. it started while linkerd-cni was missing from the CNI "
+                  "chain); linkerd-cni's ADD programmed it in place and it verifies.")  # fmt: skip
+        try:
+            self.store.write(record)
+        except Exception as exc:  # noqa: BLE001 - watched without a record until restart
+            self.log("warning", f"keeper: cannot record {record.key}: {exc}")
+        self.watch(record)
+        return True
+
+    def sweep(self) -> None:
+        """x_tables sandboxes compared; every sandbox's netns checked to still be there;
+        unrecorded sandboxes looked for."""
+        self.metrics.sweeps += 1
+        self.next_sweep = self.clock() + self.sweep_every
+        compared = 0
+        for key in list(self.watched):
+            watched = self.watched.get(key)
+            if watched is None or self.vanished(watched):
+                continue
+            if watched.events is None and compared < MAX_SWEEP:
+                compared += 1
+                self.check(watched, self.clock())
+        self.discover()
+
+    def vanished(self, watched: Watched) -> bool:
+        """The recorded netns is gone or another one (the runtime tore the sandbox down
+        without a DEL the agent saw): the record and the watch go."""
+        from multicall.effects.ns import ns_identity
+
+        try:
+            same = ns_identity(watched.path) == watched.identity
+        except OSError:
+            same = False
+        if not same:
+            self.log("info", f"keeper: {_pod(watched.record)}: its sandbox is gone")
+            self.store.remove(watched.record.key)
+            self.unwatch(watched.record.key)
+        return not same
+
+    def check(self, watched: Watched, since: float) -> None:
+        """Compare the live tables with the record; report or repair what drifted."""
+        found = self.compare(watched)
+        if found is None:
+            return
+        if not found:
+            watched.due = None
+            return
+        reasons = tuple(sorted({r for f in found for r in f.reasons}, key=lambda r: r.value))
+        self.metrics.count_drift(reasons)
+        self.metrics.detection.observe(max(0.0, self.clock() - since))
+        detected = self.clock()
+        what = ", ".join(r.value for r in reasons) or "changed"
+        diff = "\n".join(f"{f.family.value}:\n{f.text}" for f in found)
+        self.log("warning", f"keeper: {_pod(watched.record)}: the redirect drifted ({what})")
+        self.log("debug", f"keeper: {watched.record.key}: {diff}")
+        if self.mode is KeeperMode.REPORT:
+            self.metrics.reports_only += 1
+            self.post(watched.record, "Reporting", f"The redirect rules drifted ({what}); "
+                      f"mode report leaves them alone.\n{diff}")  # fmt: skip
+            return
+        self.schedule(watched, what, diff, detected)
+
+    def compare(self, watched: Watched) -> list[FamilyDrift] | None:
+        """The drifted families (empty: none); None when the sandbox could not be read."""
+        from multicall.effects.ns import NetnsRef, ns_identity, open_netns
+        from multicall.plugin.commands import drifted_families
+
+        record = watched.record
+        try:
+            fd = open_netns(watched.path)
+        except Exception:  # noqa: BLE001 - gone: the sweep's check drops it
+            return None
+        try:
+            if ns_identity(fd) != watched.identity:
+                return None
+            return drifted_families(
+                self.firewall,
+                NetnsRef(watched.path, fd=fd),
+                record.options,
+                mode=record.mode,
+                families=record.families,
+                log=lambda _line: None,
+            )
+        except Exception as exc:  # noqa: BLE001 - a CniboxError or OSError: logged, kept
+            self.log("warning", f"keeper: {record.key}: cannot read its tables: {exc}")
+            return None
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ repair
+
+    def schedule(self, watched: Watched, what: str, diff: str, detected: float) -> None:
+        now = self.clock()
+        watched.repairs = self.backoff.trim(watched.repairs, now)
+        delay = self.backoff.delay(watched.repairs, now)
+        if delay is None:
+            self.metrics.reports_only += 1
+            if not watched.backed_off:
+                watched.backed_off = True
+                self.post(watched.record, "Reporting",
+                          f"The redirect rules drifted ({what}) again after "
+                          f"{len(watched.repairs)} repairs; no more repairs for "
+                          f"{self.backoff.window:.0f}s (a deliberate change is not fought).\n"
+                          f"{diff}")  # fmt: skip
+            return
+        watched.backed_off = False
+        if delay > 0:
+            watched.due = now + delay
+            return
+        self.repair(watched, what, detected)
+
+    def run_due(self, now: float) -> None:
+        for watched in list(self.watched.values()):
+            if watched.due is not None and watched.due <= now:
+                watched.due = None
+                self.check(watched, now)  # still drifted? then it is repaired now
+
+    def repair(self, watched: Watched, what: str, detected: float) -> None:
+        from multicall.core.repair.sandbox import CacheEntry
+        from multicall.effects.pod_sandbox import Refused, Sandbox
+
+        record = watched.record
+        gone = self.pods.gone(record)
+        if gone:
+            self.log("info", f"keeper: {_pod(record)}: not repaired: {gone}")
+            self.metrics.reports_only += 1
+            return
+        watched.repairs = (*watched.repairs, self.clock())
+        entry = CacheEntry(
+            container_id=record.container_id,
+            network=record.network,
+            ifname=record.ifname,
+            netns=record.netns,
+            args=record.args,
+            ips=record.ips,
+        )
+        try:
+            found = Sandbox(entry, watched.path, self.finder.plugin_config(record.network))
+            self.repairer.repair_sandbox(found, record.ips)
+        except (Refused, Exception) as exc:  # noqa: BLE001 - every refusal is reported
+            self.metrics.repair_failures += 1
+            self.log("warning", f"keeper: {_pod(record)}: repair failed: {exc}")
+            self.post(record, "Reporting", f"The redirect rules drifted ({what}); "
+                      f"repairing them in place failed: {exc}")  # fmt: skip
+            return
+        self.metrics.repairs += 1
+        self.metrics.repair_latency.observe(max(0.0, self.clock() - detected))
+        self.log("info", f"keeper: {_pod(record)}: repaired in place ({what})")
+        self.post(record, "Repairing", f"The redirect rules drifted ({what}); "
+                  "linkerd-cni's ADD re-programmed them in place and they verify.")  # fmt: skip
+
+    def post(self, record: SandboxRecord, action: str, note: str) -> None:
+        try:
+            self.events.post(record, action, note[:EVENT_NOTE_MAX])
+        except Exception as exc:  # noqa: BLE001 - an Event is best effort: counted, logged
+            self.metrics.events_failed += 1
+            self.log("warning", f"keeper: cannot post an Event for {_pod(record)}: {exc}")
+
+
+def _pod(record: SandboxRecord) -> str:
+    return f"{record.namespace}/{record.pod}"
+
+
+# ----------------------------------------------------------------------------- API adapters
+
+
+@dataclass(slots=True)
+class ApiEvents:
+    """Events through the agent's stream session (effects/kube/stream.py)."""
+
+    session: Session
+    instance: str
+    timeout: float = 5.0
+
+    def post(self, record: SandboxRecord, action: str, note: str) -> None:
+        from multicall.core.repair.policy import PodRef, event_document
+        from multicall.effects.kube.stream import create_event
+
+        ref = PodRef(record.namespace, record.pod, record.uid, "")
+        doc = event_document(
+            ref, self.instance, time.time_ns(), action=action, note=note, reason=EVENT_REASON
+        )
+        doc["reportingController"] = "linkerd-cni-agent"
+        create_event(self.session, record.namespace, doc, self.timeout)
+
+
+@dataclass(slots=True)
+class ApiPods:
+    """Asks the API whether the recorded pod still runs (one GET, before a repair)."""
+
+    session: Session
+
+    def gone(self, record: SandboxRecord) -> str:
+        from multicall.core.kube import paths
+
+        answer = self.session.request("GET", paths.pod(record.namespace, record.pod))
+        if answer.status == 404:
+            return "the pod is gone"
+        if answer.status != 200:
+            return f"the API answered {answer.status} for the pod"
+        from multicall.core.keeper import pod_gone
+
+        return pod_gone(answer.json(), record.uid)
+
+
+# ----------------------------------------------------------------------------- the record
+
+
+def note_request(
+    store: RecordStore,
+    env: Mapping[str, str],
+    config: bytes,
+    programmed: Programmed | None,
+    exit_code: int,
+) -> str:
+    """After the agent served a request: an ADD that programmed rules is recorded (what the
+    sandbox must hold from now on), a DEL removes the record (the keeper stops watching).
+    Returns what happened, for the worker's log ("" for nothing); never raises: a record
+    that cannot be written leaves the pod unwatched, not its ADD failed."""
+    from multicall.core.keeper import record_from_add, record_key
+
+    command = env.get("CNI_COMMAND", "")
+    try:
+        if command == "DEL":
+            key = record_key(env.get("CNI_CONTAINERID", ""), env.get("CNI_IFNAME", ""))
+            return "record removed" if store.remove(key) else ""
+        if command != "ADD" or exit_code != 0 or programmed is None:
+            return ""
+        record = record_from_add(
+            env,
+            config,
+            mode=programmed.mode,
+            families=programmed.families,
+            options=programmed.options,
+        )
+        if record is None:
+            return "not recorded: the request does not identify its sandbox"
+        store.ready()
+        store.write(record)
+    except Exception as exc:  # noqa: BLE001 - CniboxError, OSError: the ADD stands
+        return f"cannot record the sandbox: {exc}"
+    return "recorded"
