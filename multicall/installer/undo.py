@@ -59,6 +59,10 @@ def undo(installer: Installer, unreadable: Sequence[str] = ()) -> list[str]:
     steps = Undo()
     steps.errors.extend(f"{reason}: {UNREADABLE}" for reason in unreadable)
     for record in sorted(installer.state.records.values(), key=lambda r: r.path):
+        if unreadable and record.original is None:
+            # A file cnibox created may be the only copy of one whose record cannot be
+            # read (`x.conflist` of a converted `x.conf`): it stays, losing only linkerd.
+            continue
         restore = functools.partial(_restore, installer, record)
         if steps.attempt(restore):
             steps.attempt(functools.partial(installer.drop_record, record.path))
