@@ -53,7 +53,9 @@ def _acquire(state_dir: str, path: str, log: Logger, wait: float) -> int:
     told = False
     while True:
         fs.private_dir(state_dir, create=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # Read-only: flock needs no write access, and a file held open for writing would
+        # keep net.d's mount from being remounted read-only.
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
