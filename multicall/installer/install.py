@@ -17,14 +17,16 @@ from multicall.core.installer.config import (
     InstallerConfig,
     SourceRead,
     choose_network_config,
+    is_linkerd_kubeconfig,
     render_kubeconfig,
     source_names,
 )
+from multicall.core.installer.journal import RECORD_LIMIT
 from multicall.core.limits import INSTALLER_FILE, UNDO_JOURNAL
 from multicall.effects import fs
 from multicall.effects.log import Logger
 from multicall.errors import CniboxError, ConfigError
-from multicall.installer.state import Original, State, sha256
+from multicall.installer.state import State, sha256
 
 if TYPE_CHECKING:
     from multicall.installer.watch import Stop
@@ -56,30 +58,67 @@ class Installer:
         self.state = State()
         self.network_config = b""
         self.journaled = b""  # the journal bytes on disk (skip identical rewrites)
+        self.records_ready = False  # the records dir exists and is private
 
     # --- the undo journal (core/installer/journal.py) ----------------------------------------
 
-    def resume(self) -> None:
-        """Take over what an earlier run (killed before it could undo) recorded."""
-        path = self.config.journal_path
+    def resume(self) -> list[str]:
+        """Take over what an earlier run (killed before it could undo) recorded; returns why
+        each unreadable part of the journal could not be read (rule 3: never ignored)."""
+        errors: list[str] = []
         try:
             if not fs.private_dir(self.config.state_dir, create=False):
-                return
-            data = fs.read_file(path, JOURNAL_LIMIT, what="undo journal", follow=False)
-            if data is None:
-                return
-            record = journal.decode(
-                data, net_dir=self.config.host_net_dir, bin_dir=self.config.host_bin_dir
-            )
+                return errors
         except ConfigError as exc:
-            self.log.info(f"{path}: {exc.message}; undo will only remove linkerd entries")
+            return [exc.message]
+        self._resume_records(errors)
+        path = self.config.journal_path
+        try:
+            data = fs.read_file(path, JOURNAL_LIMIT, what="undo journal", follow=False)
+            if data is not None:
+                record = journal.decode(
+                    data, net_dir=self.config.host_net_dir, bin_dir=self.config.host_bin_dir
+                )
+                self.state.resume(record)
+                self.journaled = data
+        except ConfigError as exc:
+            errors.append(_naming(path, exc.message))
+        if self.journaled or self.state.records:
+            count = len(self.state.records)
+            self.log.info(f"resumed the undo journal of an earlier run ({count} configs)")
+        return errors
+
+    def _resume_records(self, errors: list[str]) -> None:
+        directory = self.config.records_dir
+        try:
+            names = sorted(os.listdir(directory))
+        except FileNotFoundError:
             return
-        self.state.resume(record)
-        self.journaled = data
-        self.log.info(f"resumed the undo journal of an earlier run ({len(record.patched)} configs)")
+        net_dir = self.config.host_net_dir
+        for name in names:
+            if fs.is_temp_name(name):
+                continue  # a record a killed run did not finish: its change was not made
+            path = os.path.join(directory, name)
+            try:
+                data = fs.read_file(path, RECORD_LIMIT, what="undo record", follow=False)
+                if data is None:
+                    continue
+                record = journal.decode_record(data, net_dir=net_dir, name=name)
+            except ConfigError as exc:
+                errors.append(_naming(path, exc.message))
+                continue
+            self.state.records[record.path] = record
+
+    def adopt_version1(self) -> None:
+        """Records for what a version 1 `undo.json` held, then `undo.json` without them."""
+        if self.journaled and b'"patched"' in self.journaled:
+            for record in self.state.records.values():
+                self.write_record(record)
+            self.journaled = b""
+            self.record()
 
     def record(self) -> None:
-        """Write the journal before the change it describes is made (write-ahead)."""
+        """Write `undo.json` before the change it describes is made (write-ahead)."""
         data = journal.encode(self.state.as_journal())
         if data == self.journaled:
             return
@@ -87,12 +126,31 @@ class Installer:
         fs.write_atomic(self.config.journal_path, data, 0o600)
         self.journaled = data
 
+    def write_record(self, record: journal.Record) -> None:
+        """One config's record, before its change is made: one small file, whatever the
+        number of configs (rule 1)."""
+        if not self.records_ready:
+            fs.private_dir(self.config.state_dir, create=True)
+            fs.private_dir(self.config.records_dir, create=True)
+            self.records_ready = True
+        name = os.path.basename(record.path)
+        fs.write_atomic(
+            os.path.join(self.config.records_dir, name), journal.encode_record(record), 0o600
+        )
+
+    def drop_record(self, path: str) -> None:
+        """After the undo of one config: its record goes."""
+        fs.remove_durably(os.path.join(self.config.records_dir, os.path.basename(path)))
+        del self.state.records[path]
+
     def forget(self) -> None:
-        """After a complete undo: no journal, and the state dir too when nothing else is in it."""
+        """After a complete undo: no journal, and no records dir when nothing else is in it
+        (the state dir goes with the lock, lock.py)."""
         fs.remove_durably(self.config.journal_path)
         self.journaled = b""
         with contextlib.suppress(OSError):
-            os.rmdir(self.config.state_dir)
+            os.rmdir(self.config.records_dir)
+        self.records_ready = False
 
     # --- setup -----------------------------------------------------------------------------
 
@@ -175,12 +233,25 @@ class Installer:
         ca = self._read_required(self.config.ca_file, "CA certificate")
         text = render_kubeconfig(token, ca, self.config.service_host, self.config.service_port)
         path = self.config.kubeconfig_path
+        self.check_kubeconfig_path()
         self.state.kubeconfig = path
         self.record()
         if self._current(path, "kubeconfig") == text and fs.file_mode(path) == KUBECONFIG_MODE:
             return
         fs.write_atomic(path, text, KUBECONFIG_MODE)
         self.log.info(f"wrote {path}")
+
+    def check_kubeconfig_path(self) -> None:
+        """ConfigError when the kubeconfig would replace a file that is not a kubeconfig of
+        linkerd's (a primary CNI's own kubeconfig, say): never overwritten, never removed."""
+        path = self.config.kubeconfig_path
+        current = self._current(path, "kubeconfig")
+        if current is not None and not is_linkerd_kubeconfig(current):
+            raise ConfigError(
+                f"{path} exists and is not a linkerd-cni kubeconfig; set KUBECONFIG_FILE_NAME "
+                "to a name no other file in the CNI config dir has",
+                path=path,
+            )
 
     @staticmethod
     def _read_required(path: str, what: str) -> bytes:
@@ -247,7 +318,7 @@ class Installer:
         data = self.read_config(path)
         if data is None:
             return
-        if self.state.written.get(path) == sha256(data):
+        if self.state.ours(path, data):
             self.log.debug(f"{path}: our own write, ignored")
             return
         try:
@@ -256,7 +327,24 @@ class Installer:
         except ConfigError as exc:
             self.log.info(f"{path}: left alone: {exc.message}")
             return
-        self._write_patched(path, data, merged, original)
+        target = conflist.upgraded_name(path)
+        if target != path and not self._ours_to_replace(target):
+            self.log.info(
+                f"{path}: left alone: converting it would replace {target}, which cnibox "
+                "did not write"
+            )
+            return
+        self._write_patched(path, data, merged, original, target)
+
+    def _ours_to_replace(self, target: str) -> bool:
+        """Whether `.conf` conversion may write `target`: it does not exist, or it is the
+        installer's own conversion of it, unchanged since (never an existing config)."""
+        if not os.path.lexists(target):
+            return True
+        record = self.state.records.get(target)
+        if record is None or record.original is not None:
+            return False
+        return self.state.ours(target, self._current(target, "CNI network config"))
 
     @staticmethod
     def _original_of(data: bytes) -> bytes:
@@ -265,24 +353,45 @@ class Installer:
             return data
         return conflist.remove_linkerd(data) or data
 
-    def _write_patched(self, path: str, data: bytes, merged: bytes, original: bytes) -> None:
-        target = conflist.upgraded_name(path)
+    def _write_patched(
+        self, path: str, data: bytes, merged: bytes, original: bytes, target: str
+    ) -> None:
+        """Records first (write-ahead), then the change: in place, or `x.conf` written as
+        `x.conflist` and removed."""
         mode = fs.file_mode(path)
-        self.state.written[target] = sha256(merged)
-        self.state.originals[target] = Original(path, original, mode)
-        self.record()
-        if target != path or merged != data:
-            fs.write_atomic(target, merged, mode)
-            self.log.info(f"patched {target}")
+        digest = sha256(merged)
+        if target == path:
+            self.write_record(self.state.change(path, data, original, mode, digest))
+            if merged == data:
+                return
+        else:
+            current = self._current(target, "CNI network config")
+            self.write_record(self.state.change(target, current, None, mode, digest))
+            self.write_record(self.state.change(path, data, original, mode, ""))
+        fs.write_atomic(target, merged, mode)
+        self.log.info(f"patched {target}")
         if target != path:
             fs.remove_durably(path)
-            self.state.written.pop(path, None)
+
+
+def _naming(path: str, message: str) -> str:
+    """`message` as `path: reason`, once."""
+    return message if message.startswith(path) else f"{path}: {message}"
 
 
 def install(installer: Installer, stop: Stop | None = None) -> None:
     """Binary, kubeconfig, then configs: the plugin is never chained before it can run."""
     installer.load_network_config()
-    installer.resume()
+    errors = installer.resume()
+    if errors:
+        raise ConfigError(
+            f"{errors[0]}: the undo journal cannot be read, so installing now could lose the "
+            "original configs it holds",
+            hint="restore the CNI configs it names by hand, or run install-cni --uninstall to "
+            "undo what the rest of the journal allows; then remove the file",
+        )
+    installer.adopt_version1()
+    installer.check_kubeconfig_path()
     for step in (installer.install_binaries, installer.write_kubeconfig, installer.patch_all):
         if stop is not None and stop.signum:
             return

@@ -9,7 +9,6 @@ makes the logger and turns a `CniboxError` into the last log line and the exit c
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Mapping
 
 from multicall.core.installer.config import InstallerConfig, parse_environment
@@ -17,6 +16,7 @@ from multicall.effects import fs, pidfile
 from multicall.effects.log import Logger
 from multicall.errors import EXIT_OK, CniboxError, ConfigError
 from multicall.installer.install import Installer, Options, install
+from multicall.installer.lock import host_lock
 from multicall.installer.undo import undo
 from multicall.installer.watch import Stop, watch
 
@@ -51,10 +51,11 @@ def run(options: Options, env: Mapping[str, str], log: Logger) -> int:
         installer = Installer(config, options, log, binary="")
         installer.load_network_config()  # first: without a config nothing is written
         installer.binary = resolve_binary(env)
-        if options.mode == "once":
-            install(installer)
-            return EXIT_OK
-        return run_watch(installer)
+        with host_lock(config.state_dir, log):
+            if options.mode == "once":
+                install(installer)
+                return EXIT_OK
+            return run_watch(installer)
     except OSError as exc:
         # Nothing in the installer expects one: say which file and why, never the repr.
         raise CniboxError(fs.os_error_text(exc), path=exc.filename) from exc
@@ -62,9 +63,9 @@ def run(options: Options, env: Mapping[str, str], log: Logger) -> int:
 
 def uninstall(config: InstallerConfig, options: Options, log: Logger) -> int:
     stop_running_installer(config.pid_file, log)
-    installer = Installer(config, options, log, binary="")
-    installer.resume()
-    errors = undo(installer)
+    with host_lock(config.state_dir, log, create_parents=False):
+        installer = Installer(config, options, log, binary="")
+        errors = undo(installer, installer.resume())
     for error in errors:
         log.error(f"undo: {error}")
     return 1 if errors else EXIT_OK
@@ -97,9 +98,7 @@ def run_watch(installer: Installer) -> int:
         stop.restore()
         with contextlib.suppress(OSError, ConfigError):
             if pidfile.running(pid_file) is None:
-                fs.remove_durably(pid_file)
-                if not installer.journaled:
-                    os.rmdir(installer.config.state_dir)
+                fs.remove_durably(pid_file)  # the state dir goes with the lock (lock.py)
 
 
 def _message(exc: BaseException) -> str:

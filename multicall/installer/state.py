@@ -1,8 +1,8 @@
 """What one installer run wrote: recognising its own inotify events, and what undo restores.
 
-`State` is the in-memory record; `as_journal`/`resume` convert it to and from the undo
-journal (core/installer/journal.py, the format), so a run killed before its undo leaves the
-next run (or `--uninstall`) everything it needs.
+`State` is the in-memory record; the undo journal (core/installer/journal.py, the format)
+keeps the same on disk, so a run killed before its undo leaves the next run (or
+`--uninstall`) everything it needs.
 """
 
 from __future__ import annotations
@@ -18,36 +18,42 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
-class Original:
-    """What a patched file held before: restored on undo if nobody touched our version."""
-
-    path: str
-    data: bytes
-    mode: int
-
-
 @dataclass(slots=True)
 class State:
-    """What this run (and, through the journal, an earlier killed run) wrote, for recognising
-    its own events and for undo."""
+    """What this run (and, through the journal, an earlier killed run) changed, for
+    recognising its own events and for undo."""
 
-    written: dict[str, str] = field(default_factory=dict)  # path -> sha256 of our bytes
-    originals: dict[str, Original] = field(default_factory=dict)  # patched path -> before
+    records: dict[str, journal.Record] = field(default_factory=dict)  # config path -> record
     copied: dict[str, str] = field(default_factory=dict)  # copied binary -> sha256
     kubeconfig: str = ""
 
+    def ours(self, path: str, current: bytes | None) -> bool:
+        """Whether `path` holds (None: lacks) exactly what the installer left there."""
+        record = self.records.get(path)
+        digest = None if current is None else sha256(current)
+        return record is not None and record.holds(current, digest)
+
+    def change(
+        self, path: str, current: bytes | None, original: bytes | None, mode: int, written: str
+    ) -> journal.Record:
+        """The record for changing `path` from `current` to bytes hashing to `written` ("":
+        removing it). The name's original stays what it held before the installer first
+        changed it while the installer's own bytes are still there; once somebody else
+        wrote it (`current` is theirs), theirs is the original to restore."""
+        record = self.records.get(path)
+        if record is None or not self.ours(path, current):
+            record = journal.Record(path, original, mode, written)
+        else:
+            record = journal.Record(path, record.original, record.mode, written)
+        self.records[path] = record
+        return record
+
     def as_journal(self) -> journal.Journal:
-        patched = tuple(
-            journal.Patched(target, o.path, o.data, o.mode, self.written.get(target, ""))
-            for target, o in self.originals.items()
-        )
-        return journal.Journal(patched, tuple(self.copied.items()), self.kubeconfig)
+        return journal.Journal(tuple(self.copied.items()), self.kubeconfig)
 
     def resume(self, record: journal.Journal) -> None:
-        for p in record.patched:
-            self.originals.setdefault(p.target, Original(p.original_path, p.original, p.mode))
-            self.written.setdefault(p.target, p.written)
+        for entry in record.records:
+            self.records.setdefault(entry.path, entry)
         for path, digest in record.copied:
             self.copied.setdefault(path, digest)
         self.kubeconfig = self.kubeconfig or record.kubeconfig

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from multicall.core.installer import conflist
+from multicall.core.installer.config import is_linkerd_kubeconfig
+from multicall.core.installer.journal import Record
 from multicall.effects import fs
 from multicall.errors import CniboxError, ConfigError
 from multicall.installer.install import (
@@ -22,7 +24,13 @@ from multicall.installer.install import (
     PLUGIN_LINK,
     Installer,
 )
-from multicall.installer.state import Original, sha256
+from multicall.installer.state import sha256
+
+UNREADABLE = (
+    "this part of the undo journal cannot be read, so the config it records was not "
+    "restored; restore it by hand (the record holds its original bytes in base64), then "
+    "remove the file"
+)
 
 
 class Undo:
@@ -43,14 +51,21 @@ class Undo:
         return False
 
 
-def undo(installer: Installer) -> list[str]:
+def undo(installer: Installer, unreadable: Sequence[str] = ()) -> list[str]:
     """Put the node back as it was; every step goes on after a failure, and the errors
-    are returned (the journal stays until an undo met none, for the next run to retry)."""
+    are returned (the journal stays until an undo met none, for the next run to retry).
+    `unreadable`: the parts of the journal `resume` could not read, reported as errors
+    after the rest is undone (their originals stay where they are for the operator)."""
     steps = Undo()
-    state = installer.state
-    for target, original in sorted(state.originals.items()):
-        if steps.attempt(functools.partial(_restore, installer, target, original)):
-            del state.originals[target]
+    steps.errors.extend(f"{reason}: {UNREADABLE}" for reason in unreadable)
+    for record in sorted(installer.state.records.values(), key=lambda r: r.path):
+        if unreadable and record.original is None:
+            # A file cnibox created may be the only copy of one whose record cannot be
+            # read (`x.conflist` of a converted `x.conf`): it stays, losing only linkerd.
+            continue
+        restore = functools.partial(_restore, installer, record)
+        if steps.attempt(restore):
+            steps.attempt(functools.partial(installer.drop_record, record.path))
     for name in installer.config_names():
         path = os.path.join(installer.config.host_net_dir, name)
         steps.attempt(functools.partial(_strip, installer, path))
@@ -60,19 +75,27 @@ def undo(installer: Installer) -> list[str]:
     return steps.errors
 
 
-def _restore(installer: Installer, target: str, original: Original) -> None:
-    """The original name, bytes and mode, if the file still holds exactly what we wrote;
-    a file changed since (or gone) keeps its content and only loses linkerd (`_strip`)."""
-    try:
-        current = fs.read_file(target, CONFIG_LIMIT, follow=False)
-    except ConfigError:
-        return  # replaced by something that is not ours (a symlink, a FIFO, ...)
-    if current is None or sha256(current) != installer.state.written.get(target):
+def _restore(installer: Installer, record: Record) -> None:
+    """The name as it was before the installer first changed it, while it still holds
+    exactly what the installer left there (a removed `x.conf`: while the name is free);
+    a file somebody changed since keeps their content and only loses linkerd (`_strip`)."""
+    path = record.path
+    if record.written:
+        try:
+            current = fs.read_file(path, CONFIG_LIMIT, follow=False)
+        except ConfigError:
+            return  # replaced by something that is not ours (a symlink, a FIFO, ...)
+        if current is None or sha256(current) != record.written:
+            return
+    elif os.path.lexists(path):
+        installer.log.info(f"{path}: written again since cnibox converted it; kept as it is")
         return
-    fs.write_atomic(original.path, original.data, original.mode)
-    if original.path != target:
-        fs.remove_durably(target)
-    installer.log.info(f"restored {original.path}")
+    if record.original is None:
+        fs.remove_durably(path)
+        installer.log.info(f"removed {path}")
+    else:
+        fs.write_atomic(path, record.original, record.mode)
+        installer.log.info(f"restored {path}")
 
 
 def _strip(installer: Installer, path: str) -> None:
@@ -93,7 +116,7 @@ def _strip(installer: Installer, path: str) -> None:
 
 def _remove_files(installer: Installer, steps: Undo) -> None:
     kubeconfig = installer.state.kubeconfig or installer.config.kubeconfig_path
-    steps.attempt(functools.partial(_remove, installer, kubeconfig))
+    steps.attempt(functools.partial(_remove_kubeconfig, installer, kubeconfig))
     bin_dir = installer.config.host_bin_dir
     for name in (PLUGIN_LINK, NSENTER_LINK):
         path = os.path.join(bin_dir, name)
@@ -103,6 +126,17 @@ def _remove_files(installer: Installer, steps: Undo) -> None:
     expected = installer.state.copied.get(copy)
     if os.path.isfile(copy) and (expected is None or fs.sha256_file(copy) == expected):
         steps.attempt(functools.partial(_remove, installer, copy))
+
+
+def _remove_kubeconfig(installer: Installer, path: str) -> None:
+    try:
+        data = fs.read_file(path, CONFIG_LIMIT, follow=False)
+    except ConfigError:
+        data = None  # a FIFO or symlink the installer would have replaced: not a file of anyone's
+    if data is not None and not is_linkerd_kubeconfig(data):
+        installer.log.info(f"{path}: not a linkerd-cni kubeconfig, left alone")
+        return
+    _remove(installer, path)
 
 
 def _remove(installer: Installer, path: str) -> None:

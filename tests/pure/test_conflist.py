@@ -6,7 +6,7 @@ import hashlib
 import json
 
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from multicall.core.go.encoding_json.encode import go_float
@@ -178,13 +178,27 @@ _conflist = st.fixed_dictionaries(
 )
 
 
+def _has_a_primary_plugin(doc: dict[str, Json]) -> bool:
+    plugins = doc["plugins"]
+    return isinstance(plugins, list) and not all(conflist.is_linkerd(p) for p in plugins)
+
+
 class TestLaws:
+    @settings(max_examples=60, deadline=None)
+    @given(doc=_conflist)
+    def test_a_list_without_a_plugin_besides_linkerd_is_refused(self, doc: dict[str, Json]) -> None:
+        """No linkerd-only list is ever made (issue 30.5): `[]` or linkerd alone is refused."""
+        assume(not _has_a_primary_plugin(doc))
+        with pytest.raises(ConfigError, match="no plugin besides linkerd-cni"):
+            insert_linkerd(json.dumps(doc).encode(), linkerd_config())
+
     @settings(max_examples=60, deadline=None)
     @given(doc=_conflist)
     # -0.0 renders as Go's `-0`, which must read back as negative zero (found by this law)
     @example(doc={"name": "", "cniVersion": "0.3.1", "plugins": [{"type": "b", "opt": -0.0}]})
     def test_insert_is_idempotent_and_leaves_one_entry_last(self, doc: dict[str, Json]) -> None:
         """insert(insert(c)) == insert(c); exactly one linkerd entry, and it is last."""
+        assume(_has_a_primary_plugin(doc))
         once = insert_linkerd(json.dumps(doc).encode(), linkerd_config())
         assert insert_linkerd(once, linkerd_config()) == once
         assert count_linkerd(once) == 1
@@ -196,6 +210,7 @@ class TestLaws:
         self, doc: dict[str, Json]
     ) -> None:
         """remove(insert(c)) is c minus its linkerd entries, other plugins in order."""
+        assume(_has_a_primary_plugin(doc))
         removed = remove_linkerd(insert_linkerd(json.dumps(doc).encode(), linkerd_config()))
         assert removed is not None
         plugins = doc["plugins"]

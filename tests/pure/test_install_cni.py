@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -161,7 +162,7 @@ class TestUndo:
         host = make_host(tmp_path)
         put_config(host, "10-calico.conflist")
         assert host.run("--once", "--link-nsenter").returncode == 0
-        (host.net_dir / ".cnibox-install-cni" / "undo.json").unlink()
+        shutil.rmtree(host.net_dir / ".cnibox-install-cni")
         proc = host.run("--uninstall")
         assert proc.returncode == 0, proc.stderr
         assert sorted(p.name for p in host.bin_dir.iterdir()) == []

@@ -15,6 +15,7 @@ import pytest
 
 from multicall.applets import find_applet, install_cni
 from multicall.core.installer.config import parse_environment
+from multicall.core.installer.journal import Record
 from multicall.dispatch import run_applet
 from multicall.effects import inotify, pidfile
 from multicall.effects.log import Logger
@@ -85,7 +86,7 @@ class TestPatch:
         """Upstream FileHashExists: a file whose hash was recorded is not touched."""
         inst, log, host = installer_for(tmp_path)
         path = put_config(host, "10-calico.conflist")
-        inst.state.written[str(path)] = sha256(path.read_bytes())
+        inst.state.records[str(path)] = Record(str(path), None, 0o644, sha256(path.read_bytes()))
         inst.patch(path.name)
         assert path.read_bytes() == (TESTDATA / "10-calico.conflist").read_bytes()
         assert b"our own write, ignored" in log.getvalue()

@@ -308,31 +308,31 @@ class TestUndoJournal:
     )  # fmt: skip
     def test_a_bad_journal_is_not_trusted(self, tmp_path: Path, journal: bytes) -> None:
         """A journal that is not JSON, nests too deep or names a path outside the CNI dir is
-        ignored (said so); the undo still removes linkerd, the kubeconfig and the binary."""
+        not trusted and never ignored: the undo still removes linkerd, the kubeconfig and the
+        binary, then fails (exit 1) saying what to do, and the journal stays."""
         host = make_host(tmp_path)
         path = put_config(host, "10-calico.conflist")
         assert host.run("--once").returncode == 0
         (host.net_dir / STATE / "undo.json").write_bytes(journal)
         undo = host.run("--uninstall")
-        assert undo.returncode == 0, undo.stderr
+        assert undo.returncode == 1, undo.stderr
         assert "undo.json: the undo journal" in undo.stderr
-        assert "undo will only remove linkerd entries" in undo.stderr
+        assert "restore it by hand" in undo.stderr
+        assert (host.net_dir / STATE / "undo.json").read_bytes() == journal
         assert linkerd_count(path) == 0
         assert sorted(p.name for p in host.bin_dir.iterdir()) == []
         assert_plain(undo.stderr)
 
     def test_undo_goes_on_past_errors_and_reports_them_all(self, tmp_path: Path) -> None:
-        """Two things that cannot be undone (a config replaced by a directory the undo cannot
-        rewrite, the kubeconfig turned into a non-empty directory): every other step still
-        runs (binary and link removed, the other config restored), each error is reported,
-        the exit status is 1 and the journal stays for a later retry."""
+        """Two things that cannot be undone (the record of a converted config made unreadable,
+        the kubeconfig turned into a non-empty directory): every other step still runs
+        (binary and link removed, the other config restored), each error is reported, the
+        exit status is 1 and the journal stays for a later retry."""
         host = make_host(tmp_path)
         good = put_config(host, "10-calico.conflist")
         put_config(host, "20-calico.conf", "10-calico.conf")
         assert host.run("--once").returncode == 0
-        # the restore of 20-calico.conf writes that name: make it a directory
-        (host.net_dir / "20-calico.conf").mkdir()
-        (host.net_dir / "20-calico.conf" / "x").write_text("")
+        (host.net_dir / STATE / "patched" / "20-calico.conf").write_bytes(b"{")
         host.kubeconfig.unlink()
         host.kubeconfig.mkdir()
         (host.kubeconfig / "x").write_text("")
@@ -345,4 +345,5 @@ class TestUndoJournal:
         assert good.read_bytes() == (TESTDATA / "10-calico.conflist").read_bytes()
         assert sorted(p.name for p in host.bin_dir.iterdir()) == []
         assert (host.net_dir / STATE / "undo.json").exists()
+        assert (host.net_dir / STATE / "patched" / "20-calico.conf").read_bytes() == b"{"
         assert_plain(undo.stderr)

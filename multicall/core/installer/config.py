@@ -53,6 +53,9 @@ DEFAULTS: dict[str, str] = {
 STATE_DIR_NAME = ".cnibox-install-cni"  # in the host CNI config dir; libcni ignores directories
 PID_FILE_NAME = "install-cni.pid"
 JOURNAL_NAME = "undo.json"
+RECORDS_NAME = "patched"  # one undo record per changed config (core/installer/journal.py)
+# The extensions libcni loads from the config dir (libcni ConfFiles): no kubeconfig there.
+LIBCNI_EXTENSIONS = (".conf", ".conflist", ".json")
 
 KUBECONFIG_TEMPLATE = """\
 # kubeconfig file for linkerd.io/cni-plugin
@@ -74,6 +77,12 @@ contexts:
     user: linkerd-cni
 current-context: linkerd-cni-context
 """
+
+
+def is_linkerd_kubeconfig(data: bytes) -> bool:
+    """Whether `data` is a kubeconfig the installer (or upstream's, same text) wrote: only
+    such a file is overwritten or removed at the kubeconfig's path."""
+    return data.startswith(KUBECONFIG_TEMPLATE.partition("\n")[0].encode())
 
 
 def go_path_join(*parts: str) -> str:
@@ -147,6 +156,10 @@ class InstallerConfig:
         return go_path_join(self.state_dir, JOURNAL_NAME)
 
     @property
+    def records_dir(self) -> str:
+        return go_path_join(self.state_dir, RECORDS_NAME)
+
+    @property
     def pid_file(self) -> str:
         return self.pid_file_env or go_path_join(self.state_dir, PID_FILE_NAME)
 
@@ -218,6 +231,13 @@ def check_paths(config: InstallerConfig) -> None:
     for variable, value, path, parent in inside:
         if not is_inside(path, parent):
             raise ConfigError(f"{variable}={value!r}: {path} must lie inside {parent}")
+    if config.kubeconfig_name.endswith(LIBCNI_EXTENSIONS):
+        # libcni would load it as a network config, and a primary CNI's config of that
+        # name would be overwritten by the kubeconfig and deleted by the undo.
+        raise ConfigError(
+            f"KUBECONFIG_FILE_NAME={config.kubeconfig_name!r}: a kubeconfig may not end in "
+            f"{', '.join(LIBCNI_EXTENSIONS)}, the names libcni loads as network configs"
+        )
 
 
 def is_inside(path: str, parent: str) -> bool:

@@ -12,7 +12,9 @@ Rules of this module (the Go installer `linkerd2-cni-install` is the reference,
    other non-ASCII text as UTF-8, non-integer numbers in Go's float64 notation.
 3. Differences from Go, all in the direction of the "at most one linkerd entry" invariant:
    every linkerd entry is removed (Go removes the first), and a single-plugin config that is
-   itself `linkerd-cni` is refused (Go wraps it into a list holding linkerd twice). Integer
+   itself `linkerd-cni` is refused (Go wraps it into a list holding linkerd twice), and so
+   is a plugin list with nothing but linkerd in it, `[]` included (Go makes it a
+   linkerd-only list, a network config of its own ahead of the real one). Integer
    literals are kept exact (Go rounds those beyond 2^53 through float64).
 4. Every rejection is a `ConfigError`; callers log it and leave the file alone.
 """
@@ -121,6 +123,10 @@ def insert_linkerd(existing: bytes, linkerd: bytes) -> bytes:
         }
         return render_go_json(wrapped)
     others = [p for p in _plugins_of(document) if not is_linkerd(p)]
+    if not others:
+        # libcni refuses an empty list; a linkerd-only list would be a config of its own
+        # that sorts ahead of the real one (rule 3).
+        raise ConfigError("the plugin list holds no plugin besides linkerd-cni")
     return render_go_json({**document, "plugins": [*others, plugin]})
 
 

@@ -2,20 +2,29 @@
 restarted installer (after a SIGKILL) or `install-cni --uninstall` can put the node back.
 
 Rules of this module:
-1. The journal records, before each change is made (write-ahead), every CNI config the
-   installer rewrote (the path it now has, the name, bytes and mode it had before, and the
-   SHA-256 of the bytes the installer wrote), the binary it copied (path and SHA-256) and the
-   kubeconfig it wrote. Links need no record: they are recognised by their target.
-2. A journal is JSON (version 1, sorted keys, the original bytes in base64), so it is
-   readable by an operator and a stable byte string: writing the same journal twice writes
-   the same bytes.
-3. Decoding trusts nothing: an unknown version, a wrong type, undecodable base64 or a path
-   outside the CNI config dir (configs) or bin dir (the binary) is a ConfigError, and the
-   installer then undoes without it (removing linkerd entries only) rather than restore
-   bytes to a place the journal should never name.
-4. What a record means when the file changed since the installer wrote it is the undo's
-   business (installer/undo.py): restored only if its bytes are still ours, else only
-   its linkerd entry goes.
+1. The journal is a directory of small files, never one growing document, so its size per
+   file is bounded by design and recording one change costs the same with 10 or 10,000
+   configs (a rewrite of one whole journal per patch made installs quadratic):
+   - `undo.json` (`encode`/`decode`): the binary the installer copied (path and SHA-256) and
+     the kubeconfig it wrote. Links need no record: they are recognised by their target.
+   - one record per CNI config name the installer changed (`encode_record`/`decode_record`),
+     in the records dir under that same name: the bytes and mode the name held before the
+     installer first changed it (`original`, None when the installer created the name) and
+     the SHA-256 of what the installer left there (`written`, "" when it removed the name,
+     as when `x.conf` became `x.conflist`). A record is written before its change is made
+     (write-ahead) and holds at most one config (1 MiB, in base64), so `RECORD_LIMIT`
+     bounds every read.
+2. Records are JSON (sorted keys, the original bytes in base64): readable by an operator and
+   a stable byte string, so writing the same record twice writes the same bytes.
+3. Decoding trusts nothing: an unknown version, a wrong type, undecodable base64, a record
+   whose path is not the config of its own name, or a path outside the CNI config dir
+   (configs) or bin dir (the binary) is a ConfigError. The installer never goes on as if
+   the journal were not there: it refuses to install, and `--uninstall` undoes what the
+   readable records allow and then fails, naming the record to look at.
+4. A version 1 `undo.json` (one document holding every config, written by cnibox before
+   records existed) is still read: its entries become records (`Journal.records`).
+5. What a record means when the file changed since the installer wrote it is the undo's
+   business (installer/undo.py): restored only while its bytes are still the installer's.
 """
 
 from __future__ import annotations
@@ -26,49 +35,48 @@ import json
 import posixpath
 from dataclasses import dataclass
 
+from multicall.core.limits import INSTALLER_FILE, KIB
 from multicall.errors import ConfigError
 
-VERSION = 1
+VERSION = 2
+# One record: a config of at most INSTALLER_FILE bytes in base64, plus paths and digests.
+RECORD_LIMIT = INSTALLER_FILE * 4 // 3 + 64 * KIB
 
 
 @dataclass(frozen=True, slots=True)
-class Patched:
-    """One CNI config the installer rewrote: `target` now holds bytes hashing to `written`;
-    before, `original_path` held `original` with mode `mode`."""
+class Record:
+    """One CNI config name the installer changed: before, `path` held `original` (None: it
+    did not exist) with mode `mode`; now it holds bytes hashing to `written` ("": nothing)."""
 
-    target: str
-    original_path: str
-    original: bytes
+    path: str
+    original: bytes | None
     mode: int
     written: str
+
+    def holds(self, current: bytes | None, digest: str | None) -> bool:
+        """Whether `current` (None: the name is free), hashing to `digest`, is what the
+        installer left at the path."""
+        if not self.written:
+            return current is None
+        return current is not None and digest == self.written
 
 
 @dataclass(frozen=True, slots=True)
 class Journal:
-    """What the installer changed, so that it can be undone."""
+    """`undo.json`: the binary and kubeconfig; `records` only from a version 1 journal."""
 
-    patched: tuple[Patched, ...] = ()
     copied: tuple[tuple[str, str], ...] = ()  # (binary path, sha256)
     kubeconfig: str = ""
+    records: tuple[Record, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.patched or self.copied or self.kubeconfig)
+        return not (self.records or self.copied or self.kubeconfig)
 
 
 def encode(journal: Journal) -> bytes:
     doc = {
         "version": VERSION,
-        "patched": [
-            {
-                "target": p.target,
-                "original_path": p.original_path,
-                "original": base64.b64encode(p.original).decode("ascii"),
-                "mode": p.mode,
-                "written": p.written,
-            }
-            for p in sorted(journal.patched, key=lambda p: p.target)
-        ],
         "copied": [{"path": path, "sha256": digest} for path, digest in sorted(journal.copied)],
         "kubeconfig": journal.kubeconfig,
     }
@@ -77,18 +85,84 @@ def encode(journal: Journal) -> bytes:
 
 def decode(data: bytes, *, net_dir: str, bin_dir: str) -> Journal:
     """The journal in `data`; ConfigError for anything rule 3 refuses."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise ConfigError(f"the undo journal is not valid JSON: {_reason(exc)}") from None
-    if not isinstance(doc, dict) or doc.get("version") != VERSION:
+    doc = _document(data, "undo journal")
+    if doc.get("version") not in (1, VERSION):
         raise ConfigError(f"the undo journal is not a version {VERSION} journal")
-    patched = tuple(_patched(item, net_dir) for item in _list(doc, "patched"))
+    records: list[Record] = []
+    if doc.get("version") == 1:
+        for item in _list(doc, "patched"):
+            records.extend(_version1(item, net_dir))
     copied = tuple(_copied(item, bin_dir) for item in _list(doc, "copied"))
     kubeconfig = doc.get("kubeconfig", "")
     if not isinstance(kubeconfig, str) or (kubeconfig and not _below(kubeconfig, net_dir)):
         raise ConfigError(f"the undo journal names a kubeconfig outside {net_dir}")
-    return Journal(patched, copied, kubeconfig)
+    return Journal(copied, kubeconfig, tuple(records))
+
+
+def encode_record(record: Record) -> bytes:
+    doc = {
+        "version": VERSION,
+        "path": record.path,
+        "original": None if record.original is None else _b64(record.original),
+        "mode": record.mode,
+        "written": record.written,
+    }
+    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+
+
+def decode_record(data: bytes, *, net_dir: str, name: str) -> Record:
+    """The record in `data`, kept under `name`; ConfigError for anything rule 3 refuses."""
+    doc = _document(data, "undo record")
+    if doc.get("version") != VERSION:
+        raise ConfigError(f"the undo record is not a version {VERSION} record")
+    path = _text(doc, "path")
+    if not _in_dir(path, net_dir) or posixpath.basename(path) != name:
+        raise ConfigError(f"the undo record names {path!r}, not {net_dir}/{name}")
+    original = None if doc.get("original") is None else _unb64(doc, "original", path)
+    return Record(path, original, _mode(doc, path), _text(doc, "written"))
+
+
+def _document(data: bytes, what: str) -> dict[str, object]:
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"the {what} is not valid JSON: {_reason(exc)}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"the {what} is not a JSON object")
+    return doc
+
+
+def _version1(item: object, net_dir: str) -> tuple[Record, ...]:
+    """A version 1 entry: `target` holds `written`; `original_path` held `original`."""
+    target = _text(item, "target")
+    original_path = _text(item, "original_path")
+    for path in (target, original_path):
+        if not _in_dir(path, net_dir):
+            raise ConfigError(f"the undo journal names {path!r}, which is not in {net_dir}")
+    original = _unb64(item, "original", original_path)
+    mode = _mode(item, original_path)
+    written = _text(item, "written")
+    if target == original_path:
+        return (Record(target, original, mode, written),)
+    return (Record(target, None, mode, written), Record(original_path, original, mode, ""))
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(item: object, key: str, path: str) -> bytes:
+    try:
+        return base64.b64decode(_text(item, key), validate=True)
+    except binascii.Error:
+        raise ConfigError(f"the undo journal's copy of {path} is not base64") from None
+
+
+def _mode(item: object, path: str) -> int:
+    mode = _get(item, "mode")
+    if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o7777:
+        raise ConfigError(f"the undo journal has an invalid mode for {path}")
+    return mode
 
 
 def _reason(exc: BaseException) -> str:
@@ -111,22 +185,6 @@ def _text(item: object, key: str) -> str:
     if not isinstance(value, str):
         raise ConfigError(f"the undo journal has an entry without a valid {key}")
     return value
-
-
-def _patched(item: object, net_dir: str) -> Patched:
-    target = _text(item, "target")
-    original_path = _text(item, "original_path")
-    for path in (target, original_path):
-        if not _in_dir(path, net_dir):
-            raise ConfigError(f"the undo journal names {path!r}, which is not in {net_dir}")
-    try:
-        original = base64.b64decode(_text(item, "original"), validate=True)
-    except binascii.Error:
-        raise ConfigError(f"the undo journal's copy of {original_path} is not base64") from None
-    mode = _get(item, "mode")
-    if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o7777:
-        raise ConfigError(f"the undo journal has an invalid mode for {original_path}")
-    return Patched(target, original_path, original, mode, _text(item, "written"))
 
 
 def _copied(item: object, bin_dir: str) -> tuple[str, str]:

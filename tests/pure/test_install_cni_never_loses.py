@@ -1,0 +1,237 @@
+"""Issue 30 (items 1-6): the installer never loses a file, whatever the config dir holds."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from multicall.applets import install_cni
+from multicall.core.installer.journal import RECORD_LIMIT
+from multicall.effects import fs
+from multicall.installer import lock
+from tests.support.installer_host import TESTDATA, Host, linkerd_count, make_host, put_config
+
+STATE = ".cnibox-install-cni"
+CONF = (TESTDATA / "10-calico.conf").read_bytes()
+CONFLIST = (TESTDATA / "10-calico.conflist").read_bytes()
+
+
+def run(host: Host, *args: str, **extra: str) -> tuple[int, str]:
+    """The applet in-process (no interpreter start per run: the big cases stay fast)."""
+    err = io.BytesIO()
+    code = install_cni.main(["install-cni", *args], host.env(**extra), io.BytesIO(), err, err)
+    return code, err.getvalue().decode()
+
+
+def configs(host: Host) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in host.net_dir.iterdir() if p.is_file()}
+
+
+def test_a_conf_beside_its_conflist_name_is_left_alone(tmp_path: Path) -> None:
+    """Item 1: `10-a.conf` is not converted over an existing `10-a.conflist`; both survive
+    install and uninstall byte for byte, and the log says why."""
+    host = make_host(tmp_path)
+    (host.net_dir / "10-a.conf").write_bytes(CONF)
+    (host.net_dir / "10-a.conflist").write_bytes(CONFLIST)
+    code, err = run(host, "--once")
+    assert code == 0, err
+    assert (host.net_dir / "10-a.conf").read_bytes() == CONF
+    assert linkerd_count(host.net_dir / "10-a.conflist") == 1
+    assert "10-a.conf: left alone: converting it would replace" in err
+    code, err = run(host, "--uninstall")
+    assert code == 0, err
+    assert configs(host) == {"10-a.conf": CONF, "10-a.conflist": CONFLIST}
+
+
+def test_a_conf_written_again_after_its_conversion_is_kept(tmp_path: Path) -> None:
+    """The primary CNI writes `x.conf` again after cnibox converted it: the undo keeps the
+    new `x.conf` (never the journal's older bytes over it) and removes cnibox's `.conflist`."""
+    host = make_host(tmp_path)
+    (host.net_dir / "10-a.conf").write_bytes(CONF)
+    assert run(host, "--once")[0] == 0
+    newer = CONF.replace(b'"mtu": 0', b'"mtu": 1400')
+    (host.net_dir / "10-a.conf").write_bytes(newer)
+    code, err = run(host, "--uninstall")
+    assert code == 0, err
+    assert configs(host) == {"10-a.conf": newer}
+
+
+@pytest.mark.parametrize("name", ["10-calico.conflist", "00-x.conf", "k.json"])
+def test_a_kubeconfig_name_libcni_would_load_is_refused(tmp_path: Path, name: str) -> None:
+    """Item 2: KUBECONFIG_FILE_NAME naming a network config is refused before anything is
+    written, in every mode; the primary CNI's config survives both."""
+    host = make_host(tmp_path)
+    put_config(host, "10-calico.conflist")
+    before = configs(host)
+    for mode in ("--once", "--uninstall"):
+        code, err = run(host, mode, KUBECONFIG_FILE_NAME=name)
+        assert code == 1
+        assert f"KUBECONFIG_FILE_NAME={name!r}: a kubeconfig may not end in" in err
+        assert "Traceback" not in err
+        assert configs(host) == before
+        assert list(host.bin_dir.iterdir()) == []
+
+
+def test_a_kubeconfig_name_taken_by_another_file_is_refused(tmp_path: Path) -> None:
+    """Item 2: a kubeconfig name held by a file that is not linkerd's (Calico's own
+    kubeconfig) is neither overwritten nor removed."""
+    host = make_host(tmp_path)
+    calico = host.net_dir / "calico-kubeconfig"
+    calico.write_bytes(b"apiVersion: v1\nkind: Config\n# calico's\n")
+    code, err = run(host, "--once", KUBECONFIG_FILE_NAME="calico-kubeconfig")
+    assert code == 1
+    assert "exists and is not a linkerd-cni kubeconfig" in err
+    assert list(host.bin_dir.iterdir()) == []
+    code, err = run(host, "--uninstall", KUBECONFIG_FILE_NAME="calico-kubeconfig")
+    assert code == 0, err
+    assert calico.read_bytes() == b"apiVersion: v1\nkind: Config\n# calico's\n"
+
+
+def big_conf(size: int, i: int) -> bytes:
+    doc = json.loads(CONF)
+    doc["padding"] = f"{i:06d}" + "x" * (size - len(CONF) - 32)
+    return json.dumps(doc, indent=2).encode()
+
+
+def test_a_large_journal_is_bounded_per_record_and_fully_undone(tmp_path: Path) -> None:
+    """Item 3: 20 `.conf` files of 900 KB (a 24 MB journal as one document) are journaled
+    one record each, every record under its read limit, and all restored by --uninstall."""
+    host = make_host(tmp_path)
+    originals = {f"{i:02d}-big.conf": big_conf(900_000, i) for i in range(20)}
+    for name, data in originals.items():
+        (host.net_dir / name).write_bytes(data)
+    code, err = run(host, "--once")
+    assert code == 0, err
+    records = list((host.net_dir / STATE / "patched").iterdir())
+    assert len(records) == 40  # each .conf (removed) and each .conflist (created)
+    assert max(r.stat().st_size for r in records) < RECORD_LIMIT
+    code, err = run(host, "--uninstall")
+    assert code == 0, err
+    assert configs(host) == originals
+    assert not (host.net_dir / STATE).exists()
+
+
+def test_an_unreadable_record_fails_install_and_uninstall_clearly(tmp_path: Path) -> None:
+    """Item 3: a record that cannot be read is never ignored: --once refuses before any
+    change, --uninstall undoes the rest and exits 1 saying what to do; the record stays."""
+    host = make_host(tmp_path)
+    (host.net_dir / "10-a.conf").write_bytes(CONF)
+    put_config(host, "20-b.conflist")
+    assert run(host, "--once")[0] == 0
+    record = host.net_dir / STATE / "patched" / "10-a.conf"
+    record.write_bytes(b"x" * (RECORD_LIMIT + 1))
+    (host.net_dir / "20-b.conflist").write_bytes(CONFLIST)  # the primary CNI rewrites it
+    code, err = run(host, "--once")
+    assert code == 1
+    assert "the undo journal cannot be read" in err
+    assert (host.net_dir / "20-b.conflist").read_bytes() == CONFLIST  # not re-patched
+    code, err = run(host, "--uninstall")
+    assert code == 1
+    assert "10-a.conf: the undo record is larger than" in err
+    assert "restore it by hand" in err
+    assert "Traceback" not in err
+    assert record.exists()
+    assert linkerd_count(host.net_dir / "10-a.conflist") == 0
+
+
+def test_a_second_installer_waits_bounded_and_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 4: while another installer holds the host's lock, a second one waits (bounded)
+    and exits 1 naming the lock, having changed nothing."""
+    host = make_host(tmp_path)
+    put_config(host, "10-calico.conflist")
+    monkeypatch.setattr(lock, "WAIT_SECONDS", 0.5)
+    state = host.net_dir / STATE
+    state.mkdir(mode=0o700)
+    holder = os.open(state / lock.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    import fcntl
+
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        started = time.monotonic()
+        code, err = run(host, "--once")
+        took = time.monotonic() - started
+    finally:
+        os.close(holder)
+    assert code == 1
+    assert "another install-cni holds" in err
+    assert "stopped waiting after 0.5s" in err
+    assert 0.4 < took < 10
+    assert configs(host) == {"10-calico.conflist": CONFLIST}
+    assert list(host.bin_dir.iterdir()) == []
+    code, err = run(host, "--once")  # the holder is gone: its lock went with it
+    assert code == 0, err
+
+
+def test_two_installers_at_once_leave_every_file_as_it_was(tmp_path: Path) -> None:
+    """Item 4: two `--once` installers started together over 72 configs (a rollout
+    overlap), then `--uninstall`: every config is back, byte for byte."""
+    host = make_host(tmp_path)
+    for i in range(36):
+        (host.net_dir / f"{i:02d}-a.conf").write_bytes(CONF)
+        (host.net_dir / f"{i:02d}-b.conflist").write_bytes(CONFLIST)
+    before = configs(host)
+    procs = [host.start("--once") for _ in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    assert all(linkerd_count(host.net_dir / f"{i:02d}-b.conflist") == 1 for i in range(36))
+    undo = host.run("--uninstall")
+    assert undo.returncode == 0, undo.stderr
+    assert configs(host) == before
+
+
+def test_an_empty_plugin_list_is_left_alone(tmp_path: Path) -> None:
+    """Item 5: `"plugins": []` (invalid for libcni) is not made a linkerd-only list."""
+    host = make_host(tmp_path)
+    empty = b'{"cniVersion": "0.4.0", "name": "empty", "plugins": []}'
+    (host.net_dir / "05-empty.conflist").write_bytes(empty)
+    code, err = run(host, "--once")
+    assert code == 0, err
+    assert (host.net_dir / "05-empty.conflist").read_bytes() == empty
+    assert "05-empty.conflist: left alone: the plugin list holds no plugin besides" in err
+
+
+def test_journal_writes_grow_linearly_with_the_configs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 6: the journal bytes written for N configs stay within a constant times the
+    configs' own bytes (one record per config), not N times the whole journal."""
+    host = make_host(tmp_path)
+    count = 300
+    for i in range(count):
+        (host.net_dir / f"{i:04d}.conflist").write_bytes(CONFLIST)
+    written = {"journal": 0}
+    real = fs.write_atomic
+    state = str(host.net_dir / STATE)
+
+    def counting(path: str, data: bytes, mode: int = 0o644) -> None:
+        if path.startswith(state):
+            written["journal"] += len(data)
+        real(path, data, mode)
+
+    monkeypatch.setattr(fs, "write_atomic", counting)
+    code, err = run(host, "--once")
+    assert code == 0, err
+    assert written["journal"] <= 3 * count * len(CONFLIST)
+
+
+def test_installing_a_thousand_configs_is_quick(tmp_path: Path) -> None:
+    """Item 6: 1,000 configs install and uninstall within a generous bound (measured: see
+    docs/install-cni.md; quadratic installs took 4.7 s for 800)."""
+    host = make_host(tmp_path)
+    for i in range(1000):
+        (host.net_dir / f"{i:04d}.conf").write_bytes(CONF)
+    started = time.monotonic()
+    code, err = run(host, "--once")
+    assert code == 0, err
+    code, err = run(host, "--uninstall")
+    assert code == 0, err
+    assert time.monotonic() - started < 30
+    assert len(configs(host)) == 1000
