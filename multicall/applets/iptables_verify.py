@@ -143,6 +143,7 @@ def run(opts: Options, env: Mapping[str, str], stdin: BinaryIO, stdout: BinaryIO
 
     want = expected(opts, stdin, env)
     got = actual(opts, want.mode, stdin)
+    want = want.against(got.table)
     diff = diff_tables(want.table, got.table, strict=opts.strict)
     if not opts.quiet:
         render = format_json if opts.json else format_text

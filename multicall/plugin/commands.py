@@ -230,6 +230,10 @@ def check(call: Call) -> None:
     options = pod_options(call, conf, identity)
     if options is None:
         return
+    if conf.simulate:
+        # ADD only logged the commands (configure_pod): there is nothing it programmed.
+        call.log.info("linkerd-cni: check: simulate is set, ADD programmed no rules to check")
+        return
     problems = diff_pod_rules(call, conf, options)
     if problems:
         call.step("")
@@ -277,8 +281,8 @@ def rule_differences(
 
     problems = []
     for family in families:
-        expected = expected_for_pod(options, family)
         actual = firewall.dump_nat(netns, mode=mode, family=family, log=log)
+        expected = expected_for_pod(options, family, present=actual)
         diff = diff_tables(expected, actual)
         if not diff.ok:
             problems.append(f"{family.value}:\n{format_diff(diff)}")

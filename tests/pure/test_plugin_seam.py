@@ -313,6 +313,43 @@ def test_check_after_add_passes(node: Node) -> None:
     assert "are as expected" in node.logs
 
 
+def test_check_after_a_simulated_add_passes(node: Node) -> None:
+    """`simulate: true`: ADD programs nothing, so CHECK has nothing to find missing."""
+    conf = config(simulate=True)
+    assert node.run("ADD", conf).exit_code == 0
+    assert node.firewall.applied == []
+    assert node.run("CHECK", conf) == PluginResult(b"", 0)
+    assert "simulate is set" in node.logs
+
+
+# A netns whose PREROUTING already jumps to PROXY_INIT_REDIRECT without upstream's comment
+# (left by another tool, or by an older proxy-init): ADD flushes the chain and keeps that jump.
+UNCOMMENTED_JUMP = Table(
+    "nat",
+    (*fixture_table("default-nft").chains,),
+    (Rule("PREROUTING", ("-j", "PROXY_INIT_REDIRECT")),),
+)
+
+
+def test_check_after_add_over_an_uncommented_jump_passes(node: Node) -> None:
+    """ADD adds no second jump when one matching upstream's regex is there; CHECK (and
+    iptables-verify) take the jump ADD kept for the one it would have added."""
+    node.firewall.tables[(NETNS, Family.IPV4)] = UNCOMMENTED_JUMP
+    assert node.run("ADD").exit_code == 0
+    assert Rule("PREROUTING", ("-j", "PROXY_INIT_REDIRECT")) in node.nat().rules
+    assert node.run("CHECK") == PluginResult(b"", 0), node.logs
+
+
+def test_check_still_fails_without_any_jump(node: Node) -> None:
+    """The adopted jump is only one ADD would keep: a table with no jump at all fails."""
+    node.run("ADD")
+    table = node.nat()
+    kept = tuple(r for r in table.rules if r.chain != "PREROUTING")
+    node.firewall.tables[(NETNS, Family.IPV4)] = Table(table.name, table.chains, kept)
+    details = json.loads(node.run("CHECK").stdout)["details"]
+    assert "-A PREROUTING" in details and "PROXY_INIT_REDIRECT" in details
+
+
 def test_check_names_a_deleted_rule(node: Node) -> None:
     """CHECK after a rule vanished fails with a readable diff naming that rule."""
     node.run("ADD")

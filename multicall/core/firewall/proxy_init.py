@@ -273,6 +273,7 @@ _JUMP_RES = {
     "PREROUTING": re.compile(r"^-A PREROUTING (.+ )?-j PROXY_INIT_REDIRECT"),
     "OUTPUT": re.compile(r"^-A OUTPUT (.+ )?-j PROXY_INIT_OUTPUT"),
 }
+JUMP_CHAINS = tuple(_JUMP_RES)  # the built-in chains ADD may add a jump to
 
 
 def has_chain(existing: Table | None, name: str) -> bool:
