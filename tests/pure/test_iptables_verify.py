@@ -271,9 +271,7 @@ class TestPods:
     def test_a_jump_without_the_comment_is_the_one_add_kept(self, tmp_path: Path) -> None:
         """ADD keeps a PREROUTING jump matching upstream's regex instead of adding its own."""
         text = (LINKERD / "default-nft.iptables-save.txt").read_text()
-        commented = next(
-            line for line in text.splitlines() if line.startswith("-A PREROUTING")
-        )
+        commented = next(line for line in text.splitlines() if line.startswith("-A PREROUTING"))
         save = tmp_path / "save.txt"
         save.write_text(text.replace(commented, "-A PREROUTING -j PROXY_INIT_REDIRECT"))
         rc, out, _ = run_inproc(self.args(tmp_path, save))
@@ -338,10 +336,11 @@ class TestErrors:
         rc, _, err = run_inproc(["--config", str(bad), "--input", save])
         assert rc == 2
         assert "failed to parse network configuration" in err
-        conf = write_json(tmp_path, "c.json", netconf("error-ipv4-subnet-in-ip6tables"))
-        rc, _, err = run_inproc(["--config", conf, "--input", save, "--family", "ipv6"])
+        conf = write_json(tmp_path, "c.json", netconf("error-all-outbound-ports-invalid"))
+        rc, _, err = run_inproc(["--config", conf, "--input", save])
         assert rc == 2
-        assert "host/network `10.0.0.0' not found" in err
+        assert "invalid port/service `' specified" in err
+        conf = write_json(tmp_path, "ok.json", netconf("default-nft"))
         rc, _, err = run_inproc(["--config", conf, "--netns", str(tmp_path / "no-such-netns")])
         assert rc == 2
         assert "no such network namespace" in err

@@ -156,6 +156,19 @@ def test_ipv6_programs_both_families(node: Node) -> None:
     assert node.firewall.applied[0].families == (Family.IPV4, Family.IPV6)
 
 
+def test_dual_stack_with_ipv4_skip_subnets_starts_the_pod(node: Node) -> None:
+    """IPv4 skip-subnets with `ipv6: true`: each family gets its own subnets only
+    (linkerd2-proxy-init#696); upstream fails ADD at ip6tables."""
+    subnets = {"subnets-to-ignore": ["10.0.0.0/8", "fd00::/8"]}
+    assert node.run("ADD", config(linkerd=subnets, ipv6=True)).exit_code == 0
+    for family, mine, other in ((Family.IPV4, "10.0.0.0/8", "fd00::/8"),
+                                (Family.IPV6, "fd00::/8", "10.0.0.0/8")):  # fmt: skip
+        comments = " ".join(" ".join(r.spec) for r in node.nat(family).rules)
+        assert f"ignore-subnet-{mine}" in comments
+        assert f"ignore-subnet-{other}" not in comments
+    assert node.run("CHECK", config(linkerd=subnets, ipv6=True)) == PluginResult(b"", 0)
+
+
 def test_namespace_annotation_and_a_single_namespace_get(node: Node) -> None:
     """An override found only on the namespace applies; the namespace is read once."""
     node.kube.namespaces[NS] = {
