@@ -90,5 +90,5 @@ def _kept_jumps(present: Table | None) -> Table | None:
         # The first one only: a second jump is still reported (traffic would cross the
         # chain twice), as CHECK always did; ADD itself never leaves two in a fresh netns.
         found = (r for r in present.rules_of(chain) if has_jump(replace(fresh, rules=(r,)), chain))
-        jumps += [rule for rule in found][:1]
+        jumps += list(found)[:1]
     return replace(fresh, rules=tuple(jumps)) if jumps else None

@@ -360,7 +360,8 @@ def test_check_still_fails_without_any_jump(node: Node) -> None:
     kept = tuple(r for r in table.rules if r.chain != "PREROUTING")
     node.firewall.tables[(NETNS, Family.IPV4)] = Table(table.name, table.chains, kept)
     details = json.loads(node.run("CHECK").stdout)["details"]
-    assert "-A PREROUTING" in details and "PROXY_INIT_REDIRECT" in details
+    assert "-A PREROUTING" in details
+    assert "install-proxy-init-prerouting" in details
 
 
 def test_check_names_a_deleted_rule(node: Node) -> None:

@@ -30,9 +30,9 @@ from multicall.core.firewall.ruleset import Chain, Rule, Table, render_table
 from multicall.errors import FirewallError
 from tests.support.rulesets import render_restore
 from tests.support.scenarios import (
-    FILTERED_BY_FAMILY,
     ERROR_NAMES,
     EXISTING,
+    FILTERED_BY_FAMILY,
     NAMES,
     OK_NAMES,
     fixture_argv,
