@@ -161,10 +161,15 @@ def configure_pod(call: Call, conf: NetConf, identity: PodIdentity) -> None:
         call.log.info(dropped.message())
     wanted = families(ipv6=conf.ipv6)
     if conf.simulate:
-        # upstream's simulate output: each command line, the existing rules taken as empty
+        # upstream's simulate output: each command line, the existing rules taken as empty.
+        # Upstream logs Go's cmd.String(), where nsenter is resolved through the plugin's
+        # PATH (/usr/bin/nsenter on most hosts; just `nsenter` where there is none, Talos).
+        from multicall.effects.process import look_path
+
+        nsenter = look_path("nsenter", call.process_env)
         for family in wanted:
             for argv in build_run_argv(options, family, mode=mode, netns=call.env.netns):
-                call.log.info(" ".join(argv))
+                call.log.info(" ".join((nsenter, *argv[1:])))
         return
     call.deps.firewall.apply(call.netns, options, mode=mode, families=wanted, log=call.log.info)
 

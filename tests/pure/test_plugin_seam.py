@@ -247,6 +247,19 @@ def test_simulate_logs_upstream_commands_and_programs_nothing(node: Node) -> Non
             assert " ".join(argv) in node.logs
 
 
+def test_simulate_names_nsenter_as_go_resolves_it(node: Node, tmp_path: Path) -> None:
+    """Upstream logs Go's cmd.String(): nsenter by the path found in the plugin's $PATH
+    (`/usr/bin/nsenter` on most hosts), the bare name only where none is found."""
+    tool = tmp_path / "nsenter"
+    tool.write_text("")
+    tool.chmod(0o755)
+    path = f"relative/dir:{tmp_path}:/nonexistent"
+    assert node.run("ADD", config(simulate=True), env=env("ADD", PATH=path)).exit_code == 0
+    lines = [line for line in node.logs.splitlines() if "--net=" in line]
+    assert lines
+    assert all(f'"{tool} --net={NETNS} -- ' in line for line in lines), lines
+
+
 def test_dropped_port_items_are_logged(node: Node) -> None:
     """Invalid port items are dropped with upstream's log line, the rest is programmed."""
     assert (
