@@ -627,6 +627,66 @@ class TestValues:
         ]
         assert "PodSecurityPolicy" not in objects(render(tmp=tmp_path))
 
+    def test_null_resources_render_as_in_linkerd(self, tmp_path: Path) -> None:
+        """`resources: null` (both) renders no resources, as Linkerd's chart (it crashed)."""
+        values = {"resources": None, "repairController": {"enabled": True, "resources": None}}
+        pod = objects(render(values, tmp=tmp_path))["DaemonSet"]["spec"]["template"]["spec"]
+        assert all("resources" not in c for c in pod["containers"])
+        upstream = objects(render_upstream(values, tmp_path))["DaemonSet"]
+        assert all(
+            "resources" not in c for c in pods({"DaemonSet": upstream})["linkerd-cni"]["containers"]
+        )
+
+    @pytest.mark.parametrize(
+        ("values", "where", "expected"),
+        [
+            ({"privileged": "true"}, "privileged", True),
+            ({"privileged": "false"}, "privileged", False),
+            ({"disableIPv6": "false"}, "ipv6", True),
+            ({"repairController": {"enabled": "true"}}, "repair", True),
+            ({"repairController": {"enabled": "false"}}, "repair", False),
+            ({"enablePSP": "true"}, "psp", True),
+            ({"revisionHistoryLimit": "3"}, "history", 3),
+        ],
+    )
+    def test_quoted_booleans_and_numbers(
+        self, values: dict[str, Any], where: str, expected: Any, tmp_path: Path
+    ) -> None:
+        """Quoted forms Linkerd's chart accepts are accepted; "false" means false."""
+        ours = objects(render(values, tmp=tmp_path))
+        pod = ours["DaemonSet"]["spec"]["template"]["spec"]
+        containers = {c["name"]: c for c in pod["containers"]}
+        found = {
+            "privileged": lambda: containers["install-cni"]["securityContext"]["privileged"],
+            "ipv6": lambda: json.loads(ours["ConfigMap"]["data"]["cni_network_config"])["linkerd"][
+                "ipv6"
+            ],
+            "repair": lambda: "repair-controller" in containers,
+            "psp": lambda: "PodSecurityPolicy" in ours,
+            "history": lambda: ours["DaemonSet"]["spec"]["revisionHistoryLimit"],
+        }[where]()
+        assert found == expected
+
+    @pytest.mark.parametrize(
+        ("values", "message"),
+        [
+            ({"inboundProxyPrt": 4143}, "Additional property inboundProxyPrt is not allowed"),
+            (
+                {"repairController": {"enable": True}},
+                "repairController: Additional property enable",
+            ),
+            ({"image": {"tag": "v1"}}, "image: Additional property tag is not allowed"),
+            ({"resources": {"cpu": {"limits": "1"}}}, "resources.cpu: Additional property limits"),
+            ({"agent": {"enable": True}}, "agent: Additional property enable"),
+        ],
+    )
+    def test_unknown_keys_are_refused_by_name(
+        self, values: dict[str, Any], message: str, tmp_path: Path
+    ) -> None:
+        """A typo fails the render naming the key and where it is (Linkerd's chart ignores it)."""
+        with pytest.raises(manifests.RenderError, match=re.escape(message)):
+            render(values, tmp=tmp_path)
+
     @pytest.mark.parametrize(
         ("values", "message"),
         [

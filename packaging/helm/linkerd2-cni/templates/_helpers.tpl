@@ -33,11 +33,12 @@ A container's `resources` from the chart's {cpu,memory,ephemeral-storage}.{limit
 shape; nothing at all when every entry is empty.
 */}}
 {{- define "cnibox.resources" -}}
+{{- $given := . | default dict -}}{{/* `resources: null` renders nothing, as Linkerd's chart */}}
 {{- $kinds := list "cpu" "memory" "ephemeral-storage" -}}
 {{- $limits := dict -}}
 {{- $requests := dict -}}
 {{- range $kind := $kinds -}}
-{{- with (index $ $kind | default dict) -}}
+{{- with (index $given $kind | default dict) -}}
 {{- with .limit }}{{ $_ := set $limits $kind (toString .) }}{{ end -}}
 {{- with .request }}{{ $_ := set $requests $kind (toString .) }}{{ end -}}
 {{- end -}}
@@ -61,5 +62,14 @@ resources:
 
 {{/* The admin listen address: all IPv4 addresses, or all addresses when IPv6 is on. */}}
 {{- define "cnibox.adminAddr" -}}
-{{ if .root.Values.disableIPv6 }}0.0.0.0{{ else }}[::]{{ end }}:{{ .port }}
+{{ if include "cnibox.true" .root.Values.disableIPv6 }}0.0.0.0{{ else }}[::]{{ end }}:{{ .port }}
+{{- end -}}
+
+{{/*
+"true" for a boolean value given as true or "true" (Linkerd's chart accepts the quoted form:
+a values file with `privileged: "true"` renders there), "" otherwise. Unlike Go templates'
+`if`, the string "false" is false here (Linkerd's chart would take it as true: docs/helm.md).
+*/}}
+{{- define "cnibox.true" -}}
+{{- if eq (toString .) "true" }}true{{ end -}}
 {{- end -}}
