@@ -627,6 +627,23 @@ class TestValues:
         ]
         assert "PodSecurityPolicy" not in objects(render(tmp=tmp_path))
 
+    @pytest.mark.parametrize(
+        "image",
+        [
+            {"name": "cr.l5d.io/linkerd/cni-plugin", "version": "v1.7.0-alpha.1"},
+            {"name": "mirror.example/linkerd/cni-plugin", "version": "edge"},
+            {"version": "v1.6.8"},
+        ],
+    )
+    def test_linkerd_image_is_translated(self, image: dict[str, str], tmp_path: Path) -> None:
+        """Linkerd's image or tag from a copied values file would run cnibox's commands in an
+        image without them: every container gets cnibox's image (NOTES.txt says so; the pinned
+        helm renders notes only against a cluster, so they are not checked here)."""
+        values = {"image": image, "repairController": {"enabled": True}}
+        pod = pods(objects(render(values, tmp=tmp_path)))["linkerd-cni"]
+        wanted = f"ghcr.io/cnibox/cnibox-installer:{__version__}"
+        assert {c["image"] for c in pod["containers"]} == {wanted}
+
     def test_null_resources_render_as_in_linkerd(self, tmp_path: Path) -> None:
         """`resources: null` (both) renders no resources, as Linkerd's chart (it crashed)."""
         values = {"resources": None, "repairController": {"enabled": True, "resources": None}}

@@ -13,9 +13,26 @@ renders for the same values (docs/helm.md lists where the chart as a whole diffe
 {{- end -}}
 {{- end -}}
 
-{{/* The image every container runs: the installer image, tag defaulting to appVersion. */}}
+{{/*
+The image every container runs: the installer image, tag defaulting to appVersion. A values
+file copied from Linkerd's chart pins Linkerd's image (`cr.l5d.io/linkerd/cni-plugin`, any
+registry) and its tag (`v1.7.0-alpha.1`): that image has none of cnibox's commands (the
+preStop and the repair controller would fail silently), and cnibox's image has no such tag.
+Both are translated to cnibox's image and version, so the file works unchanged; NOTES.txt
+says so (`cnibox.linkerdImage`).
+*/}}
+{{- define "cnibox.linkerdImage" -}}
+{{- if or (regexMatch "(^|/)linkerd/cni-plugin$" (toString .Values.image.name)) (regexMatch `^v1\.[0-9]+\.[0-9]+` (toString (.Values.image.version | default ""))) -}}
+{{ .Values.image.name }}:{{ .Values.image.version }}
+{{- end -}}
+{{- end -}}
+
 {{- define "cnibox.image" -}}
+{{- if include "cnibox.linkerdImage" . -}}
+ghcr.io/cnibox/cnibox-installer:{{ .Chart.AppVersion }}
+{{- else -}}
 {{ .Values.image.name }}:{{ .Values.image.version | default .Chart.AppVersion }}
+{{- end -}}
 {{- end -}}
 
 {{/* The `linkerd.io/created-by` annotation (Linkerd's `cliVersion` value still wins). */}}
