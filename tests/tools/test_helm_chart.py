@@ -673,16 +673,15 @@ class TestValues:
         ours = objects(render(values, tmp=tmp_path))
         pod = ours["DaemonSet"]["spec"]["template"]["spec"]
         containers = {c["name"]: c for c in pod["containers"]}
-        found = {
-            "privileged": lambda: containers["install-cni"]["securityContext"]["privileged"],
-            "ipv6": lambda: json.loads(ours["ConfigMap"]["data"]["cni_network_config"])["linkerd"][
-                "ipv6"
-            ],
-            "repair": lambda: "repair-controller" in containers,
-            "psp": lambda: "PodSecurityPolicy" in ours,
-            "history": lambda: ours["DaemonSet"]["spec"]["revisionHistoryLimit"],
-        }[where]()
-        assert found == expected
+        config = json.loads(ours["ConfigMap"]["data"]["cni_network_config"])["linkerd"]
+        found: dict[str, Any] = {
+            "privileged": containers["install-cni"]["securityContext"]["privileged"],
+            "ipv6": config["ipv6"],
+            "repair": "repair-controller" in containers,
+            "psp": "PodSecurityPolicy" in ours,
+            "history": ours["DaemonSet"]["spec"]["revisionHistoryLimit"],
+        }
+        assert found[where] == expected
 
     @pytest.mark.parametrize(
         ("values", "message"),
