@@ -154,6 +154,7 @@ def run(opts: Options, env: Mapping[str, str], stdin: BinaryIO, stdout: BinaryIO
             write_text(stdout, native_report(opts, want, lines, source))
         return EXIT_OK if lines == list(want.native) else EXIT_FAILURE
     got = actual(opts, want.mode, stdin)
+    want = want.against(got.table)
     diff = diff_tables(want.table, got.table, strict=opts.strict)
     if not opts.quiet:
         render = format_json if opts.json else format_text

@@ -25,6 +25,16 @@ BOURNE_SHELL = "/bin/sh"
 _TRY_NEXT = frozenset({errno.ENOENT, errno.ESTALE, errno.ENOTDIR, errno.ENODEV, errno.ETIMEDOUT})
 
 
+def look_path(name: str, env: Mapping[str, str]) -> str:
+    """Go's exec.LookPath as `exec.Command(name).String()` shows it: the first executable
+    `name` in $PATH when that is an absolute path, else `name` unchanged (not found, or
+    found relative to the working directory, which Go refuses with ErrDot)."""
+    import shutil
+
+    found = shutil.which(name, path=env.get("PATH", ""))
+    return found if found is not None and os.path.isabs(found) else name
+
+
 def open_readonly(path: str) -> int:
     # Non-blocking: a FIFO given as a namespace, root or directory must not hang the open
     # (util-linux waits forever there); setns or fchdir then refuses it with its errno.

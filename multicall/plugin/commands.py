@@ -169,9 +169,14 @@ def configure_pod(call: Call, conf: NetConf, identity: PodIdentity) -> None:
             for line in native_lines(options, wanted):
                 call.log.info(line)
             return
+        # Upstream logs Go's cmd.String(), where nsenter is resolved through the plugin's
+        # PATH (/usr/bin/nsenter on most hosts; just `nsenter` where there is none, Talos).
+        from multicall.effects.process import look_path
+
+        nsenter = look_path("nsenter", call.process_env)
         for family in wanted:
             for argv in build_run_argv(options, family, mode=mode, netns=call.env.netns):
-                call.log.info(" ".join(argv))
+                call.log.info(" ".join((nsenter, *argv[1:])))
         return
     call.deps.firewall.apply(call.netns, options, mode=mode, families=wanted, log=call.log.info)
 
@@ -243,6 +248,10 @@ def check(call: Call) -> None:
         return
     options = pod_options(call, conf, identity)
     if options is None:
+        return
+    if conf.simulate:
+        # ADD only logged the commands (configure_pod): there is nothing it programmed.
+        call.log.info("linkerd-cni: check: simulate is set, ADD programmed no rules to check")
         return
     problems = diff_pod_rules(call, conf, options)
     if problems:
@@ -325,10 +334,9 @@ def drifted_families(
             text = diff_text(wanted, render(live, family))
             reasons = native_reasons(wanted, None if live is None else render(live, family))
         else:
-            expected = expected_for_pod(options, family)
-            diff = diff_tables(
-                expected, firewall.dump_nat(netns, mode=mode, family=family, log=log)
-            )
+            actual = firewall.dump_nat(netns, mode=mode, family=family, log=log)
+            expected = expected_for_pod(options, family, present=actual)
+            diff = diff_tables(expected, actual)
             text = "" if diff.ok else format_diff(diff)
             reasons = diff_reasons(diff)
         if text:

@@ -15,7 +15,7 @@ from multicall.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
     from multicall.core.firewall.diff import RulesetDiff
-    from multicall.core.firewall.model import Mode, ProxyInitOptions
+    from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
     from multicall.core.firewall.ruleset import Table
     from multicall.core.kube.objects import Service
     from multicall.plugin.pod_inputs import PodInputs
@@ -111,6 +111,21 @@ class Expectation:
     meshed: bool
     note: str  # why no rules are expected, when none are
     native: tuple[str, ...] = ()  # nftables mode: the tables as `nft list table` prints them
+    options: ProxyInitOptions | None = None  # what ADD programs (None: no rules)
+    family: Family | None = None
+    backend: str = "legacy"
+
+    def against(self, present: Table) -> Expectation:
+        """The expectation once the live table is known: the jumps ADD kept there count
+        (plugin/expected.py rule 3), as CHECK counts them."""
+        from dataclasses import replace
+
+        from multicall.plugin.expected import expected_for_pod
+
+        if self.options is None or self.family is None:
+            return self
+        table = expected_for_pod(self.options, self.family, backend=self.backend, present=present)
+        return replace(self, table=table)
 
 
 def expected(opts: Options, stdin: BinaryIO, env: Mapping[str, str]) -> Expectation:
@@ -134,6 +149,8 @@ def expected(opts: Options, stdin: BinaryIO, env: Mapping[str, str]) -> Expectat
             note = found.decision.message.removeprefix("linkerd-cni: ")
     if options is not None and family is Family.IPV6 and not netconf.ipv6:
         options, note = None, "the config does not enable IPv6 (linkerd.ipv6), so no rules"
+    if options is not None and netconf.simulate:
+        options, note = None, "the config sets simulate: ADD only logs its commands, so no rules"
     backend = mode.value if mode in (Mode.LEGACY, Mode.NFT) else "legacy"
     table = expected_for_pod(options, family, backend=backend)
     native: tuple[str, ...] = ()
@@ -141,7 +158,9 @@ def expected(opts: Options, stdin: BinaryIO, env: Mapping[str, str]) -> Expectat
         from multicall.core.firewall.nft.native import native_table, render
 
         native = tuple(render(native_table(options, family) if options else None, family))
-    return Expectation(table, mode, pod_name, options is not None, note, native)
+    return Expectation(
+        table, mode, pod_name, options is not None, note, native, options, family, backend
+    )
 
 
 def _pod_inputs(

@@ -419,13 +419,31 @@ def test_pod_annotations_override_config(cluster: Cluster) -> None:
     assert "--dports 25 " not in rules
 
 
-def test_ipv4_subnet_with_ipv6_fails_before_anything_is_programmed(cluster: Cluster) -> None:
-    """An IPv4 CIDR in skip-subnets breaks the IPv6 pass (as upstream); here no family keeps
-    half-programmed rules, and the message is iptables' own, not `exit status 2`."""
-    conf = cluster.conf(linkerd={"ipv6": True, "subnets-to-ignore": ["10.0.0.0/8"]})
+def test_dual_stack_skip_subnets_go_to_their_own_family(cluster: Cluster) -> None:
+    """IPv4 and IPv6 CIDRs in skip-subnets with `ipv6: true`: each family's rules hold only
+    its own (linkerd2-proxy-init#696); upstream fails ADD at ip6tables
+    (``host/network `10.0.0.0' not found``). CHECK passes after that ADD."""
+    conf = cluster.conf(linkerd={"ipv6": True, "subnets-to-ignore": ["10.0.0.0/8", "fd00::/8"]})
     netns = cluster.pod_netns()
-    proc = cluster.cni("add", netns, MESHED, conf=conf)
-    assert proc.returncode == 1
-    assert "host/network `10.0.0.0' not found" in proc.stderr
-    assert proxy_init_lines(netns) == []
-    assert "PROXY_INIT" not in netns.exec(["ip6tables-nft-save", "-t", "nat"])
+    cluster.add(netns, MESHED, conf=conf)
+    ipv4 = netns.exec(["iptables-nft-save", "-t", "nat"])
+    ipv6 = netns.exec(["ip6tables-nft-save", "-t", "nat"])
+    assert "-s 10.0.0.0/8 " in ipv4
+    assert "fd00::/8" not in ipv4
+    assert "-s fd00::/8 " in ipv6
+    assert "10.0.0.0/8" not in ipv6
+    check = cluster.cni("check", netns, MESHED, conf=conf)
+    assert check.returncode == 0, check.stderr
+
+
+def test_check_after_add_over_an_uncommented_jump(cluster: Cluster) -> None:
+    """A netns whose PREROUTING already jumps to PROXY_INIT_REDIRECT without upstream's
+    comment: ADD adds no second jump, and CHECK passes (issue 27 item 10)."""
+    netns = cluster.pod_netns()
+    netns.exec(["iptables-nft", "-t", "nat", "-N", "PROXY_INIT_REDIRECT"])
+    netns.exec(["iptables-nft", "-t", "nat", "-A", "PREROUTING", "-j", "PROXY_INIT_REDIRECT"])
+    cluster.add(netns, MESHED)
+    rules = netns.exec(["iptables-nft-save", "-t", "nat"])
+    assert rules.count("-A PREROUTING") == 1
+    check = cluster.cni("check", netns, MESHED)
+    assert check.returncode == 0, check.stderr

@@ -156,6 +156,19 @@ def test_ipv6_programs_both_families(node: Node) -> None:
     assert node.firewall.applied[0].families == (Family.IPV4, Family.IPV6)
 
 
+def test_dual_stack_with_ipv4_skip_subnets_starts_the_pod(node: Node) -> None:
+    """IPv4 skip-subnets with `ipv6: true`: each family gets its own subnets only
+    (linkerd2-proxy-init#696); upstream fails ADD at ip6tables."""
+    subnets = {"subnets-to-ignore": ["10.0.0.0/8", "fd00::/8"]}
+    assert node.run("ADD", config(linkerd=subnets, ipv6=True)).exit_code == 0
+    for family, mine, other in ((Family.IPV4, "10.0.0.0/8", "fd00::/8"),
+                                (Family.IPV6, "fd00::/8", "10.0.0.0/8")):  # fmt: skip
+        comments = " ".join(" ".join(r.spec) for r in node.nat(family).rules)
+        assert f"ignore-subnet-{mine}" in comments
+        assert f"ignore-subnet-{other}" not in comments
+    assert node.run("CHECK", config(linkerd=subnets, ipv6=True)) == PluginResult(b"", 0)
+
+
 def test_namespace_annotation_and_a_single_namespace_get(node: Node) -> None:
     """An override found only on the namespace applies; the namespace is read once."""
     node.kube.namespaces[NS] = {
@@ -232,6 +245,19 @@ def test_simulate_logs_upstream_commands_and_programs_nothing(node: Node) -> Non
     for family in Family:
         for argv in build_run_argv(options, family, mode=Mode.NFT, netns=NETNS):
             assert " ".join(argv) in node.logs
+
+
+def test_simulate_names_nsenter_as_go_resolves_it(node: Node, tmp_path: Path) -> None:
+    """Upstream logs Go's cmd.String(): nsenter by the path found in the plugin's $PATH
+    (`/usr/bin/nsenter` on most hosts), the bare name only where none is found."""
+    tool = tmp_path / "nsenter"
+    tool.write_text("")
+    tool.chmod(0o755)
+    path = f"relative/dir:{tmp_path}:/nonexistent"
+    assert node.run("ADD", config(simulate=True), env=env("ADD", PATH=path)).exit_code == 0
+    lines = [line for line in node.logs.splitlines() if "--net=" in line]
+    assert lines
+    assert all(f'"{tool} --net={NETNS} -- ' in line for line in lines), lines
 
 
 def test_dropped_port_items_are_logged(node: Node) -> None:
@@ -311,6 +337,44 @@ def test_check_after_add_passes(node: Node) -> None:
     node.run("ADD")
     assert node.run("CHECK") == PluginResult(b"", 0)
     assert "are as expected" in node.logs
+
+
+def test_check_after_a_simulated_add_passes(node: Node) -> None:
+    """`simulate: true`: ADD programs nothing, so CHECK has nothing to find missing."""
+    conf = config(simulate=True)
+    assert node.run("ADD", conf).exit_code == 0
+    assert node.firewall.applied == []
+    assert node.run("CHECK", conf) == PluginResult(b"", 0)
+    assert "simulate is set" in node.logs
+
+
+# A netns whose PREROUTING already jumps to PROXY_INIT_REDIRECT without upstream's comment
+# (left by another tool, or by an older proxy-init): ADD flushes the chain and keeps that jump.
+UNCOMMENTED_JUMP = Table(
+    "nat",
+    (*fixture_table("default-nft").chains,),
+    (Rule("PREROUTING", ("-j", "PROXY_INIT_REDIRECT")),),
+)
+
+
+def test_check_after_add_over_an_uncommented_jump_passes(node: Node) -> None:
+    """ADD adds no second jump when one matching upstream's regex is there; CHECK (and
+    iptables-verify) take the jump ADD kept for the one it would have added."""
+    node.firewall.tables[(NETNS, Family.IPV4)] = UNCOMMENTED_JUMP
+    assert node.run("ADD").exit_code == 0
+    assert Rule("PREROUTING", ("-j", "PROXY_INIT_REDIRECT")) in node.nat().rules
+    assert node.run("CHECK") == PluginResult(b"", 0), node.logs
+
+
+def test_check_still_fails_without_any_jump(node: Node) -> None:
+    """The adopted jump is only one ADD would keep: a table with no jump at all fails."""
+    node.run("ADD")
+    table = node.nat()
+    kept = tuple(r for r in table.rules if r.chain != "PREROUTING")
+    node.firewall.tables[(NETNS, Family.IPV4)] = Table(table.name, table.chains, kept)
+    details = json.loads(node.run("CHECK").stdout)["details"]
+    assert "-A PREROUTING" in details
+    assert "install-proxy-init-prerouting" in details
 
 
 def test_check_names_a_deleted_rule(node: Node) -> None:

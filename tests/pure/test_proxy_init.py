@@ -24,6 +24,7 @@ from multicall.core.firewall.proxy_init import (
     group_ports,
     invalid_ports,
     plan_change,
+    subnets_of_family,
 )
 from multicall.core.firewall.ruleset import Chain, Rule, Table, render_table
 from multicall.errors import FirewallError
@@ -31,6 +32,7 @@ from tests.support.rulesets import render_restore
 from tests.support.scenarios import (
     ERROR_NAMES,
     EXISTING,
+    FILTERED_BY_FAMILY,
     NAMES,
     OK_NAMES,
     fixture_argv,
@@ -158,9 +160,10 @@ class TestFixtures:
         assert binaries(Mode.NFT, Family.IPV4) == ("iptables-nft", "iptables-nft-save")
         assert binaries(Mode.PLAIN, Family.IPV6) == ("ip6tables", "ip6tables-save")
 
-    @pytest.mark.parametrize("name", NAMES)
+    @pytest.mark.parametrize("name", [n for n in NAMES if n != FILTERED_BY_FAMILY])
     def test_argv_golden(self, name: str) -> None:
-        """The argv list equals upstream's replay, for every run of the scenario."""
+        """The argv list equals upstream's replay, for every run of the scenario (the one
+        #696's filter changes is checked below)."""
         options, family, mode = scenario_options(name), scenario_family(name), scenario_mode(name)
         table, argv = empty_table(), list[tuple[str, ...]]()
         for _ in range(times_applied(name)):
@@ -194,11 +197,47 @@ class TestFixtures:
         assert str(info.value) == expected
         assert "--help" in info.value.details
 
-    def test_ipv6_cidr_in_ipv4_pass(self) -> None:
-        """The mirror case: an IPv6 CIDR fails the IPv4 pass the same way."""
-        options = ProxyInitOptions(subnets_to_ignore=("fd00::/8",))
-        with pytest.raises(FirewallError, match="host/network `fd00::' not found"):
-            build_rules(options, Family.IPV4)
+    def test_other_family_subnet_is_skipped_not_fatal(self) -> None:
+        """Upstream's run fails at the IPv4 subnet in ip6tables (the fixture); with #696's
+        filter the same commands are run without that one, and the pass succeeds."""
+        name = FILTERED_BY_FAMILY
+        options, family, mode = scenario_options(name), scenario_family(name), scenario_mode(name)
+        upstream = fixture_argv(name)
+        assert "10.0.0.0/8" in upstream[-1]  # upstream's failing command
+        ours = build_argv(options, family, mode=mode)
+        assert ours[: len(upstream) - 1] == tuple(upstream[:-1])
+        assert not any("10.0.0.0/8" in " ".join(argv) for argv in ours)
+        rules = build_rules(options, family)[REDIRECT_CHAIN]
+        assert not any("ignore-subnet" in " ".join(r.spec) for r in rules)
+
+    @pytest.mark.parametrize(
+        ("family", "kept"),
+        [
+            (Family.IPV4, ("172.16.0.0/12", "10.0.0.0/8")),
+            (Family.IPV6, ("fd00::/8", "2001:db8::/32")),
+        ],
+    )
+    def test_subnets_filtered_by_family_as_in_696(
+        self, family: Family, kept: tuple[str, ...]
+    ) -> None:
+        """linkerd2-proxy-init#696's root_test.go cases: mixed subnets, each pass keeps its
+        own family's, in order; IPv4-only subnets give the IPv6 pass none, without error."""
+        mixed = ("172.16.0.0/12", "fd00::/8", "10.0.0.0/8", "2001:db8::/32")
+        assert subnets_of_family(mixed, family) == kept
+        assert subnets_of_family(("172.16.0.0/12",), Family.IPV6) == ()
+        rules = build_rules(ProxyInitOptions(subnets_to_ignore=mixed), family)[REDIRECT_CHAIN]
+        comments = [r.spec[r.spec.index("--comment") + 1] for r in rules if "RETURN" in r.spec]
+        assert [c for c in comments if "ignore-subnet" in c] == [
+            f"proxy-init/ignore-subnet-{s}" for s in kept
+        ]
+
+    def test_ipv4_mapped_network_stays_with_ipv6(self) -> None:
+        """`::ffff:10.0.0.0/104` is IPv6 notation only ip6tables accepts: the IPv6 pass keeps
+        it (#696's `To4()` would hand it to iptables, which rejects it), the IPv4 pass skips it."""
+        mapped = ("::ffff:10.0.0.0/104",)
+        assert subnets_of_family(mapped, Family.IPV4) == ()
+        assert subnets_of_family(mapped, Family.IPV6) == mapped
+        build_rules(ProxyInitOptions(subnets_to_ignore=mapped), Family.IPV4)  # no error
 
     def test_run_argv(self) -> None:
         """A whole run is nsenter-wrapped and framed by two save commands."""

@@ -16,8 +16,12 @@ from tests.support.rulesets import last_table
 SCENARIOS = FIXTURES / "derived" / "linkerd-iptables"
 EXISTING = FIXTURES / "upstream" / "proxy-init" / "iptables" / "existing-rules.iptables-save.txt"
 NAMES = sorted(p.name.removesuffix(".scenario.json") for p in SCENARIOS.glob("*.scenario.json"))
+# Upstream's failure that cnibox avoids on purpose, as linkerd2-proxy-init#696 does: each
+# family's pass skips the other family's subnets (docs/linkerd-cni.md). Its fixture still
+# records upstream's run; tests/pure/test_proxy_init.py checks the difference against it.
+FILTERED_BY_FAMILY = "error-ipv4-subnet-in-ip6tables"
 OK_NAMES = [n for n in NAMES if not n.startswith("error-")]
-ERROR_NAMES = [n for n in NAMES if n.startswith("error-")]
+ERROR_NAMES = [n for n in NAMES if n.startswith("error-") and n != FILTERED_BY_FAMILY]
 
 
 def scenario(name: str) -> dict[str, object]:

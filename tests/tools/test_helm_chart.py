@@ -160,7 +160,7 @@ GOLDEN_VALUES: dict[str, tuple[str, dict[str, Any]]] = {
 
 # The repair-controller container and ClusterRole rules Linkerd's template renders with
 # `repairController.enabled=true` and the defaults (linkerd2 charts/linkerd2-cni/templates/
-# cni-plugin.yaml at 70cf784d). There is no golden for it upstream.
+# cni-plugin.yaml at L2-HEAD, the fixture TestKeyByKey renders). There is no golden for it.
 UPSTREAM_REPAIR_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]},
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
@@ -184,13 +184,13 @@ UPSTREAM_REPAIR_CONTAINER = {
     ],
     "command": ["/usr/lib/linkerd/linkerd-cni-repair-controller"],
     "args": ["--admin-addr", "0.0.0.0:9990", "--log-format", "plain", "--log-level", "info"],
-    "livenessProbe": {"httpGet": {"path": "/live", "port": "admin-http"}},
+    "livenessProbe": {"httpGet": {"path": "/live", "port": "repair-admin"}},
     "readinessProbe": {
         "failureThreshold": 7,
-        "httpGet": {"path": "/ready", "port": "admin-http"},
+        "httpGet": {"path": "/ready", "port": "repair-admin"},
         "initialDelaySeconds": 10,
     },
-    "ports": [{"containerPort": 9990, "name": "admin-http"}],
+    "ports": [{"containerPort": 9990, "name": "repair-admin"}],
     "securityContext": {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -367,6 +367,159 @@ class TestAgainstLinkerd:
         }
 
 
+# --- key by key against upstream's newest chart ------------------------------------------------
+
+# linkerd2's charts/linkerd2-cni and charts/partials at L2-HEAD (tests/fixtures/PROVENANCE.md),
+# rendered by the same pinned helm: the comparison covers what no golden of theirs shows (the
+# repair controller, PSP, every key at once).
+UPSTREAM_CHART = FIXTURES / "upstream" / "linkerd2" / "chart-linkerd2-cni"
+# Every key of Linkerd's values.yaml set to a value unlike its default and unlike the others,
+# so that each lands somewhere visible (the image is not Linkerd's: see test_linkerd_image_*).
+DISTINCT: dict[str, Any] = {
+    "inboundProxyPort": 5143,
+    "outboundProxyPort": 5140,
+    "ignoreInboundPorts": "81,8081",
+    "ignoreOutboundPorts": "444,1001",
+    "proxyAdminPort": 5191,
+    "proxyControlPort": 5190,
+    "podLabels": {"team": "mesh"},
+    "commonLabels": {"owner": "ops"},
+    "logLevel": "debug",
+    "portsToRedirect": "8080,9090",
+    "proxyUID": 12102,
+    "proxyGID": 12103,
+    "destCNINetDir": "/etc/kubernetes/cni/net.d",
+    "destCNIBinDir": "/opt/my-cni/bin",
+    "useWaitFlag": True,
+    "iptablesMode": "legacy",
+    "disableIPv6": False,
+    "priorityClassName": "system-cluster-critical",
+    "revisionHistoryLimit": 3,
+    "updateStrategy": {"type": "OnDelete", "rollingUpdate": {"maxUnavailable": 2}},
+    "enablePSP": True,
+    "privileged": True,
+    "tolerations": [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}],
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "a", "operator": "In", "values": ["b"]}]}
+            ]
+        }
+    },
+    "image": {
+        "name": "registry.example/mirror/cnibox-installer",
+        "version": "v9.9.9",
+        "pullPolicy": "Always",
+    },
+    "imagePullSecrets": [{"name": "pull"}],
+    "extraInitContainers": [{"name": "wait", "image": "registry.example/wait:1"}],
+    "repairController": {
+        "enabled": True,
+        "logLevel": "debug",
+        "logFormat": "json",
+        "enableSecurityContext": True,
+        "resources": {
+            "cpu": {"limit": "2", "request": "1"},
+            "memory": {"limit": "64Mi", "request": "32Mi"},
+            "ephemeral-storage": {"limit": "2Gi", "request": "1Gi"},
+        },
+    },
+    "resources": {
+        "cpu": {"limit": "3", "request": "2"},
+        "memory": {"limit": "96Mi", "request": "48Mi"},
+        "ephemeral-storage": {"limit": "3Gi", "request": "2Gi"},
+    },
+    "cliVersion": "linkerd/cli dev-undefined",
+}
+
+
+NO_SECURITY_CONTEXT = {
+    **DISTINCT,
+    "repairController": {**DISTINCT["repairController"], "enableSecurityContext": False},
+}
+
+
+def render_upstream(values: Mapping[str, Any], tmp: Path, namespace: str = "linkerd-test") -> str:
+    """helm template of Linkerd's own chart (its partials as the dependency it names)."""
+    import shutil
+
+    chart = tmp / "upstream" / "linkerd2-cni"
+    if not chart.exists():
+        shutil.copytree(UPSTREAM_CHART / "linkerd2-cni", chart)
+        shutil.copytree(UPSTREAM_CHART / "partials", chart / "charts" / "partials")
+    path = tmp / "upstream-values.yaml"
+    path.write_text(yaml.safe_dump(dict(values)))
+    with tempfile.TemporaryDirectory() as home:
+        proc = subprocess.run(
+            [
+                *(pinned_helm(), "template", "linkerd2-cni", str(chart)),
+                *("--namespace", namespace, "--kube-version", "1.31.0", "--values", str(path)),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=manifests.helm_environment(home),
+        )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+class TestKeyByKey:
+    def test_fixture_values_are_the_charts(self) -> None:
+        """The chart fixture's values.yaml is the one the value tests compare with."""
+        assert (UPSTREAM_CHART / "linkerd2-cni" / "values.yaml").read_text() == (
+            UPSTREAM_VALUES.read_text()
+        )
+
+    def test_every_key_is_set(self) -> None:
+        """DISTINCT leaves out no key of Linkerd's values.yaml and sets none to its default."""
+        theirs = yaml.safe_load(UPSTREAM_VALUES.read_text())
+        # nodeAffinity is commented out in their values.yaml, but their template reads it.
+        assert set(DISTINCT) - {"cliVersion", "nodeAffinity"} == set(theirs)
+        defaults, distinct = leaves(theirs), leaves(DISTINCT)
+        unchanged = [
+            key
+            for key, default in defaults.items()
+            if distinct.get(key) == default
+            or not any(d == key or d.startswith(key + ".") for d in distinct)
+        ]
+        # enableSecurityContext=false is the separate case NO_SECURITY_CONTEXT below.
+        assert unchanged == ["repairController.enableSecurityContext"]
+
+    @pytest.mark.parametrize(
+        "values",
+        [{}, DISTINCT, NO_SECURITY_CONTEXT],
+        ids=["defaults", "every-key-distinct", "no-security-context"],
+    )
+    def test_rendered_objects_differ_only_as_documented(
+        self, values: dict[str, Any], tmp_path: Path
+    ) -> None:
+        """Linkerd's newest chart and ours, same values: every difference is in docs/helm.md."""
+        if not values:
+            values = {"cliVersion": "linkerd/cli dev-undefined"}
+        theirs = objects(render_upstream(values, tmp_path))
+        ours_values = copy.deepcopy(values)
+        if "image" not in ours_values:
+            theirs_image = "cr.l5d.io/linkerd/cni-plugin"
+            assert theirs_image in json.dumps(theirs["DaemonSet"])
+        ours = objects(render(ours_values, tmp=tmp_path))
+        found = differences(theirs, ours)
+        documented = documented_differences()
+        unlisted = {p: v for p, v in found.items() if covered(p, documented) is None}
+        assert unlisted == {}, "differences not listed in docs/helm.md"
+        assert theirs["ConfigMap"]["data"] == ours["ConfigMap"]["data"]
+        if values.get("repairController", {}).get("enableSecurityContext"):
+            # Rows of docs/helm.md cover these fields for enableSecurityContext=false only:
+            # with it on, names and probes are Linkerd's exactly (scrape configs select the
+            # port by name).
+            mine, upstream = (
+                {c["name"]: c for c in pods(o)["linkerd-cni"]["containers"]}["repair-controller"]
+                for o in (ours, theirs)
+            )
+            for field in ("ports", "livenessProbe", "readinessProbe", "args", "env"):
+                assert mine[field] == upstream[field], field
+
+
 # --- values ---------------------------------------------------------------------------------
 
 
@@ -473,6 +626,82 @@ class TestValues:
             {"kind": "ServiceAccount", "name": "linkerd-cni", "namespace": "cni"}
         ]
         assert "PodSecurityPolicy" not in objects(render(tmp=tmp_path))
+
+    @pytest.mark.parametrize(
+        "image",
+        [
+            {"name": "cr.l5d.io/linkerd/cni-plugin", "version": "v1.7.0-alpha.1"},
+            {"name": "mirror.example/linkerd/cni-plugin", "version": "edge"},
+            {"version": "v1.6.8"},
+        ],
+    )
+    def test_linkerd_image_is_translated(self, image: dict[str, str], tmp_path: Path) -> None:
+        """Linkerd's image or tag from a copied values file would run cnibox's commands in an
+        image without them: every container gets cnibox's image (NOTES.txt says so; the pinned
+        helm renders notes only against a cluster, so they are not checked here)."""
+        values = {"image": image, "repairController": {"enabled": True}}
+        pod = pods(objects(render(values, tmp=tmp_path)))["linkerd-cni"]
+        wanted = f"ghcr.io/cnibox/cnibox-installer:{__version__}"
+        assert {c["image"] for c in pod["containers"]} == {wanted}
+
+    def test_null_resources_render_as_in_linkerd(self, tmp_path: Path) -> None:
+        """`resources: null` (both) renders no resources, as Linkerd's chart (it crashed)."""
+        values = {"resources": None, "repairController": {"enabled": True, "resources": None}}
+        pod = objects(render(values, tmp=tmp_path))["DaemonSet"]["spec"]["template"]["spec"]
+        assert all("resources" not in c for c in pod["containers"])
+        upstream = objects(render_upstream(values, tmp_path))["DaemonSet"]
+        assert all(
+            "resources" not in c for c in pods({"DaemonSet": upstream})["linkerd-cni"]["containers"]
+        )
+
+    @pytest.mark.parametrize(
+        ("values", "where", "expected"),
+        [
+            ({"privileged": "true"}, "privileged", True),
+            ({"privileged": "false"}, "privileged", False),
+            ({"disableIPv6": "false"}, "ipv6", True),
+            ({"repairController": {"enabled": "true"}}, "repair", True),
+            ({"repairController": {"enabled": "false"}}, "repair", False),
+            ({"enablePSP": "true"}, "psp", True),
+            ({"revisionHistoryLimit": "3"}, "history", 3),
+        ],
+    )
+    def test_quoted_booleans_and_numbers(
+        self, values: dict[str, Any], where: str, expected: Any, tmp_path: Path
+    ) -> None:
+        """Quoted forms Linkerd's chart accepts are accepted; "false" means false."""
+        ours = objects(render(values, tmp=tmp_path))
+        pod = ours["DaemonSet"]["spec"]["template"]["spec"]
+        containers = {c["name"]: c for c in pod["containers"]}
+        config = json.loads(ours["ConfigMap"]["data"]["cni_network_config"])["linkerd"]
+        found: dict[str, Any] = {
+            "privileged": containers["install-cni"]["securityContext"]["privileged"],
+            "ipv6": config["ipv6"],
+            "repair": "repair-controller" in containers,
+            "psp": "PodSecurityPolicy" in ours,
+            "history": ours["DaemonSet"]["spec"]["revisionHistoryLimit"],
+        }
+        assert found[where] == expected
+
+    @pytest.mark.parametrize(
+        ("values", "message"),
+        [
+            ({"inboundProxyPrt": 4143}, "Additional property inboundProxyPrt is not allowed"),
+            (
+                {"repairController": {"enable": True}},
+                "repairController: Additional property enable",
+            ),
+            ({"image": {"tag": "v1"}}, "image: Additional property tag is not allowed"),
+            ({"resources": {"cpu": {"limits": "1"}}}, "resources.cpu: Additional property limits"),
+            ({"agent": {"enable": True}}, "agent: Additional property enable"),
+        ],
+    )
+    def test_unknown_keys_are_refused_by_name(
+        self, values: dict[str, Any], message: str, tmp_path: Path
+    ) -> None:
+        """A typo fails the render naming the key and where it is (Linkerd's chart ignores it)."""
+        with pytest.raises(manifests.RenderError, match=re.escape(message)):
+            render(values, tmp=tmp_path)
 
     @pytest.mark.parametrize(
         ("values", "message"),

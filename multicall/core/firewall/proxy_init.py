@@ -222,13 +222,24 @@ PREROUTING_JUMP = jump_step("PREROUTING", REDIRECT_CHAIN, "install-proxy-init-pr
 OUTPUT_JUMP = jump_step("OUTPUT", OUTPUT_CHAIN, "install-proxy-init-output")
 
 
+def subnets_of_family(subnets: Sequence[str], family: Family) -> tuple[str, ...]:
+    """The subnets one family's pass ignores: those written in its own address family, as
+    linkerd2-proxy-init#696 filters them. Upstream without #696 hands every subnet to both
+    passes and the other family's iptables fails (``host/network `10.0.0.0' not found``), so
+    a dual-stack pod with IPv4 skip-subnets could not start (docs/linkerd-cni.md). Unlike
+    #696 (Go's `To4()`), an IPv4-mapped `::ffff:a.b.c.d` network stays with IPv6: only
+    ip6tables accepts that notation, so #696 would move it to a pass that fails."""
+    return tuple(s for s in subnets if (parse_subnet(s).version == 6) == (family is Family.IPV6))
+
+
 def redirect_steps(options: ProxyInitOptions, family: Family) -> tuple[Step, ...]:
     """PROXY_INIT_REDIRECT's rules, in upstream order."""
     steps = [
         ignore_ports_step(REDIRECT_CHAIN, g)
         for g in group_ports(options.inbound_ports_to_ignore).groups
     ]
-    steps += [ignore_subnet_step(REDIRECT_CHAIN, s, family) for s in options.subnets_to_ignore]
+    subnets = subnets_of_family(options.subnets_to_ignore, family)
+    steps += [ignore_subnet_step(REDIRECT_CHAIN, s, family) for s in subnets]
     to_port = options.incoming_proxy_port
     if options.ports_to_redirect:
         steps += [redirect_port_step(REDIRECT_CHAIN, p, to_port) for p in options.ports_to_redirect]
@@ -273,6 +284,7 @@ _JUMP_RES = {
     "PREROUTING": re.compile(r"^-A PREROUTING (.+ )?-j PROXY_INIT_REDIRECT"),
     "OUTPUT": re.compile(r"^-A OUTPUT (.+ )?-j PROXY_INIT_OUTPUT"),
 }
+JUMP_CHAINS = tuple(_JUMP_RES)  # the built-in chains ADD may add a jump to
 
 
 def has_chain(existing: Table | None, name: str) -> bool:

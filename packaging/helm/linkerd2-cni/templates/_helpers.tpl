@@ -13,9 +13,26 @@ renders for the same values (docs/helm.md lists where the chart as a whole diffe
 {{- end -}}
 {{- end -}}
 
-{{/* The image every container runs: the installer image, tag defaulting to appVersion. */}}
+{{/*
+The image every container runs: the installer image, tag defaulting to appVersion. A values
+file copied from Linkerd's chart pins Linkerd's image (`cr.l5d.io/linkerd/cni-plugin`, any
+registry) and its tag (`v1.7.0-alpha.1`): that image has none of cnibox's commands (the
+preStop and the repair controller would fail silently), and cnibox's image has no such tag.
+Both are translated to cnibox's image and version, so the file works unchanged; NOTES.txt
+says so (`cnibox.linkerdImage`).
+*/}}
+{{- define "cnibox.linkerdImage" -}}
+{{- if or (regexMatch "(^|/)linkerd/cni-plugin$" (toString .Values.image.name)) (regexMatch `^v1\.[0-9]+\.[0-9]+` (toString (.Values.image.version | default ""))) -}}
+{{ .Values.image.name }}:{{ .Values.image.version }}
+{{- end -}}
+{{- end -}}
+
 {{- define "cnibox.image" -}}
+{{- if include "cnibox.linkerdImage" . -}}
+ghcr.io/cnibox/cnibox-installer:{{ .Chart.AppVersion }}
+{{- else -}}
 {{ .Values.image.name }}:{{ .Values.image.version | default .Chart.AppVersion }}
+{{- end -}}
 {{- end -}}
 
 {{/* The `linkerd.io/created-by` annotation (Linkerd's `cliVersion` value still wins). */}}
@@ -33,11 +50,12 @@ A container's `resources` from the chart's {cpu,memory,ephemeral-storage}.{limit
 shape; nothing at all when every entry is empty.
 */}}
 {{- define "cnibox.resources" -}}
+{{- $given := . | default dict -}}{{/* `resources: null` renders nothing, as Linkerd's chart */}}
 {{- $kinds := list "cpu" "memory" "ephemeral-storage" -}}
 {{- $limits := dict -}}
 {{- $requests := dict -}}
 {{- range $kind := $kinds -}}
-{{- with (index $ $kind | default dict) -}}
+{{- with (index $given $kind | default dict) -}}
 {{- with .limit }}{{ $_ := set $limits $kind (toString .) }}{{ end -}}
 {{- with .request }}{{ $_ := set $requests $kind (toString .) }}{{ end -}}
 {{- end -}}
@@ -61,5 +79,14 @@ resources:
 
 {{/* The admin listen address: all IPv4 addresses, or all addresses when IPv6 is on. */}}
 {{- define "cnibox.adminAddr" -}}
-{{ if .root.Values.disableIPv6 }}0.0.0.0{{ else }}[::]{{ end }}:{{ .port }}
+{{ if include "cnibox.true" .root.Values.disableIPv6 }}0.0.0.0{{ else }}[::]{{ end }}:{{ .port }}
+{{- end -}}
+
+{{/*
+"true" for a boolean value given as true or "true" (Linkerd's chart accepts the quoted form:
+a values file with `privileged: "true"` renders there), "" otherwise. Unlike Go templates'
+`if`, the string "false" is false here (Linkerd's chart would take it as true: docs/helm.md).
+*/}}
+{{- define "cnibox.true" -}}
+{{- if eq (toString .) "true" }}true{{ end -}}
 {{- end -}}
