@@ -57,6 +57,30 @@ def setup(tmp_path: Path, pki: Pki) -> Iterator[tuple[Rig, Netns, Path, AgentPro
         rig.cleanup()
 
 
+Near = tuple[Rig, Netns, Path, AgentProcess, KubeApi]
+
+
+@pytest.fixture
+def near(tmp_path: Path, pki: Pki) -> Iterator[Near]:
+    """An agent in the node netns its callers share (hostNetwork), the API server there."""
+    require_root()
+    require_tool("iptables-nft-save")
+    rig, api = Rig(), KubeApi(pki)
+    try:
+        node = rig.node()
+        api.add_pod(MESHED)
+        api.start(node.path)
+        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+        agent = AgentProcess(tmp_path / "near" / "agent.sock",
+                             argv=[sys.executable, "-m", "multicall"],
+                             env={"PYTHONPATH": str(REPO)}, netns=node.path)  # fmt: skip
+        with agent:
+            yield rig, node, kubeconfig, agent, api
+    finally:
+        api.stop()
+        rig.cleanup()
+
+
 def invoke(
     node: Netns, argv: list[str], env: dict[str, str], stdin: str
 ) -> tuple[int, str, list[str]]:
@@ -216,7 +240,7 @@ def _netns_held(pids: list[int]) -> set[int]:
 
 
 def test_a_worker_serves_one_request_after_another_and_keeps_nothing_of_them(
-    tmp_path: Path, pki: Pki
+    near: Near,
 ) -> None:
     """nft ADDs one after the other go to the same pre-forked workers (no fork per pod) over
     the API connection the previous request kept (no TLS handshake per pod), and no worker
@@ -224,22 +248,8 @@ def test_a_worker_serves_one_request_after_another_and_keeps_nothing_of_them(
     pod). A legacy ADD (libxtables keeps its extensions per process) ends its worker: a new
     one is forked. (The agent shares its callers' netns, as with hostNetwork: a worker that
     entered another one exits after its request.)"""
-    require_root()
-    require_tool("iptables-nft-save")
-    rig, api = Rig(), KubeApi(pki)
-    try:
-        node = rig.node()
-        api.add_pod(MESHED)
-        api.start(node.path)
-        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
-        agent = AgentProcess(tmp_path / "near" / "agent.sock",
-                             argv=[sys.executable, "-m", "multicall"],
-                             env={"PYTHONPATH": str(REPO)}, netns=node.path)  # fmt: skip
-        with agent:
-            _one_request_after_another(rig, node, kubeconfig, agent, api)
-    finally:
-        api.stop()
-        rig.cleanup()
+    rig, node, kubeconfig, agent, api = near
+    _one_request_after_another(rig, node, kubeconfig, agent, api)
 
 
 def _one_request_after_another(
@@ -495,45 +505,31 @@ NETFILTER = (socket.AF_NETLINK, socket.SOCK_RAW, 12)
     ],
 )  # fmt: skip
 def test_a_netlink_socket_that_is_not_the_pods_is_handed_back(
-    tmp_path: Path, pki: Pki, made_in: str, kind: tuple[int, int, int] | None, reason: str
+    near: Near, made_in: str, kind: tuple[int, int, int] | None, reason: str
 ) -> None:
     """Issue 24 finding 3: the netlink slot must hold a NETLINK_NETFILTER socket made in
     CNI_NETNS. One made in the agent's own netns (the host's, with hostNetwork) or another
     pod's would program that netns and leave the pod empty; a socket of another family or
     protocol (or no socket) would fail as CNI error 999. Each is handed back, and no netns
     gets rules."""
-    require_root()
-    require_tool("iptables-nft-save")
-    rig, api = Rig(), KubeApi(pki)
-    try:
-        node = rig.node()
-        api.add_pod(MESHED)
-        api.start(node.path)
-        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
-        agent = AgentProcess(tmp_path / "near" / "agent.sock",
-                             argv=[sys.executable, "-m", "multicall"],
-                             env={"PYTHONPATH": str(REPO)}, netns=node.path)  # fmt: skip
-        with agent:
-            pod_ns, other = rig.pod().netns, rig.pod().netns
-            where = {"agent": node.path, "other pod": other.path, "pod": pod_ns.path}
-            if kind is None:
-                netlink, w = os.pipe()
-                os.close(w)
-            else:
-                netlink = _socket_in(where[made_in], *kind)
-            fds = [
-                os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
-                os.open(node.path, os.O_RDONLY | os.O_CLOEXEC),  # the caller's: the agent's
-                os.open(pod_ns.path, os.O_RDONLY | os.O_CLOEXEC),
-                netlink,
-            ]
-            flags = sum(proto.FD_ORDER)
-            reply = hand_over(agent, env_for(pod_ns, MESHED), conf(kubeconfig, "nft").encode(),
-                              flags, fds)  # fmt: skip
-            assert (reply.kind, reply.reason) == (proto.FRAME_FALLBACK, reason), reply
-            assert agent.fallbacks(reason) == 1
-            for netns in (pod_ns, other, node):
-                assert "PROXY_INIT" not in save_text(netns, SAVE["nft"]), netns.name
-    finally:
-        api.stop()
-        rig.cleanup()
+    rig, node, kubeconfig, agent, _api = near
+    pod_ns, other = rig.pod().netns, rig.pod().netns
+    where = {"agent": node.path, "other pod": other.path, "pod": pod_ns.path}
+    if kind is None:
+        netlink, w = os.pipe()
+        os.close(w)
+    else:
+        netlink = _socket_in(where[made_in], *kind)
+    fds = [
+        os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
+        os.open(node.path, os.O_RDONLY | os.O_CLOEXEC),  # the caller's: the agent's
+        os.open(pod_ns.path, os.O_RDONLY | os.O_CLOEXEC),
+        netlink,
+    ]
+    flags = sum(proto.FD_ORDER)
+    reply = hand_over(agent, env_for(pod_ns, MESHED), conf(kubeconfig, "nft").encode(),
+                      flags, fds)  # fmt: skip
+    assert (reply.kind, reply.reason) == (proto.FRAME_FALLBACK, reason), reply
+    assert agent.fallbacks(reason) == 1
+    for netns in (pod_ns, other, node):
+        assert "PROXY_INIT" not in save_text(netns, SAVE["nft"]), netns.name
