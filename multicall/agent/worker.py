@@ -8,6 +8,12 @@ its own netns and its netfilter netlink socket as descriptors in the `PluginRequ
 this worker's `SingleUse` (agent/warm.py) to the firewall. A request this worker cannot
 serve without more than it has comes back as `PluginResult.served_elsewhere` (nothing was
 changed): the caller is told to run its one-shot path.
+
+Least authority (issue 24): before anything runs, the process that connected is judged
+(agent/authority.py: the one-shot plugin's capabilities in the agent's user namespace) and
+every handed descriptor is checked to be what it claims (`check_descriptors`). Whatever
+fails is handed back, never served and never a CNI error: the caller's own run then decides
+with the caller's own authority.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import TYPE_CHECKING
 from multicall.agent.worker_process import Again, Report
 
 if TYPE_CHECKING:
+    from multicall.agent.authority import Authority
     from multicall.agent.warm import Warmth
     from multicall.core.agent_protocol import Request
     from multicall.effects.sandbox_records import RecordStore
@@ -41,6 +48,7 @@ class RequestWorker:
     ) -> None:
         self.build = build  # requests of another build are handed back
         self.own_netns = own_netns  # the agent's netns: never a request's target
+        self.own_userns = identity("/proc/self/ns/user")  # the only one callers may be in
         self.warmth = warmth
         self.records = records  # the keeper's record of programmed sandboxes (agent/keeper.py)
 
@@ -70,7 +78,8 @@ class RequestWorker:
         loaded = legacy.extensions_loaded()
         firewall: list[RecordingFirewall] = []
         try:
-            code, out, err, cni_code = self.run_request(request, firewall)
+            authority = self.caller(conn)
+            code, out, err, cni_code = self.run_request(request, authority, firewall)
         except Fallback as exc:
             fell_back: dict[str, object] = {"command": command, "fallback": exc.reason}
             if exc.reason == legacy.OTHER_FAMILY:  # the requests changed: stop preloading
@@ -100,12 +109,26 @@ class RequestWorker:
             {"api": warm["api"]} if "api" in warm else {}, self.warmth.connections.warm_fds()
         )
 
+    def caller(self, conn: socket.socket) -> Authority:
+        """What this worker may do for the process at the other end of `conn`; Fallback when
+        it may not have the agent act for it at all (agent/authority.py)."""
+        from multicall.agent.authority import Refused, caller_authority
+
+        try:
+            return caller_authority(conn, self.own_userns)
+        except Refused as exc:
+            raise Fallback(exc.reason) from None
+
     def run_request(
-        self, request: Request, watched: list[RecordingFirewall] | None = None
+        self,
+        request: Request,
+        authority: Authority,
+        watched: list[RecordingFirewall] | None = None,
     ) -> tuple[int, bytes, bytes, str]:
         """The plugin, in this process, in the caller's context: (exit code, stdout, log
-        lines, CNI error code or ""). `watched` receives the firewall it used. Fallback when
-        the caller must run it itself."""
+        lines, CNI error code or ""). `authority`: what the caller may have this worker do
+        with its privileges. `watched` receives the firewall it used. Fallback when the
+        caller must run it itself."""
         from multicall.core import agent_protocol as proto
         from multicall.effects import ns
         from multicall.effects.caller import RootedFiles
@@ -132,9 +155,12 @@ class RequestWorker:
                 raise Fallback("CNI_NETNS is not a network namespace") from None
             if identity(f"/proc/self/fd/{target}") == self.own_netns:
                 raise Fallback("CNI_NETNS is the agent's own netns")
+        check_descriptors(home, target, fds.get(proto.FD_NETLINK))
         if identity(f"/proc/self/fd/{home}") != identity("/proc/thread-self/ns/net"):
             # The API is reached from the caller's netns, as the one-shot plugin does. In a
             # DaemonSet with hostNetwork (or a Talos service) they are the same: no setns.
+            if not authority.may_enter:
+                raise Fallback(ns.CALLER_NOT_VERIFIED)
             try:
                 ns.setns(home, ns.CLONE_NEWNET)
             except OSError as exc:
@@ -150,6 +176,7 @@ class RequestWorker:
             caller_netns_fd=home,
             netlink_fd=fds.get(proto.FD_NETLINK),
             for_caller=True,
+            caller_may_enter=authority.may_enter,
         )
         # The request's API connection: the next request's warm one.
         self.warmth.connections.park_connections()
@@ -173,6 +200,37 @@ class RequestWorker:
             raise Fallback("output too large")
         cni_code = str(outcome.error.code) if outcome.error is not None else ""
         return outcome.exit_code, stdout, stderr, cni_code
+
+
+def check_descriptors(home: int, target: int | None, netlink: int | None) -> None:
+    """Fallback unless the handed descriptors are what they claim: the caller's netns a
+    network nsfs file, the netlink socket an AF_NETLINK/NETLINK_NETFILTER socket made in
+    CNI_NETNS (`target`). A socket of another netns (the agent's own, another pod's) would
+    program that netns and leave the pod empty; one of another family or protocol would fail
+    as CNI error 999 where the caller's own run may succeed."""
+    from multicall.effects import ns
+    from multicall.effects.firewall.nft import NETLINK_NETFILTER
+    from multicall.effects.peer import socket_kind
+    from multicall.errors import NetnsError
+
+    try:
+        ns.check_netns_fd(home, "the caller's netns")
+    except NetnsError:
+        raise Fallback("caller's netns is not a network namespace") from None
+    if netlink is None:
+        return
+    if target is None:
+        raise Fallback("netlink socket without CNI_NETNS")
+    try:
+        kind = socket_kind(netlink)
+    except OSError:
+        raise Fallback("netlink descriptor is not a netfilter netlink socket") from None
+    if (kind.domain, kind.protocol) != (socket.AF_NETLINK, NETLINK_NETFILTER):
+        raise Fallback("netlink descriptor is not a netfilter netlink socket")
+    if kind.netns is None:  # SIOCGSKNS needs CAP_NET_ADMIN over the socket's netns
+        raise Fallback("netlink socket's netns unknown")
+    if kind.netns != identity(f"/proc/self/fd/{target}"):
+        raise Fallback("netlink socket is not in CNI_NETNS")
 
 
 class Fallback(Exception):

@@ -57,6 +57,9 @@ def unshare(flags: int) -> None:
 
 
 OWN_NETNS = "/proc/thread-self/ns/net"
+# The hand-back reason when a node agent's worker would enter a netns for a caller it did
+# not see holding what that needs (NetnsRef.caller_may_enter).
+CALLER_NOT_VERIFIED = "caller not verified: the agent would enter a netns for it"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +73,11 @@ class NetnsRef:
     agent's client hands one over), which nf_tables code uses instead of entering it.
     `for_caller`: the descriptors come from a process this one serves (a node agent's
     worker): what this process lacks the privilege for is handed back to the caller
-    (`errors.ServeElsewhere`) instead of failing. Fds are borrowed: never closed here.
+    (`errors.ServeElsewhere`) instead of failing. `caller_may_enter`: that caller was seen
+    to hold what entering the netns needs (agent/authority.py); without it a `for_caller`
+    ref is never entered, the request is handed back instead (the worker must not enter
+    with its own CAP_SYS_ADMIN what the caller could not). Fds are borrowed: never closed
+    here.
     """
 
     path: str
@@ -79,6 +86,7 @@ class NetnsRef:
     allow_own: bool = False
     netlink_fd: int | None = None
     for_caller: bool = False
+    caller_may_enter: bool = False
 
 
 def ns_identity(target: str | int) -> tuple[int, int]:
@@ -219,6 +227,8 @@ def entered_netns(
         if netlink_only and ref.netlink_fd is not None:
             yield  # the body talks netlink only, on the socket the caller made in the netns
             return
+        if ref.for_caller and not ref.caller_may_enter:
+            raise ServeElsewhere(CALLER_NOT_VERIFIED)
         original = os.open(OWN_NETNS, os.O_RDONLY | os.O_CLOEXEC)
         try:
             _switch(target, ref.path, for_caller=ref.for_caller)

@@ -54,6 +54,7 @@ class PluginRequest:
     caller_netns_fd: int | None = None  # the caller's own netns; None: this thread's
     netlink_fd: int | None = None  # a netfilter netlink socket the caller made in the pod netns
     for_caller: bool = False  # a node agent's worker serves a caller: hand back (rule 3)
+    caller_may_enter: bool = False  # that caller may have the worker enter a netns (ns.NetnsRef)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +183,7 @@ def _dispatch(
             allow_own=cni_env.override_netns_check,
             netlink_fd=request.netlink_fd,
             for_caller=request.for_caller,
+            caller_may_enter=request.caller_may_enter,
         )
         call = Call(
             cni_env, request.stdin, stdout, log, request.env, netns, deps or real_deps(), progress

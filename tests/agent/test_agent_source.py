@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from multicall.core import agent_protocol as proto
 from multicall.core.agent_protocol import SOURCE_BUILD
 from tests.support import REPO, require_root, require_tool
 from tests.support.admin_clients import assert_probes_answer_through_hostile_clients
@@ -51,6 +53,30 @@ def setup(tmp_path: Path, pki: Pki) -> Iterator[tuple[Rig, Netns, Path, AgentPro
         api.start(node.path)
         with agent:
             yield rig, node, api.kubeconfig(tmp_path / "kubeconfig"), agent
+    finally:
+        api.stop()
+        rig.cleanup()
+
+
+Near = tuple[Rig, Netns, Path, AgentProcess, KubeApi]
+
+
+@pytest.fixture
+def near(tmp_path: Path, pki: Pki) -> Iterator[Near]:
+    """An agent in the node netns its callers share (hostNetwork), the API server there."""
+    require_root()
+    require_tool("iptables-nft-save")
+    rig, api = Rig(), KubeApi(pki)
+    try:
+        node = rig.node()
+        api.add_pod(MESHED)
+        api.start(node.path)
+        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+        agent = AgentProcess(tmp_path / "near" / "agent.sock",
+                             argv=[sys.executable, "-m", "multicall"],
+                             env={"PYTHONPATH": str(REPO)}, netns=node.path)  # fmt: skip
+        with agent:
+            yield rig, node, kubeconfig, agent, api
     finally:
         api.stop()
         rig.cleanup()
@@ -215,7 +241,7 @@ def _netns_held(pids: list[int]) -> set[int]:
 
 
 def test_a_worker_serves_one_request_after_another_and_keeps_nothing_of_them(
-    tmp_path: Path, pki: Pki
+    near: Near,
 ) -> None:
     """nft ADDs one after the other go to the same pre-forked workers (no fork per pod) over
     the API connection the previous request kept (no TLS handshake per pod), and no worker
@@ -223,22 +249,8 @@ def test_a_worker_serves_one_request_after_another_and_keeps_nothing_of_them(
     pod). A legacy ADD (libxtables keeps its extensions per process) ends its worker: a new
     one is forked. (The agent shares its callers' netns, as with hostNetwork: a worker that
     entered another one exits after its request.)"""
-    require_root()
-    require_tool("iptables-nft-save")
-    rig, api = Rig(), KubeApi(pki)
-    try:
-        node = rig.node()
-        api.add_pod(MESHED)
-        api.start(node.path)
-        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
-        agent = AgentProcess(tmp_path / "near" / "agent.sock",
-                             argv=[sys.executable, "-m", "multicall"],
-                             env={"PYTHONPATH": str(REPO)}, netns=node.path)  # fmt: skip
-        with agent:
-            _one_request_after_another(rig, node, kubeconfig, agent, api)
-    finally:
-        api.stop()
-        rig.cleanup()
+    rig, node, kubeconfig, agent, api = near
+    _one_request_after_another(rig, node, kubeconfig, agent, api)
 
 
 def _one_request_after_another(
@@ -292,12 +304,6 @@ def test_a_pod_netns_the_worker_cannot_trust_is_handed_back(
     """The worker checks the handed CNI_NETNS descriptor as run_plugin checks what it opens
     (nsfs, type net) and never looks CNI_NETNS up by path in its own mount namespace: either
     problem is handed back before anything runs, for the one-shot path to word."""
-    import os
-    import socket
-
-    from multicall.core import agent_protocol as proto
-    from tests.support import agent_client
-
     rig, _node, kubeconfig, agent = setup
     env = env_for(rig.pod().netns, MESHED)
     flags, fds = (
@@ -313,25 +319,8 @@ def test_a_pod_netns_the_worker_cannot_trust_is_handed_back(
         env["CNI_NETNS"] = str(plain)
         flags |= proto.FD_TARGET_NETNS
         fds.append(os.open(plain, os.O_RDONLY | os.O_CLOEXEC))
-    data = proto.encode_request(
-        SOURCE_BUILD, ("linkerd-cni",), env, "/", conf(kubeconfig, "nft").encode(), flags
-    )
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    call = agent_client.Call(sock, fds)
-    try:
-        sock.settimeout(30)
-        sock.connect(agent.socket)
-        socket.send_fds(sock, [data[: proto.HEADER.size]], fds)
-        sock.sendall(data[proto.HEADER.size :])
-        kinds = []
-        while (reply := agent_client.read_reply(sock)) is not None:
-            kinds.append(reply.kind)
-            if reply.kind != proto.FRAME_ACCEPT:
-                break
-    finally:
-        call.close()
-    assert kinds == [proto.FRAME_ACCEPT, proto.FRAME_FALLBACK]
-    assert reply is not None
+    reply = hand_over(agent, env, conf(kubeconfig, "nft").encode(), flags, fds)
+    assert reply.kind == proto.FRAME_FALLBACK
     assert reply.reason == reason
     assert agent.fallbacks(reason) == 1
 
@@ -445,3 +434,119 @@ def test_healthz_answers_through_hostile_admin_clients(tmp_path: Path) -> None:
         assert agent.port is not None
         assert_probes_answer_through_hostile_clients(agent.port, "/healthz")
         assert agent.get("/readyz")[0] == 200
+
+
+def hand_over(agent: AgentProcess, env: dict[str, str], stdin: bytes, flags: int,
+              fds: list[int]) -> proto.Reply:  # fmt: skip
+    """Send one request with exactly these descriptors (closed afterwards); the final reply
+    after ACCEPT."""
+    from tests.support import agent_client
+
+    data = proto.encode_request(SOURCE_BUILD, ("linkerd-cni",), env, "/", stdin, flags)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    call = agent_client.Call(sock, fds)
+    try:
+        sock.settimeout(30)
+        sock.connect(agent.socket)
+        socket.send_fds(sock, [data[: proto.HEADER.size]], fds)
+        sock.sendall(data[proto.HEADER.size :])
+        accepted = agent_client.read_reply(sock)
+        reply = agent_client.read_reply(sock)
+    finally:
+        call.close()
+    assert accepted is not None
+    assert accepted.kind == proto.FRAME_ACCEPT
+    assert reply is not None
+    return reply
+
+
+@pytest.mark.parametrize(
+    ("wrapper", "reason"),
+    [
+        (["setpriv", "--inh-caps=-all", "--bounding-set=-all"],
+         "caller lacks CAP_NET_ADMIN and CAP_SYS_ADMIN"),
+        (["unshare", "--user", "--map-root-user"], "caller in another user namespace"),
+    ],
+)  # fmt: skip
+def test_a_caller_without_the_authority_is_handed_back(
+    setup: tuple[Rig, Netns, Path, AgentProcess], wrapper: list[str], reason: str
+) -> None:
+    """Issue 24 finding 1, the confused deputy: a uid-0 caller with no capabilities, or root
+    in a user namespace of its own, passes the parent's uid check, and could not enter the
+    pod netns itself (so it hands no netlink socket over). The agent, which could, hands the
+    request back instead of doing it with its own CAP_SYS_ADMIN: nothing is programmed."""
+    rig, node, kubeconfig, agent = setup
+    require_tool(wrapper[0])
+    pod_ns = rig.pod().netns
+    client = [sys.executable, "-m", "tests.support.agent_client", agent.socket]
+    code, out, err = invoke(node, [*wrapper, *client], env_for(pod_ns, MESHED),
+                            conf(kubeconfig, "nft"))  # fmt: skip
+    assert (code, err) == (99, [f"fallback: {reason}"]), out
+    assert agent.fallbacks(reason) == 1
+    assert "PROXY_INIT" not in save_text(pod_ns, SAVE["nft"])
+    code, out, err = invoke(node, client, env_for(pod_ns, MESHED), conf(kubeconfig, "nft"))
+    assert code == 0, out + "\n".join(err)  # the same request from a caller with authority
+    assert save_text(pod_ns, SAVE["nft"]) == fixture_text("default-nft")
+
+
+def _socket_in(netns: str, family: int, kind: int, protocol: int) -> int:
+    """A socket created inside `netns` (this thread enters it and comes back)."""
+    from multicall.effects import ns
+
+    home = os.open(ns.OWN_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+    target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        ns.setns(target, ns.CLONE_NEWNET)
+        try:
+            return socket.socket(family, kind | socket.SOCK_CLOEXEC, protocol).detach()
+        finally:
+            ns.setns(home, ns.CLONE_NEWNET)
+    finally:
+        os.close(target)
+        os.close(home)
+
+
+NETFILTER = (socket.AF_NETLINK, socket.SOCK_RAW, 12)
+
+
+@pytest.mark.parametrize(
+    ("made_in", "kind", "reason"),
+    [
+        ("agent", NETFILTER, "netlink socket is not in CNI_NETNS"),
+        ("other pod", NETFILTER, "netlink socket is not in CNI_NETNS"),
+        ("pod", (socket.AF_NETLINK, socket.SOCK_RAW, 0),
+         "netlink descriptor is not a netfilter netlink socket"),
+        ("pod", (socket.AF_INET, socket.SOCK_DGRAM, 0),
+         "netlink descriptor is not a netfilter netlink socket"),
+        ("pipe", None, "netlink descriptor is not a netfilter netlink socket"),
+    ],
+)  # fmt: skip
+def test_a_netlink_socket_that_is_not_the_pods_is_handed_back(
+    near: Near, made_in: str, kind: tuple[int, int, int] | None, reason: str
+) -> None:
+    """Issue 24 finding 3: the netlink slot must hold a NETLINK_NETFILTER socket made in
+    CNI_NETNS. One made in the agent's own netns (the host's, with hostNetwork) or another
+    pod's would program that netns and leave the pod empty; a socket of another family or
+    protocol (or no socket) would fail as CNI error 999. Each is handed back, and no netns
+    gets rules."""
+    rig, node, kubeconfig, agent, _api = near
+    pod_ns, other = rig.pod().netns, rig.pod().netns
+    where = {"agent": node.path, "other pod": other.path, "pod": pod_ns.path}
+    if kind is None:
+        netlink, w = os.pipe()
+        os.close(w)
+    else:
+        netlink = _socket_in(where[made_in], *kind)
+    fds = [
+        os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
+        os.open(node.path, os.O_RDONLY | os.O_CLOEXEC),  # the caller's: the agent's
+        os.open(pod_ns.path, os.O_RDONLY | os.O_CLOEXEC),
+        netlink,
+    ]
+    flags = sum(proto.FD_ORDER)
+    reply = hand_over(agent, env_for(pod_ns, MESHED), conf(kubeconfig, "nft").encode(),
+                      flags, fds)  # fmt: skip
+    assert (reply.kind, reply.reason) == (proto.FRAME_FALLBACK, reason), reply
+    assert agent.fallbacks(reason) == 1
+    for netns in (pod_ns, other, node):
+        assert "PROXY_INIT" not in save_text(netns, SAVE["nft"]), netns.name

@@ -201,6 +201,7 @@ def legacy_add(handed: Handed, named: XtablesLock, *, wait: bool) -> tuple[int, 
             stderr=log,
             netns_fd=pod.fd,
             for_caller=True,
+            caller_may_enter=True,  # the worker saw a caller that could enter it itself
         ),
         PluginDeps(kube, RealFirewall(lock), handed.files),
     )

@@ -23,6 +23,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from multicall.core import agent_protocol as proto
 from multicall.core.cni.skel import parse_cni_args
 from multicall.core.firewall.diff import diff_tables, may_matter
 from multicall.core.firewall.iptables_save import (
@@ -336,3 +337,138 @@ def test_iptables_verify_objects(data: bytes, option: str) -> None:
         {"--pod": parse_pod, "--namespace-object": parse_namespace}.get(option, parse_service)(doc)
 
     only_own_errors(read)
+
+
+# ----------------------------------------------------------------------------- the node agent
+
+AGENT_ENV = {"CNI_COMMAND": "ADD", "CNI_NETNS": "/var/run/netns/cni-1", "CNI_IFNAME": "eth0"}
+AGENT_SEEDS = [
+    proto.encode_request(proto.SOURCE_BUILD, ("linkerd-cni",), AGENT_ENV, "/", b"{}", flags)
+    for flags in (0, proto.FD_ROOT | proto.FD_CALLER_NETNS, sum(proto.FD_ORDER))
+]
+
+
+@fuzz(examples=400)
+@given(
+    data=st.one_of(mutated(AGENT_SEEDS), st.binary(max_size=120)),
+    header=st.one_of(
+        st.none(),
+        st.tuples(*(st.sampled_from((0, 1, 2, 15, 256, 4097, 1 << 20, 2**32 - 1)),) * 6),
+    ),
+    nfds=st.integers(0, 6),
+)
+def test_agent_request(data: bytes, header: tuple[int, ...] | None, nfds: int) -> None:
+    """agent_protocol's parser on random and mutated requests, header fields near the bounds
+    and any number of descriptors: a request within the bounds and the header's counts, or
+    ProtocolError; nothing else."""
+    if header is not None:  # a valid start with hostile counts: reaches the bound checks
+        data = proto.HEADER.pack(proto.MAGIC, b"x" * proto.HASH_LEN, *header) + data
+    fds = list(range(100, 100 + nfds))  # numbers only: the parser never uses them
+    try:
+        head = proto.parse_header(data[: proto.HEADER.size])
+        request = proto.parse_body(head, data[proto.HEADER.size :][: head.body_len], fds)
+    except proto.ProtocolError:
+        return
+    assert len(request.argv) == head.argc <= proto.MAX_ARGS
+    assert len(request.env) <= head.envc <= proto.MAX_ENV
+    assert len(request.stdin) <= proto.MAX_STDIN
+    assert sorted(request.fds) == [f for f in proto.FD_ORDER if head.flags & f]
+
+
+STATUS_SEED = (
+    b"Name:\tcnibox\nUmask:\t0022\nState:\tS (sleeping)\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n"
+    b"CapInh:\t0000000000000000\nCapPrm:\t000001ffffffffff\nCapEff:\t000001ffffffffff\n"
+)
+
+
+@fuzz(examples=300)
+@given(
+    status=st.one_of(mutated([STATUS_SEED]), st.binary(max_size=200)),
+    userns=st.sampled_from([None, (4, 1), (4, 2)]),
+)
+def test_agent_caller_status(status: bytes, userns: tuple[int, int] | None) -> None:
+    """The agent's judgement of a caller's /proc/PID/status: an Authority that may enter a
+    netns only for a caller seen in the agent's user namespace with CAP_SYS_ADMIN and
+    CAP_NET_ADMIN, or Refused with one of its fixed reasons; nothing else."""
+    from multicall.agent.authority import Refused, judge
+    from multicall.core.proc_status import parse_status
+
+    text = status.decode("ascii", "replace")
+    try:
+        authority = judge(text, userns, (4, 1))
+    except Refused as exc:
+        reason = exc.reason
+    else:
+        caps = parse_status(text).cap_eff
+        assert caps >> 12 & 1
+        assert caps >> 21 & 1
+        assert authority.may_enter == (userns == (4, 1))
+        return
+    assert reason in REFUSALS
+
+
+REFUSALS = {
+    "caller in another user namespace",
+    "caller's status unreadable",
+    "caller gone",
+    *(f"caller lacks {m}" for m in ("CAP_NET_ADMIN", "CAP_SYS_ADMIN")),
+    "caller lacks CAP_NET_ADMIN and CAP_SYS_ADMIN",
+}
+# What a hostile caller can put in a descriptor slot: opened per example, closed after.
+SLOTS = ("netns", "user ns", "pipe", "file", "unix", "netfilter", "route", "udp")
+
+
+def _slot(kind: str) -> int:
+    import socket
+
+    if kind == "netns":
+        return os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    if kind == "user ns":
+        return os.open("/proc/self/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    if kind == "pipe":
+        r, w = os.pipe()
+        os.close(w)
+        return r
+    if kind == "file":
+        return os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+    family, type_, protocol = {
+        "unix": (socket.AF_UNIX, socket.SOCK_STREAM, 0),
+        "netfilter": (socket.AF_NETLINK, socket.SOCK_RAW, 12),
+        "route": (socket.AF_NETLINK, socket.SOCK_RAW, 0),
+        "udp": (socket.AF_INET, socket.SOCK_DGRAM, 0),
+    }[kind]
+    return socket.socket(family, type_, protocol).detach()
+
+
+@fuzz(examples=150)
+@given(
+    home=st.sampled_from(SLOTS),
+    target=st.one_of(st.none(), st.sampled_from(SLOTS)),
+    netlink=st.one_of(st.none(), st.sampled_from(SLOTS)),
+)
+def test_agent_descriptor_checks(home: str, target: str | None, netlink: str | None) -> None:
+    """The worker's checks of handed descriptors, on every kind of descriptor in every slot:
+    accepted only when the caller's netns is a netns and the netlink socket (if any) is a
+    NETLINK_NETFILTER socket in the target's netns; otherwise Fallback; nothing else. (The
+    target slot itself is checked by ns.check_netns_fd before these.)"""
+    from multicall.agent.worker import Fallback, check_descriptors
+
+    kinds = (home, target, netlink)
+    fds = [None if kind is None else _slot(kind) for kind in kinds]
+    try:
+        assert fds[0] is not None
+        try:
+            check_descriptors(fds[0], fds[1], fds[2])
+            accepted = True
+        except Fallback:
+            accepted = False
+    finally:
+        for fd in fds:
+            if fd is not None:
+                os.close(fd)
+    # Unprivileged, SIOCGSKNS is refused: the socket's netns is then unknown, handed back.
+    may_know = os.geteuid() == 0
+    valid = home == "netns" and (
+        netlink is None or (netlink == "netfilter" and target == "netns" and may_know)
+    )
+    assert accepted == valid, kinds
