@@ -116,38 +116,49 @@ def _orphan_guard(parent: int) -> None:  # pragma: no cover - in the child
 def _supervise(
     settings: KeeperSettings, env: dict[str, str], stop_r: int, agent: int, log: Log
 ) -> NoReturn:  # pragma: no cover - in the child
+    _in_child("keeper supervisor", log, lambda: _restarting(settings, env, stop_r, agent, log))
+
+
+def _restarting(
+    settings: KeeperSettings, env: dict[str, str], stop_r: int, agent: int, log: Log
+) -> None:  # pragma: no cover - in the child
+    _orphan_guard(agent)
+    me = os.getpid()
+    delay = RESTART_FIRST
+    while True:
+        started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            _keep(settings, env, stop_r, me, log)
+        log("info", f"keeper started (pid {pid}, mode {settings.mode.value})")
+        pidfd = os.pidfd_open(pid)
+        poll = select.poll()
+        poll.register(stop_r, select.POLLIN)
+        poll.register(pidfd, select.POLLIN)
+        ready = {fd for fd, _mask in poll.poll()}
+        os.close(pidfd)
+        if stop_r in ready:
+            if not _wait(pid, STOP_WAIT):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            break
+        _pid, status = os.waitpid(pid, 0)
+        if time.monotonic() - started >= RESTART_MAX:
+            delay = RESTART_FIRST
+        log("error", f"keeper exited ({_status(status)}); restarting in {delay:.0f}s")
+        if select.select([stop_r], [], [], delay)[0]:
+            break
+        delay = min(delay * 2, RESTART_MAX)
+
+
+def _in_child(what: str, log: Log, body: Callable[[], None]) -> NoReturn:  # pragma: no cover
+    """Run `body` in a forked child and exit: never return into the agent's code."""
     code = 0
     try:
-        _orphan_guard(agent)
-        me = os.getpid()
-        delay = RESTART_FIRST
-        while True:
-            started = time.monotonic()
-            pid = os.fork()
-            if pid == 0:
-                _keep(settings, env, stop_r, me, log)
-            log("info", f"keeper started (pid {pid}, mode {settings.mode.value})")
-            pidfd = os.pidfd_open(pid)
-            poll = select.poll()
-            poll.register(stop_r, select.POLLIN)
-            poll.register(pidfd, select.POLLIN)
-            ready = {fd for fd, _mask in poll.poll()}
-            os.close(pidfd)
-            if stop_r in ready:
-                if not _wait(pid, STOP_WAIT):
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                break
-            _pid, status = os.waitpid(pid, 0)
-            if time.monotonic() - started >= RESTART_MAX:
-                delay = RESTART_FIRST
-            log("error", f"keeper exited ({_status(status)}); restarting in {delay:.0f}s")
-            if select.select([stop_r], [], [], delay)[0]:
-                break
-            delay = min(delay * 2, RESTART_MAX)
-    except BaseException as exc:  # noqa: BLE001 - never returns into the agent's code
+        body()
+    except BaseException as exc:  # noqa: BLE001 - logged; the supervisor restarts a keeper
         with contextlib.suppress(Exception):
-            log("error", f"keeper supervisor failed: {type(exc).__name__}: {exc}")
+            log("error", f"{what} failed: {type(exc).__name__}: {exc}")
         code = 70
     os._exit(code)
 
@@ -161,15 +172,11 @@ def _status(status: int) -> str:
 def _keep(
     settings: KeeperSettings, env: dict[str, str], stop_r: int, parent: int, log: Log
 ) -> NoReturn:  # pragma: no cover - in the child
-    code = 0
-    try:
+    def body() -> None:
         _orphan_guard(parent)
         build_keeper(settings, env, log).run(stop_r)
-    except BaseException as exc:  # noqa: BLE001 - the supervisor restarts it
-        with contextlib.suppress(Exception):
-            log("error", f"keeper failed: {type(exc).__name__}: {exc}")
-        code = 70
-    os._exit(code)
+
+    _in_child("keeper", log, body)
 
 
 def build_keeper(settings: KeeperSettings, env: Mapping[str, str], log: Log) -> Keeper:
