@@ -261,8 +261,8 @@ class Keeper:
         from multicall.core.repair.sandbox import parse_cache_entry
         from multicall.effects.fs import read_file
 
-        if self.mode is not KeeperMode.REPAIR:
-            return
+        if self.mode is not KeeperMode.REPAIR or not self.finder.cache_dir:
+            return  # "": the agent was not told where the runtime's cache is
         results = os.path.join(self.finder.cache_dir, "results")
         try:
             names = sorted(os.listdir(results))[: MAX_SWEEP * 4]

@@ -18,6 +18,20 @@ serve a request, the plugin runs as a one-shot process (docs/agent.md).
                            new process for every request)
   --request-timeout SECS   a request still running after this is killed (default 60)
   --shutdown-grace SECS    how long SIGTERM waits for requests in flight (default 25)
+  --keeper MODE            off, report or repair (default): the keeper watches every
+                           sandbox an ADD through this agent programmed and reports or
+                           repairs drift of its redirect in place (docs/keeper.md); off:
+                           no keeper process, no records
+  --sandbox-records DIR    the keeper's records (default sandboxes/ beside the socket:
+                           /var/run/linkerd-cni/sandboxes)
+  --cni-net-dir DIR        the node's CNI config dir, for the repair's linkerd-cni entry
+                           (default /etc/cni/net.d)
+  --cni-cache-dir DIR      libcni's cache dir, to find sandboxes whose ADD never ran
+                           through linkerd-cni (default "": not looked for)
+  --host-root DIR          where the node's / is mounted, for netns paths and the xtables
+                           lock (default "": this is the node's /)
+  --kubeconfig PATH        the keeper's API identity, for Events and the pod's GET before a
+                           repair (default the service account when mounted, else none)
   --log-level LEVEL        debug, info (default), warn, error
   --log-format FORMAT      plain (logrus text, the default) or json
   -h, --help               this text
@@ -27,9 +41,15 @@ serve a request, the plugin runs as a one-shot process (docs/agent.md).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
+from multicall.core.keeper import KeeperMode
 from multicall.errors import UsageError
+
+if TYPE_CHECKING:
+    from multicall.agent.keeper_process import KeeperSettings
+    from multicall.agent.server import Server
+    from multicall.agent.worker_process import Log
 
 DEFAULT_SOCKET = "/var/run/linkerd-cni/agent.sock"
 DEFAULT_ADMIN = "127.0.0.1:9991"  # loopback: nothing authenticates it (issue 24 #5)
@@ -66,8 +86,26 @@ def main(
         shutdown_grace=_float(opts, "shutdown-grace"),
         build=build,
     )
-    worker = RequestWorker(build, identity("/proc/self/ns/net"), warmth)
-    server = Server(options, log, worker.serve, prepare=warmth.prepare)
+    settings = keeper_settings(opts, env)
+    records = None
+    if settings.mode is not KeeperMode.OFF:
+        from multicall.effects.sandbox_records import RecordStore
+
+        records = RecordStore(settings.records)
+    worker = RequestWorker(build, identity("/proc/self/ns/net"), warmth, records)
+    keeper = None
+    if settings.mode is not KeeperMode.OFF:  # forked before any thread or socket of the server
+        from multicall.agent.keeper_process import KeeperProcess
+
+        keeper = KeeperProcess.start(settings, env, log)
+    try:
+        return serve(Server(options, log, worker.serve, prepare=warmth.prepare), opts, log)
+    finally:
+        if keeper is not None:
+            keeper.stop(log)  # after the workers, which hold the pipe's write end too
+
+
+def serve(server: Server, opts: Mapping[str, str], log: Log) -> int:
     try:
         server.bind()  # a bad --admin-addr: UsageError; a busy port: CniboxError (exit 1)
     except OSError as exc:
@@ -80,6 +118,30 @@ def main(
     return server.run()
 
 
+def keeper_settings(opts: Mapping[str, str], env: Mapping[str, str]) -> KeeperSettings:
+    import os
+    import socket
+
+    from multicall.agent.keeper_process import KeeperSettings
+
+    try:
+        mode = KeeperMode(opts["keeper"])
+    except ValueError:
+        raise UsageError(f"--keeper {opts['keeper']}: expected off, report or repair") from None
+    records = opts["sandbox-records"]
+    if not records:
+        records = os.path.join(os.path.dirname(opts["socket"]) or ".", "sandboxes")
+    return KeeperSettings(
+        mode=mode,
+        records=records,
+        cni_net_dir=opts["cni-net-dir"],
+        cni_cache_dir=opts["cni-cache-dir"],
+        host_root=opts["host-root"],
+        kubeconfig=opts["kubeconfig"],
+        instance=env.get("HOSTNAME", "") or socket.gethostname(),
+    )
+
+
 FLAGS = {
     "socket": DEFAULT_SOCKET,
     "admin-addr": DEFAULT_ADMIN,
@@ -89,6 +151,12 @@ FLAGS = {
     "worker-requests": "64",
     "request-timeout": "60",
     "shutdown-grace": "25",
+    "keeper": "repair",
+    "sandbox-records": "",
+    "cni-net-dir": "/etc/cni/net.d",
+    "cni-cache-dir": "",
+    "host-root": "",
+    "kubeconfig": "",
     "log-level": "info",
     "log-format": "plain",
 }

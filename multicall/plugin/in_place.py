@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from multicall.core.logs import MessageLog
     from multicall.effects.firewall.locks import XtablesLock
     from multicall.effects.pod_sandbox import Sandbox
-    from multicall.plugin.ports import Firewall, PodApi
+    from multicall.plugin.ports import Firewall, Kube, PodApi
     from multicall.plugin.recording import Programmed
 
 API_TIMEOUT = 5.0  # each GET of the ADD, as the plugin's default
@@ -83,7 +83,7 @@ def node_xtables_lock(host_root: str) -> XtablesLock | None:
 
 class Repairer:
     def __init__(
-        self, finder: SandboxFinder, kube: ControllerKube, log: MessageLog, firewall: Firewall
+        self, finder: SandboxFinder, kube: Kube, log: MessageLog, firewall: Firewall
     ) -> None:
         self.finder = finder
         self.kube = kube

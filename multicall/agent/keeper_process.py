@@ -1,0 +1,259 @@
+"""The keeper's processes (agent/keeper.py runs in them), started by the agent's applet
+before the server binds and forks its pool, so the server's parent stays one thread.
+
+Rules of this module:
+1. Two processes: a supervisor forked from the agent, and the keeper forked from the
+   supervisor. The supervisor restarts a keeper that exits or dies, after a back-off
+   (`RESTART_FIRST` doubling up to `RESTART_MAX`, back to the first after a keeper that ran
+   `RESTART_MAX`), and logs every restart. A keeper crash (a failed libiptc call, an
+   exception) never reaches the agent's parent or its workers.
+2. Stopping: the agent closes the write end of a pipe (`KeeperProcess.stop`, after
+   `Server.run` returned: the workers, which inherit that end, are gone by then); both
+   processes see its EOF. A dead agent (SIGKILL) stops them too: each sets
+   PR_SET_PDEATHSIG (SIGTERM, default disposition) for its parent.
+3. The API: `--kubeconfig PATH`, else the pod's service account when its files exist,
+   else none. Without one the keeper posts no Event, does not ask for the pod before a
+   repair (the netns identity and IP checks still guard it), and the repair's ADD reads
+   the API through the kubeconfig its linkerd-cni entry names, as the one-shot plugin
+   does. That is logged once; it never fails the agent's start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NoReturn
+
+from multicall.core.keeper import KeeperMode
+
+if TYPE_CHECKING:
+    from multicall.agent.keeper import Keeper
+    from multicall.core.keeper import SandboxRecord
+    from multicall.core.kube.kubeconfig import KubeConfig
+    from multicall.effects.caller import Files
+
+Log = Callable[[str, str], None]  # (level, message)
+RESTART_FIRST = 1.0
+RESTART_MAX = 60.0
+STOP_WAIT = 10.0  # a keeper in the middle of a repair finishes it; then SIGKILL
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True, slots=True)
+class KeeperSettings:
+    mode: KeeperMode
+    records: str  # the record directory (effects/sandbox_records.py)
+    cni_net_dir: str  # where the node's conflist is (the repair's linkerd-cni entry)
+    cni_cache_dir: str  # libcni's cache dir; "": unrecorded sandboxes are not looked for
+    host_root: str  # where the node's / is mounted ("" when it is ours)
+    kubeconfig: str  # the keeper's API identity; "": in-cluster when present, else none
+    instance: str  # the Events' reportingInstance
+
+
+@dataclass(slots=True)
+class KeeperProcess:
+    """The supervisor as the agent's parent sees it."""
+
+    pid: int
+    stop_w: int
+
+    @classmethod
+    def start(cls, settings: KeeperSettings, env: Mapping[str, str], log: Log) -> KeeperProcess:
+        stop_r, stop_w = os.pipe2(os.O_CLOEXEC)
+        agent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - in the child
+            os.close(stop_w)
+            _supervise(settings, dict(env), stop_r, agent, log)
+        os.close(stop_r)
+        return cls(pid, stop_w)
+
+    def stop(self, log: Log) -> None:
+        """Close the pipe, wait for the supervisor (which waits for the keeper)."""
+        if self.stop_w >= 0:
+            os.close(self.stop_w)
+            self.stop_w = -1
+        if not _wait(self.pid, STOP_WAIT + 5):
+            log("warning", "keeper: did not stop in time; killed")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+
+
+def _wait(pid: int, timeout: float) -> bool:
+    """Reap `pid` within `timeout` seconds; False when it still runs."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        select.select([fd], [], [], timeout)
+        done, _status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    finally:
+        os.close(fd)
+    return done == pid
+
+
+def _orphan_guard(parent: int) -> None:  # pragma: no cover - in the child
+    """SIGTERM (default disposition) when `parent` dies; exit now if it already did."""
+    from multicall.effects.ns import libc
+
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C reaches the agent only
+    libc().prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def _supervise(
+    settings: KeeperSettings, env: dict[str, str], stop_r: int, agent: int, log: Log
+) -> NoReturn:  # pragma: no cover - in the child
+    _in_child("keeper supervisor", log, lambda: _restarting(settings, env, stop_r, agent, log))
+
+
+def _restarting(
+    settings: KeeperSettings, env: dict[str, str], stop_r: int, agent: int, log: Log
+) -> None:  # pragma: no cover - in the child
+    _orphan_guard(agent)
+    me = os.getpid()
+    delay = RESTART_FIRST
+    while True:
+        started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            _keep(settings, env, stop_r, me, log)
+        log("info", f"keeper started (pid {pid}, mode {settings.mode.value})")
+        pidfd = os.pidfd_open(pid)
+        poll = select.poll()
+        poll.register(stop_r, select.POLLIN)
+        poll.register(pidfd, select.POLLIN)
+        ready = {fd for fd, _mask in poll.poll()}
+        os.close(pidfd)
+        if stop_r in ready:
+            if not _wait(pid, STOP_WAIT):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            break
+        _pid, status = os.waitpid(pid, 0)
+        if time.monotonic() - started >= RESTART_MAX:
+            delay = RESTART_FIRST
+        log("error", f"keeper exited ({_status(status)}); restarting in {delay:.0f}s")
+        if select.select([stop_r], [], [], delay)[0]:
+            break
+        delay = min(delay * 2, RESTART_MAX)
+
+
+def _in_child(what: str, log: Log, body: Callable[[], None]) -> NoReturn:  # pragma: no cover
+    """Run `body` in a forked child and exit: never return into the agent's code."""
+    code = 0
+    try:
+        body()
+    except BaseException as exc:  # noqa: BLE001 - logged; the supervisor restarts a keeper
+        with contextlib.suppress(Exception):
+            log("error", f"{what} failed: {type(exc).__name__}: {exc}")
+        code = 70
+    os._exit(code)
+
+
+def _status(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"signal {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exit code {os.waitstatus_to_exitcode(status)}"
+
+
+def _keep(
+    settings: KeeperSettings, env: dict[str, str], stop_r: int, parent: int, log: Log
+) -> NoReturn:  # pragma: no cover - in the child
+    def body() -> None:
+        _orphan_guard(parent)
+        build_keeper(settings, env, log).run(stop_r)
+
+    _in_child("keeper", log, body)
+
+
+def build_keeper(settings: KeeperSettings, env: Mapping[str, str], log: Log) -> Keeper:
+    """The keeper of `settings`, with its API session when there is an API configuration."""
+    from multicall.agent.keeper import ApiEvents, ApiPods, Keeper
+    from multicall.effects.pod_sandbox import SandboxFinder
+    from multicall.effects.sandbox_records import RecordStore
+    from multicall.plugin.in_place import ControllerKube, Repairer, node_xtables_lock
+    from multicall.plugin.ports import Kube, RealFirewall, RealKube
+
+    finder = SandboxFinder(settings.cni_net_dir, settings.cni_cache_dir, settings.host_root)
+    firewall = RealFirewall(lock=node_xtables_lock(settings.host_root))
+    config = api_config(settings.kubeconfig, env)
+    events: ApiEvents | NoEvents
+    pods: ApiPods | NoPods
+    kube: Kube
+    if config is not None:
+        from multicall.effects.kube.stream import ClientOptions, Session, Token
+
+        session = Session(config, Token(config), ClientOptions(kubeconfig=settings.kubeconfig))
+        events, pods = ApiEvents(session, settings.instance), ApiPods(session)
+        kube = ControllerKube(config)
+    else:
+        log("info", "keeper: no API configuration (no --kubeconfig, no service account): "
+            "no Events, pods not asked before a repair; a repair reads the API through "
+            "the kubeconfig of the linkerd-cni entry")  # fmt: skip
+        events, pods, kube = NoEvents(), NoPods(), RealKube(_host_files(settings.host_root))
+    return Keeper(
+        store=RecordStore(settings.records),
+        finder=finder,
+        repairer=Repairer(finder, kube, lambda line: log("debug", line), firewall),
+        firewall=firewall,
+        events=events,
+        pods=pods,
+        log=log,
+        mode=settings.mode,
+    )
+
+
+def api_config(kubeconfig: str, env: Mapping[str, str]) -> KubeConfig | None:
+    """--kubeconfig (an error when it cannot be read), else the service account's, else None."""
+    from multicall.effects.kube.stream import (
+        SERVICE_ACCOUNT_DIR,
+        ClientOptions,
+        in_cluster_config,
+        load_config,
+    )
+
+    if kubeconfig:
+        return load_config(ClientOptions(kubeconfig=kubeconfig), env)
+    directory = env.get("SERVICE_ACCOUNT_DIR") or SERVICE_ACCOUNT_DIR
+    if not os.path.isfile(os.path.join(directory, "token")):
+        return None
+    try:
+        return in_cluster_config(env)
+    except Exception:  # noqa: BLE001 - KubeError: no API, as without the files
+        return None
+
+
+def _host_files(host_root: str) -> Files:
+    """The node's filesystem (the linkerd-cni entry's kubeconfig is a node path)."""
+    from multicall.effects.caller import OWN_FILES, RootedFiles
+
+    if not host_root.rstrip("/"):
+        return OWN_FILES
+    return RootedFiles(os.open(host_root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+
+
+class NoEvents:
+    """Without an API: Events are not posted (the keeper's log says what they would)."""
+
+    def post(self, record: SandboxRecord, action: str, note: str) -> None:
+        return None
+
+
+class NoPods:
+    """Without an API: the pod is not asked for; the sandbox's netns checks remain."""
+
+    def gone(self, record: SandboxRecord) -> str:
+        return ""
