@@ -55,6 +55,11 @@ def peer(conn: socket.socket) -> Peer:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, _gid = struct.unpack("3i", creds)
     pidfd, pinned = _pidfd(conn, pid)
+    if pidfd is not None and pid <= 0:
+        # A pidfd (SO_PEERPIDFD) of a process with no pid in this pid namespace (an agent
+        # in a pid namespace of its own): it has no /proc entry here, so it is not seen.
+        os.close(pidfd)
+        pidfd = None
     if pidfd is None:
         return Peer(pid, uid, pinned, None, None)
     try:
