@@ -218,3 +218,61 @@ def parse_taint_key(value: str) -> str:
         raise GateInputError(f"taint key {value!r}: not a valid Kubernetes taint key")
     return value
 
+
+@dataclass(frozen=True, slots=True)
+class GateConfig:
+    """The gate's settings, from the installer's environment (the chart sets them)."""
+
+    enabled: bool = False
+    node: str = ""
+    taint: Taint = Taint()
+    reapply: bool = True  # taint again while the chain is broken (and at start, until ready)
+    agent_socket: str = ""  # "" : no agent check
+    interval: float = 10.0  # between rounds while ready
+    retry: float = 0.25  # between rounds while not ready: the taint goes within ~1 s
+    selftest: bool = True
+
+
+def _truthy(value: str, name: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("", "0", "false", "no", "off"):
+        return False
+    raise GateInputError(f"{name}={value!r}: expected true or false")
+
+
+def _seconds(value: str, name: str, default: float, low: float, high: float) -> float:
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not low <= seconds <= high:  # NaN fails too
+        raise GateInputError(f"{name}={value!r}: expected seconds in [{low:g}, {high:g}]")
+    return seconds
+
+
+def parse_gate_env(env: Mapping[str, str]) -> GateConfig:
+    """CNIBOX_GATE (true/false), NODE_NAME, CNIBOX_GATE_TAINT_KEY, CNIBOX_GATE_TAINT_EFFECT,
+    CNIBOX_GATE_REAPPLY, CNIBOX_GATE_AGENT_SOCKET, CNIBOX_GATE_INTERVAL, CNIBOX_GATE_SELFTEST."""
+    if not _truthy(env.get("CNIBOX_GATE", ""), "CNIBOX_GATE"):
+        return GateConfig()
+    node = env.get("NODE_NAME", "")
+    if not node or len(node) > 253 or "/" in node:
+        raise GateInputError("CNIBOX_GATE needs NODE_NAME: this node's name (spec.nodeName)")
+    taint = Taint(
+        parse_taint_key(env.get("CNIBOX_GATE_TAINT_KEY") or DEFAULT_TAINT_KEY),
+        parse_effect(env.get("CNIBOX_GATE_TAINT_EFFECT") or DEFAULT_TAINT_EFFECT),
+    )
+    return GateConfig(
+        enabled=True,
+        node=node,
+        taint=taint,
+        reapply=_truthy(env.get("CNIBOX_GATE_REAPPLY", "true"), "CNIBOX_GATE_REAPPLY"),
+        agent_socket=env.get("CNIBOX_GATE_AGENT_SOCKET", ""),
+        interval=_seconds(
+            env.get("CNIBOX_GATE_INTERVAL", ""), "CNIBOX_GATE_INTERVAL", 10.0, 1, 3600
+        ),
+        selftest=_truthy(env.get("CNIBOX_GATE_SELFTEST", "true"), "CNIBOX_GATE_SELFTEST"),
+    )
