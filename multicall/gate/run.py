@@ -79,6 +79,11 @@ class Gate:
             self.session.abort()
         if self.thread is not None:
             self.thread.join(API_TIMEOUT * 2)
+        self.close()
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
 
     def _loop(self) -> None:
         self.log.info(
@@ -193,7 +198,11 @@ class Gate:
 
     def _patch_status(self, patch: Mapping[str, object]) -> None:
         path = paths.node_status(self.config.node)
-        answer = self.request("PATCH", path, patch, node_gate.STRATEGIC_MERGE_PATCH)
+        for _attempt in range(MAX_ATTEMPTS):
+            # no precondition in this patch: a 409 is the server's own race, worth a retry
+            answer = self.request("PATCH", path, patch, node_gate.STRATEGIC_MERGE_PATCH)
+            if answer.status != 409:
+                break
         if answer.status >= 300:
             raise StatusError(answer.status, answer.body, path, "patch")
 
@@ -224,8 +233,7 @@ class Gate:
                 step()
             except CniboxError as exc:
                 errors.append(exc.message)
-        if self.session is not None:
-            self.session.close()
+        self.close()
         return errors
 
     def _once(self, message: str) -> None:

@@ -20,11 +20,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from multicall.core.limits import INSTALLER_FILE
@@ -196,6 +197,21 @@ def run_selftest(
         os.close(netns_fd)  # the last reference: the netns and its rules go
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> Callable[[], None]:
+    """The plugin child gets SIGKILL when the thread that forked it ends (the gate killed,
+    too): it holds the scratch netns fd, which must not outlive this process. The libc call
+    is looked up here, so the child between fork and exec only makes it."""
+    prctl = ns.libc().prctl
+
+    def child() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    return child
+
+
 def _exec(plugin: str, env: Mapping[str, str], stdin: bytes, fds: tuple[int, ...]) -> str:
     """'' when the plugin exits 0; else its CNI error message, bounded."""
     try:
@@ -207,6 +223,7 @@ def _exec(plugin: str, env: Mapping[str, str], stdin: bytes, fds: tuple[int, ...
             env=dict(env),
             pass_fds=fds,
             close_fds=True,
+            preexec_fn=_die_with_parent(),  # noqa: PLW1509 - one async-signal-safe libc call
         )
     except OSError as exc:
         return f"cannot run {plugin}: {exc.strerror or exc}"
