@@ -390,7 +390,8 @@ from multicall.core.node_gate import parse_gate_env
 from multicall.effects.log import Logger
 from multicall.gate.run import Gate
 env = json.loads(sys.argv[1])
-gate = Gate(parse_gate_env(env), parse_environment(env), env, Logger(sys.stderr.buffer, "debug", "plain"))
+log = Logger(sys.stderr.buffer, "debug", "plain")
+gate = Gate(parse_gate_env(env), parse_environment(env), env, log)
 gate.round()
 """
 

@@ -11,8 +11,8 @@ Rules of this module:
 4. Nodes (the readiness gate): GET, PATCH with a JSON patch (test/add/replace/remove; a failed
    `test` answers 422 as kube-apiserver does) and PATCH of nodes/NAME/status with a strategic
    merge of `conditions` by `type` (`$patch: delete` too). Every write moves the
-   resourceVersion. `conflicts` answers that many PATCHes of a node (not its status) 409; `before_patch` runs ahead of
-   each PATCH (a concurrent writer).
+   resourceVersion. `conflicts` answers that many PATCHes of a node (not its status) 409;
+   `before_patch` runs ahead of each PATCH (a concurrent writer).
 """
 
 from __future__ import annotations
