@@ -57,7 +57,7 @@ class CheckResult:
 
     name: str
     ok: bool
-    detail: str = ""
+    detail: str = ""  # why it failed, one line
 
 
 @dataclass(frozen=True, slots=True)

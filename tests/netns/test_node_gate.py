@@ -84,8 +84,8 @@ class Node:
         doc = {"cniVersion": "1.0.0", "name": "cbxnet", "plugins": plugins}
         self.conflist.write_text(json.dumps(doc))
 
-    def gate(self, log: list[str] | None = None, **env: str) -> Gate:
-        full = {**self.env, **env}
+    def gate(self, log: list[str] | None = None, extra: dict[str, str] | None = None) -> Gate:
+        full = {**self.env, **(extra or {})}
         gate = Gate(parse_gate_env(full), parse_environment(full), full, _logger(log))
         self.gates.append(gate)
         return gate
@@ -202,7 +202,7 @@ def test_taint_stays_while_a_check_fails(
         broken.write_text('#!/bin/sh\necho \'{"code":999,"msg":"broken on purpose"}\'\nexit 1\n')
         broken.chmod(0o755)
         (node.bin_dir / "linkerd-cni").symlink_to(broken)
-    verdict = node.gate(**env).round()
+    verdict = node.gate(extra=env).round()
     assert not verdict.ready
     assert OURS in taints(api)
     assert OTHER in taints(api)
@@ -235,7 +235,7 @@ def test_agent_accepting_passes(node: Node, api: KubeApi, tmp_path: Path) -> Non
     threading.Thread(target=serve, daemon=True).start()
     try:
         node.install()
-        verdict = node.gate(CNIBOX_GATE_AGENT_SOCKET=path).round()
+        verdict = node.gate(extra={"CNIBOX_GATE_AGENT_SOCKET": path}).round()
         assert verdict.ready, verdict.message
         assert taints(api) == [OTHER]
     finally:
@@ -319,7 +319,7 @@ def test_condition_follows_a_broken_and_repaired_chain(node: Node, api: KubeApi)
 
 def test_no_reapply_leaves_the_taint_off(node: Node, api: KubeApi) -> None:
     node.install()
-    gate = node.gate(CNIBOX_GATE_REAPPLY="false")
+    gate = node.gate(extra={"CNIBOX_GATE_REAPPLY": "false"})
     assert gate.round().ready
     node.chain(with_linkerd=False)
     assert not gate.round().ready
@@ -353,14 +353,8 @@ def test_the_applets_uninstall_clears_the_gate(node: Node, api: KubeApi, tmp_pat
         "CNIBOX_EXE": cnibox_executable(),
         "INSTALL_CNI_PID_FILE": str(tmp_path / "pid"),
     }
-    proc = subprocess.run(
-        [sys.executable, "-m", "multicall", "install-cni", "--uninstall"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    argv = [sys.executable, "-m", "multicall", "install-cni", "--uninstall"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     assert taints(api) == [OTHER]
