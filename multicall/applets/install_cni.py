@@ -30,17 +30,23 @@ CNIBOX_HOST_CACHE (where the node's launcher cache, /var/lib/cnibox, is mounted:
 version is unpacked into it at install time, so no pod start pays for the unpack).
 CNI_NETWORK_CONFIG (or the file CNI_NETWORK_CONFIG_FILE names) is required: the linkerd-cni
 entry to chain, as the chart's ConfigMap key cni_network_config holds it.
+Node readiness gate (docs/node-readiness.md): CNIBOX_GATE=true, NODE_NAME, CNIBOX_GATE_TAINT_KEY
+(linkerd-cni.cnibox.io/not-ready), CNIBOX_GATE_TAINT_EFFECT (NoSchedule), CNIBOX_GATE_REAPPLY
+(true), CNIBOX_GATE_AGENT_SOCKET, CNIBOX_GATE_INTERVAL (10), CNIBOX_GATE_SELFTEST (true).
 """  # noqa: E501 - the usage line stays one line
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from multicall.effects.log import Logger
 from multicall.errors import CniboxError, UsageError
 from multicall.installer.install import Options
 from multicall.installer.run import run
+
+if TYPE_CHECKING:
+    from multicall.gate.run import Gate
 
 PROG = "install-cni"
 
@@ -67,8 +73,36 @@ def main(
     options = parse_args(list(argv[1:]))
     log = Logger(stderr, options.log_level, options.log_format)
     try:
-        return run(options, env, log)
+        gate = _gate(options, env, log)
+        try:
+            status = run(options, env, log)
+        finally:
+            if gate is not None:
+                gate.stop()
+        if gate is not None and options.mode == "uninstall":
+            # after the running installer stopped: nothing re-taints behind this
+            for error in gate.uninstall():
+                log.error(f"node gate: {error}")
+        return status
     except CniboxError as exc:
         # a daemon's last words belong in its log, in its format (upstream: log.Fatal)
         log.error(exc.message, **({"hint": exc.hint} if exc.hint else {}))
         return exc.exit_code
+
+
+def _gate(options: Options, env: Mapping[str, str], log: Logger) -> Gate | None:
+    """The node readiness gate beside the watch (CNIBOX_GATE; --once does not gate)."""
+    from multicall.core.installer.config import parse_environment
+    from multicall.core.node_gate import GateInputError, parse_gate_env
+    from multicall.gate.run import Gate
+
+    try:
+        config = parse_gate_env(env)
+    except GateInputError as exc:
+        raise UsageError(str(exc)) from None
+    if not config.enabled or options.mode == "once":
+        return None
+    gate = Gate(config, parse_environment(env), env, log)
+    if options.mode == "watch":
+        gate.start()
+    return gate

@@ -4,7 +4,7 @@
     1  multicall.core.*      pure: values in, values out
     2  multicall.effects.*   adapters over the kernel, the filesystem and the network
     3  multicall.plugin.*    linkerd-cni's commands behind their ports (the ADD seam)
-    4  multicall.agent.*, multicall.repair.*, multicall.installer.*
+    4  multicall.agent.*, multicall.repair.*, multicall.installer.*, multicall.gate.*
                              the services, one package each
     5  multicall.applet, multicall.applets.*
     6  multicall.dispatch, multicall.__main__
@@ -43,7 +43,7 @@ LAYERS = (
     ("multicall.core",),
     ("multicall.effects",),
     ("multicall.plugin",),
-    SERVICES := ("multicall.agent", "multicall.repair", "multicall.installer"),
+    SERVICES := ("multicall.agent", "multicall.repair", "multicall.installer", "multicall.gate"),
     ("multicall.applet", "multicall.applets"),
     ("multicall.dispatch", "multicall.__main__"),
 )

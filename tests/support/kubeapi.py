@@ -8,11 +8,17 @@ Rules of this module:
    Status body), `hang` (requests are read, never answered), `silent` (TCP accepted by the
    kernel, TLS never answered). `refused_port()` gives a port nobody listens on.
 3. It records every request path, so tests can count namespace GETs.
+4. Nodes (the readiness gate): GET, PATCH with a JSON patch (test/add/replace/remove; a failed
+   `test` answers 422 as kube-apiserver does) and PATCH of nodes/NAME/status with a strategic
+   merge of `conditions` by `type` (`$patch: delete` too). Every write moves the
+   resourceVersion. `conflicts` answers that many PATCHes of a node (not its status) 409;
+   `before_patch` runs ahead of each PATCH (a concurrent writer).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import socket
 import ssl
@@ -71,10 +77,15 @@ class KubeApi:
     mode: str = "ok"
     status: int = 500
     requests: list[str] = field(default_factory=list)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    conflicts: int = 0
+    patches: list[tuple[str, Any]] = field(default_factory=list)
+    before_patch: Any = None
     port: int = 0
     _server: ThreadingHTTPServer | None = None
     _silent: socket.socket | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.RLock = field(default_factory=threading.RLock)
 
     # -- data
 
@@ -86,8 +97,58 @@ class KubeApi:
     def add_namespace(self, name: str, annotations: Mapping[str, str] | None = None) -> None:
         self.namespaces[name] = namespace_doc(name, annotations)
 
+    def add_node(self, name: str, taints: list[dict[str, Any]] | None = None) -> None:
+        spec: dict[str, Any] = {"taints": list(taints)} if taints is not None else {}
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+        self.nodes[name] = {"kind": "Node", "apiVersion": "v1",
+                            "metadata": {"name": name, "resourceVersion": "1"},
+                            "spec": spec, "status": {"conditions": [ready]}}  # fmt: skip
+
+    def patch_node(self, path: str, content_type: str, body: Any) -> tuple[int, bytes]:  # noqa: PLR0911 - one answer per way kube-apiserver refuses
+        parts = path.split("?", 1)[0].strip("/").split("/")
+        if parts[:3] != ["api", "v1", "nodes"] or len(parts) not in (4, 5):
+            return 404, not_found("nodes", "")
+        name = parts[3]
+        with self._lock:
+            if self.before_patch is not None:
+                self.before_patch(self, name)
+            node = self.nodes.get(name)
+            if node is None:
+                return 404, not_found("nodes", name)
+            self.patches.append((path, body))
+            if self.conflicts > 0 and len(parts) == 4:
+                self.conflicts -= 1
+                message = (
+                    f'Operation cannot be fulfilled on nodes "{name}": the object has been modified'
+                )
+                return 409, status_body(409, message, "Conflict", {"name": name})
+            updated = copy.deepcopy(node)
+            if len(parts) == 5 and parts[4] == "status":
+                if content_type != "application/strategic-merge-patch+json":
+                    return 415, status_body(
+                        415, "unsupported media type", "UnsupportedMediaType", None
+                    )
+                _merge_conditions(updated, body)
+            elif content_type == "application/json-patch+json":
+                problem = _json_patch(updated, body)
+                if problem:
+                    return 422, status_body(422, problem, "Invalid", {"name": name})
+            else:
+                return 415, status_body(415, "unsupported media type", "UnsupportedMediaType", None)
+            self.bump(updated)
+            self.nodes[name] = updated
+            return 200, _json(updated)
+
+    def bump(self, node: dict[str, Any]) -> None:
+        meta = node["metadata"]
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+
     def lookup(self, path: str) -> tuple[int, bytes]:
         parts = path.strip("/").split("/")
+        if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
+            with self._lock:
+                node = self.nodes.get(parts[3])
+                return (200, _json(node)) if node else (404, not_found("nodes", parts[3]))
         if parts[:2] != ["api", "v1"] or len(parts) < 4 or parts[2] != "namespaces":
             return 404, status_body(404, "the server could not find the requested resource",
                                     "NotFound", {})  # fmt: skip
@@ -264,6 +325,68 @@ class _Handler(JsonHandler):
                 api.status, "forced", "Forced", None))  # fmt: skip
         else:
             self._send(*api.lookup(self.path))
+
+    def do_PATCH(self) -> None:
+        api = self.server.api
+        api.requests.append("PATCH " + self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"null")
+        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+            self._send(401, UNAUTHORIZED)
+            return
+        self._send(*api.patch_node(self.path, self.headers.get("Content-Type", ""), body))
+
+
+def _json_patch(doc: dict[str, Any], ops: Any) -> str:
+    """RFC 6902 on `doc` in place; the failure's message ('' when every op applied)."""
+    for op in ops:
+        *parents, last = [
+            p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]
+        ]
+        target: Any = doc
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target.get(part)
+            if target is None:
+                return f"the path {op['path']!r} does not exist"
+        exists = (
+            (last in target)
+            if isinstance(target, dict)
+            else (last != "-" and int(last) < len(target))
+        )
+        if op["op"] == "test":
+            if (
+                not exists
+                or (target[last] if isinstance(target, dict) else target[int(last)]) != op["value"]
+            ):
+                return f"the server rejected our request due to an error in our request: testing value {op['path']} failed"  # noqa: E501
+        elif op["op"] in ("add", "replace"):
+            if op["op"] == "replace" and not exists:
+                return f"replace operation does not apply: doc is missing key: {op['path']}"
+            if isinstance(target, list):
+                target.append(op["value"]) if last == "-" else target.insert(int(last), op["value"])
+            else:
+                target[last] = op["value"]
+        elif op["op"] == "remove":
+            if not exists:
+                return f"remove operation does not apply: doc is missing path: {op['path']}"
+            del target[last if isinstance(target, dict) else int(last)]
+        else:
+            return f"unknown op {op['op']!r}"
+    return ""
+
+
+def _merge_conditions(node: dict[str, Any], patch: Any) -> None:
+    """Strategic merge of status.conditions, merge key `type` (what the Node's schema says)."""
+    conditions = node.setdefault("status", {}).setdefault("conditions", [])
+    for item in patch.get("status", {}).get("conditions", []):
+        at = next((i for i, c in enumerate(conditions) if c.get("type") == item["type"]), None)
+        if item.get("$patch") == "delete":
+            if at is not None:
+                del conditions[at]
+        elif at is None:
+            conditions.append(dict(item))
+        else:
+            conditions[at] = {**conditions[at], **item}
 
 
 def pods_from_golden(path: Path, *, namespace: str = "emojivoto") -> list[dict[str, Any]]:

@@ -736,6 +736,10 @@ ALL_FEATURES = {
 }
 
 
+# cnibox's node readiness gate with its admission policy (kinds Kubernetes 1.30+ serves)
+GATE = {"agent": {"enabled": True}, "nodeReadinessGate": {"enabled": True, "admissionPolicy": True}}
+
+
 def exec_argvs(pod: Mapping[str, Any]) -> Iterator[tuple[str, list[str]]]:
     """Every argv a container of the pod would exec: its command+args, hooks and probes."""
     for container in [*pod.get("initContainers", []), *pod["containers"]]:
@@ -764,7 +768,7 @@ def distinct_objects(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str,
 class TestRendering:
     def test_lint(self, tmp_path: Path) -> None:
         """helm lint --strict with the defaults, every cnibox feature, and every golden's values."""
-        for values in [{}, ALL_FEATURES, *(v for _, v in GOLDEN_VALUES.values())]:
+        for values in [{}, ALL_FEATURES, GATE, *(v for _, v in GOLDEN_VALUES.values())]:
             path = tmp_path / "values.yaml"
             path.write_text(yaml.safe_dump(values))
             with tempfile.TemporaryDirectory() as home:
@@ -1020,3 +1024,69 @@ class TestRendering:
             check=False,
         )
         assert proc.returncode == 0, proc.stderr
+
+
+class TestNodeReadinessGate:
+    """nodeReadinessGate (docs/node-readiness.md): off changes nothing; on adds the
+    installer's env, the patch rule and, when asked, the admission policy (1.30+)."""
+
+    def test_off_renders_no_gate(self, tmp_path: Path) -> None:
+        text = render({"agent": {"enabled": True}}, tmp=tmp_path)
+        assert "CNIBOX_GATE" not in text
+        assert "nodes/status" not in text
+        assert "ValidatingAdmissionPolicy" not in text
+        rules = objects(text)["ClusterRole"]["rules"]
+        assert all("patch" not in r["verbs"] for r in rules)
+
+    def test_on_adds_env_rule_and_policy(self, tmp_path: Path) -> None:
+        docs = objects(render(GATE, tmp=tmp_path))
+        container = docs["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+        assert env["CNIBOX_GATE"] == "true"
+        assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+        assert env["CNIBOX_GATE_TAINT_KEY"] == "linkerd-cni.cnibox.io/not-ready"
+        assert env["CNIBOX_GATE_AGENT_SOCKET"] == "/var/run/linkerd-cni/agent.sock"
+        mounts = {m["mountPath"] for m in container["volumeMounts"]}
+        assert "/var/run/linkerd-cni" in mounts
+        patch_rules = [r for r in docs["ClusterRole"]["rules"] if "patch" in r["verbs"]]
+        assert patch_rules == [
+            {"apiGroups": [""], "resources": ["nodes", "nodes/status"], "verbs": ["patch"]}
+        ]
+        policy = docs["ValidatingAdmissionPolicy"]
+        assert "linkerd-test:linkerd-cni" in policy["spec"]["matchConditions"][0]["expression"]
+        node_name = policy["spec"]["variables"][0]["expression"]
+        assert "authentication.kubernetes.io/node-name" in node_name
+        binding = docs["ValidatingAdmissionPolicyBinding"]
+        assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+
+    def test_policy_only_when_asked(self, tmp_path: Path) -> None:
+        values = {"nodeReadinessGate": {"enabled": True}}
+        assert "ValidatingAdmissionPolicy" not in render(values, tmp=tmp_path)
+
+    @pytest.mark.parametrize("version", ["1.25.0", "1.30.0", "1.37.0"])
+    def test_objects_pass_the_kubernetes_schemas(self, version: str, tmp_path: Path) -> None:
+        """Everything with the gate on against the same schemas as the rest; the policy
+        against the versions it names (admissionregistration.k8s.io/v1: 1.30+), and a
+        version before that has no such schema."""
+        import kubernetes_validate
+
+        for doc in objects(render(GATE, tmp=tmp_path)).values():
+            policy = doc["kind"].startswith("ValidatingAdmissionPolicy")
+            if policy and version < "1.30.0":
+                with pytest.raises(kubernetes_validate.utils.SchemaNotFoundError):
+                    kubernetes_validate.validate(doc, "1.29.0", strict=True)
+                continue
+            kubernetes_validate.validate(doc, version, strict=True)
+
+    @pytest.mark.parametrize(
+        ("values", "key"),
+        [
+            ({"taintEffect": "Sometimes"}, "taintEffect"),
+            ({"taintKey": "not a key"}, "taintKey"),
+            ({"interval": 0}, "interval"),
+            ({"surprise": True}, "surprise"),
+        ],
+    )
+    def test_bad_gate_values_fail(self, values: dict[str, Any], key: str, tmp_path: Path) -> None:
+        with pytest.raises(manifests.RenderError, match=key):
+            render({"nodeReadinessGate": {"enabled": True, **values}}, tmp=tmp_path)

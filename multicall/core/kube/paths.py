@@ -26,3 +26,11 @@ def service(namespace: str, name: str) -> str:
 
 def events(namespace: str) -> str:
     return f"/apis/events.k8s.io/v1/namespaces/{segment(namespace)}/events"
+
+
+def node(name: str) -> str:
+    return f"/api/v1/nodes/{segment(name)}"
+
+
+def node_status(name: str) -> str:
+    return f"/api/v1/nodes/{segment(name)}/status"

@@ -30,7 +30,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -215,8 +215,9 @@ class Session:
         method: str,
         path: str,
         *,
-        body: Mapping[str, object] | None = None,
+        body: Mapping[str, object] | Sequence[object] | None = None,
         timeout: float | None = None,
+        content_type: str = "application/json",
     ) -> Response:
         """One request on the keep-alive connection, its body read whole (≤ MAX_BODY).
 
@@ -234,7 +235,7 @@ class Session:
                 status, data = conn.exchange(
                     method,
                     self._wire(path),
-                    self._headers(payload),
+                    self._headers(payload, content_type),
                     payload,
                     head_deadline,
                     body_deadline=None if timeout else time.monotonic() + LIST_BODY_TIMEOUT,
@@ -307,7 +308,7 @@ class Session:
             raise transport_error(exc, verb, self.url(path), conn) from None
         return conn
 
-    def _headers(self, payload: bytes) -> str:
+    def _headers(self, payload: bytes, content_type: str = "application/json") -> str:
         lines = [
             f"Host: {self.endpoint.hostport}",
             "Accept: application/json",
@@ -320,7 +321,8 @@ class Session:
             lines.append(f"Impersonate-User: {self.options.impersonate_user}")
         lines += [f"Impersonate-Group: {group}" for group in self.options.impersonate_groups]
         if payload:
-            lines += ["Content-Type: application/json", f"Content-Length: {len(payload)}"]
+            # A PATCH names its kind (JSON patch, strategic merge); everything else is JSON.
+            lines += [f"Content-Type: {content_type}", f"Content-Length: {len(payload)}"]
         for line in lines:
             if "\r" in line or "\n" in line:
                 raise KubeError("refusing a request header that contains a line break")
@@ -340,10 +342,14 @@ def _what(path: str) -> tuple[str, str]:
     parts = path.split("?", 1)[0].strip("/").split("/")
     if len(parts) >= 2 and parts[-2] in ("pods", "events"):
         return parts[-2], parts[-1]
+    if len(parts) >= 3 and parts[-3] == "nodes":  # nodes/NAME/status
+        return "nodes", parts[-2]
+    if len(parts) >= 2 and parts[-2] == "nodes":
+        return "nodes", parts[-1]
     return parts[-1], ""
 
 
-def _encode(body: Mapping[str, object] | None) -> bytes:
+def _encode(body: Mapping[str, object] | Sequence[object] | None) -> bytes:
     if body is None:
         return b""
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
