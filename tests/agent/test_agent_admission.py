@@ -298,3 +298,16 @@ def test_out_of_descriptors_the_agent_keeps_serving_and_logs_little(tmp_path: Pa
         assert len(agent.log) < 60, "".join(agent.log[-20:])
     assert agent.proc.returncode == 0
     assert "Traceback" not in "".join(agent.log)
+
+
+def test_the_readiness_gates_agent_check_passes_against_a_real_agent(tmp_path: Path) -> None:
+    """The node readiness gate (gate/checks.py) asks a running agent whether it admits
+    callers: a whole request, answered ACCEPT; a stopped agent fails the check."""
+    from multicall.gate.checks import check_agent
+
+    require_root()
+    path = tmp_path / "agent.sock"
+    with source_agent(path) as agent:
+        result = check_agent(agent.socket)
+        assert result.ok, result
+    assert not check_agent(str(path)).ok
