@@ -426,7 +426,7 @@ def _one_head(reader: BinaryIO, budget: list[int], first: bytes, method: str) ->
             continue
         name, colon, value = line.partition(":")
         if not colon:
-            raise HttpProtocolError(f"malformed MIME header line: {go_quote(line)}")
+            raise HttpProtocolError(f"malformed MIME header: missing colon: {go_quote(line)}")
         last = name.strip(" \t").lower()
         raw.setdefault(last, []).append(value.strip(" \t"))
     for name, values in raw.items():

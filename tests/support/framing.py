@@ -331,7 +331,7 @@ FRAMINGS: tuple[Framing, ...] = (
     Framing(
         "header-without-colon",
         _r(f"{H} 200 OK", "Nonsense", CL5, body=HELLO),
-        Err('malformed MIME header line: "Nonsense"'),
+        Err('malformed MIME header: missing colon: "Nonsense"'),
         2,
     ),
     Framing("header-folded", _r(f"{H} 200 OK", "X-A: 1", " 2", CL5, body=HELLO), Ok(200, HELLO), 1),
