@@ -8,16 +8,20 @@ clients on the same transport: the plugin's (effects/kube/client.py's `_request`
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import pytest
 
 from multicall.effects.http import Connection, StaleConnection, failure
+from multicall.effects.kube.client import KubeClient
 from multicall.effects.kube.config import endpoint, read_kubeconfig
 from multicall.effects.kube.stream import ClientOptions, Session, Token
 from multicall.errors import KubeError
 from tests.support.framing import FRAMINGS, Err, Framing, Ok, replay
+from tests.support.kubeapi import namespace_doc
+from tests.support.pods import MESHED
 
 TIMEOUT = 3.0
 
@@ -90,3 +94,85 @@ def check(framing: Framing, outcome: tuple[int, bytes] | str) -> None:
         assert expected.text in outcome
         assert "Error" not in outcome  # no Python exception name reaches a user
         assert "Traceback" not in outcome
+
+
+POD = json.dumps(MESHED).encode()
+NS, NAME = MESHED["metadata"]["namespace"], MESHED["metadata"]["name"]
+
+
+def answer(status: str, *headers: str, body: bytes = POD) -> bytes:
+    head = "".join(f"{h}\r\n" for h in (f"HTTP/1.1 {status}", *headers))
+    return f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+def get_pod(raw: bytes, tmp_path: Path) -> tuple[str | None, float]:
+    """The plugin client's pod GET against `raw`, then a namespace GET on the same client:
+    the first error's text (None: both succeeded) and the time taken."""
+    namespace = json.dumps(namespace_doc(NS)).encode()
+    with replay(Framing("x", raw, Ok(0, b""), 0), answer("200 OK", body=namespace)) as api:
+        kubeconfig = tmp_path / "kc"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{api.port}'}}}}]\n"
+            "users: [{name: u, user: {token: t}}]\n"
+            "contexts: [{name: linkerd-cni-context, context: {cluster: c, user: u}}]\n"
+            "current-context: linkerd-cni-context\n"
+        )
+        client = KubeClient(read_kubeconfig(str(kubeconfig)), timeout=2.0)
+        started = time.monotonic()
+        try:
+            assert client.get_pod(NS, NAME).name == NAME
+            assert client.get_namespace(NS).name == NS
+            error = None
+        except KubeError as exc:
+            error = exc.message
+        finally:
+            client.close()
+        return error, time.monotonic() - started
+
+
+class TestIssueExamples:
+    """Issue 29's examples, each through the plugin's client (all failed on 7e4bf2a)."""
+
+    def test_a_302_with_a_pod_body_is_not_the_pod(self, tmp_path: Path) -> None:
+        error, _ = get_pod(answer("302 Found", "Location: /elsewhere"), tmp_path)
+        assert error == (
+            "the server responded with the status code 302 but did not return more "
+            f"information (get pods {NAME})"
+        )
+
+    @pytest.mark.parametrize("informational", ["100 Continue", "103 Early Hints"])
+    def test_an_unsolicited_1xx_is_skipped(self, tmp_path: Path, informational: str) -> None:
+        raw = f"HTTP/1.1 {informational}\r\nLink: </x>\r\n\r\n".encode() + answer("200 OK")
+        error, elapsed = get_pod(raw, tmp_path)
+        assert error is None
+        assert elapsed < 1, "not the deadline"
+
+    def test_a_204_does_not_wait_for_the_end(self, tmp_path: Path) -> None:
+        error, elapsed = get_pod(b"HTTP/1.1 204 No Content\r\n\r\n", tmp_path)
+        assert error is not None
+        assert "invalid JSON" in error
+        assert elapsed < 1, "not the deadline"
+
+    def test_disagreeing_content_lengths_are_refused(self, tmp_path: Path) -> None:
+        raw = answer("200 OK", f"Content-Length: {len(POD) + 1}")
+        error, _ = get_pod(raw, tmp_path)
+        assert error is not None
+        assert "http: message cannot contain multiple Content-Length headers" in error
+
+    def test_a_stray_crlf_does_not_break_the_next_request(self, tmp_path: Path) -> None:
+        error, _ = get_pod(answer("200 OK") + b"\r\n", tmp_path)
+        assert error is None
+
+    def test_a_utf16_pod_is_refused(self, tmp_path: Path) -> None:
+        body = json.dumps(MESHED).encode("utf-16")
+        error, _ = get_pod(answer("200 OK", body=body), tmp_path)
+        assert error is not None
+        assert error.endswith("the server answered with invalid JSON")
+
+    def test_a_huge_error_body_is_cut(self, tmp_path: Path) -> None:
+        raw = answer("500 Internal Server Error", "Content-Type: text/plain", body=b"x" * (3 << 20))
+        error, _ = get_pod(raw, tmp_path)
+        assert error is not None
+        assert error.startswith('an error on the server ("' + "x" * 2048 + '")')
+        assert len(error) < 2048 + 200

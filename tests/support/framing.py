@@ -355,6 +355,7 @@ class ReplayServer:
     FOLLOW_UP; counts connections."""
 
     framing: Framing
+    follow_up: bytes = FOLLOW_UP
     port: int = 0
     connections: int = 0
     requests: int = 0
@@ -400,7 +401,7 @@ class ReplayServer:
                 with self._lock:
                     first = self.requests == 0
                     self.requests += 1
-                conn.sendall(self.framing.raw if first else FOLLOW_UP)
+                conn.sendall(self.framing.raw if first else self.follow_up)
                 if first and self.framing.close:
                     return
         except OSError:
@@ -411,8 +412,8 @@ class ReplayServer:
 
 
 @contextmanager
-def replay(framing: Framing) -> Iterator[ReplayServer]:
-    server = ReplayServer(framing)
+def replay(framing: Framing, follow_up: bytes = FOLLOW_UP) -> Iterator[ReplayServer]:
+    server = ReplayServer(framing, follow_up)
     server.start()
     try:
         yield server
