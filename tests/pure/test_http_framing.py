@@ -176,3 +176,24 @@ class TestIssueExamples:
         assert error is not None
         assert error.startswith('an error on the server ("' + "x" * 2048 + '")')
         assert len(error) < 2048 + 200
+
+
+def test_a_watch_with_a_content_length_body_ends_with_it(tmp_path: Path) -> None:
+    """A WATCH answered with a whole body (not a stream): its lines, then the end, not a
+    wait for the server to close (the connection stays open here)."""
+    with replay(Framing("x", answer("200 OK", body=b'{"a":1}\n{"b":2}\n'), Ok(0, b""), 0)) as api:
+        kubeconfig = tmp_path / "kc"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{api.port}'}}}}]\n"
+            "users: [{name: u, user: {token: t}}]\n"
+            "contexts: [{name: linkerd-cni-context, context: {cluster: c, user: u}}]\n"
+            "current-context: linkerd-cni-context\n"
+        )
+        config = read_kubeconfig(str(kubeconfig))
+        session = Session(config, Token(config), ClientOptions(headers_timeout=TIMEOUT))
+        started = time.monotonic()
+        lines = list(session.watch_lines("/w", timeout_seconds=5))
+        elapsed = time.monotonic() - started
+    assert lines == [b'{"a":1}', b'{"b":2}']
+    assert elapsed < 1
