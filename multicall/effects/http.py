@@ -149,7 +149,7 @@ class Connection:
         request (a stray CRLF after a response, a 204's body), and read as the next
         response it would turn a good answer into "malformed HTTP response"."""
         if self.sock is not None:
-            if not (self.between and self._unsolicited()):
+            if not (self.between and self.unsolicited()):
                 return
             self.close()
         self.deadline = deadline
@@ -251,8 +251,8 @@ class Connection:
         # A connection made next is a fresh one: a failure on it is not retried (rule 3).
         self.completed, self.warm, self.between = 0, False, False
 
-    def _unsolicited(self) -> bool:
-        """Between two exchanges: whether anything (bytes, or the end) is waiting to be read,
+    def unsolicited(self) -> bool:
+        """Whether anything (bytes, or the end) is waiting to be read,
         in the reader's buffer or on the socket (`select`, no wait). On TLS a readable socket
         after a complete response is a record the server sent out of turn too: session
         tickets arrive before the first response, and were read with it."""
@@ -285,7 +285,7 @@ class Connection:
         turn: the connection is closed instead, as Go's transport closes it). Else None."""
         if self.sock is None or self.reader is None or not self.between:
             return None
-        if self._unsolicited():
+        if self.unsolicited():
             return None
         sock, self.sock = self.sock, None
         self.reader = None  # (its raw reader closes nothing)

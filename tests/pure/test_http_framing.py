@@ -62,14 +62,7 @@ def test_plugin_connection(framing: Framing) -> None:
 @pytest.mark.parametrize("framing", FRAMINGS, ids=lambda f: f.name)
 def test_controller_session(framing: Framing, tmp_path: Path) -> None:
     with replay(framing) as server:
-        kubeconfig = tmp_path / "kc"
-        kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\n"
-            f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{server.port}'}}}}]\n"
-            "users: [{name: u, user: {token: t}}]\n"
-            "contexts: [{name: linkerd-cni-context, context: {cluster: c, user: u}}]\n"
-            "current-context: linkerd-cni-context\n"
-        )
+        kubeconfig = write_kubeconfig(tmp_path, server.port)
         config = read_kubeconfig(str(kubeconfig))
         session = Session(config, Token(config), ClientOptions(headers_timeout=TIMEOUT))
         try:
@@ -82,6 +75,18 @@ def test_controller_session(framing: Framing, tmp_path: Path) -> None:
     check(framing, first)
     assert (second.status, second.body) == (200, b"ok")
     assert server.connections == framing.connections
+
+
+def write_kubeconfig(tmp_path: Path, port: int) -> Path:
+    kubeconfig = tmp_path / "kc"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: linkerd-cni-context, context: {cluster: c, user: u}}]\n"
+        "current-context: linkerd-cni-context\n"
+    )
+    return kubeconfig
 
 
 def check(framing: Framing, outcome: tuple[int, bytes] | str) -> None:
@@ -110,14 +115,7 @@ def get_pod(raw: bytes, tmp_path: Path) -> tuple[str | None, float]:
     the first error's text (None: both succeeded) and the time taken."""
     namespace = json.dumps(namespace_doc(NS)).encode()
     with replay(Framing("x", raw, Ok(0, b""), 0), answer("200 OK", body=namespace)) as api:
-        kubeconfig = tmp_path / "kc"
-        kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\n"
-            f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{api.port}'}}}}]\n"
-            "users: [{name: u, user: {token: t}}]\n"
-            "contexts: [{name: linkerd-cni-context, context: {cluster: c, user: u}}]\n"
-            "current-context: linkerd-cni-context\n"
-        )
+        kubeconfig = write_kubeconfig(tmp_path, api.port)
         client = KubeClient(read_kubeconfig(str(kubeconfig)), timeout=2.0)
         started = time.monotonic()
         try:
@@ -182,14 +180,7 @@ def test_a_watch_with_a_content_length_body_ends_with_it(tmp_path: Path) -> None
     """A WATCH answered with a whole body (not a stream): its lines, then the end, not a
     wait for the server to close (the connection stays open here)."""
     with replay(Framing("x", answer("200 OK", body=b'{"a":1}\n{"b":2}\n'), Ok(0, b""), 0)) as api:
-        kubeconfig = tmp_path / "kc"
-        kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\n"
-            f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{api.port}'}}}}]\n"
-            "users: [{name: u, user: {token: t}}]\n"
-            "contexts: [{name: linkerd-cni-context, context: {cluster: c, user: u}}]\n"
-            "current-context: linkerd-cni-context\n"
-        )
+        kubeconfig = write_kubeconfig(tmp_path, api.port)
         config = read_kubeconfig(str(kubeconfig))
         session = Session(config, Token(config), ClientOptions(headers_timeout=TIMEOUT))
         started = time.monotonic()

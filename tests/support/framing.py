@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from tests.support.hostile_api import Listening
+
 FOLLOW_UP = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 
@@ -350,65 +352,21 @@ FRAMINGS: tuple[Framing, ...] = (
 
 
 @dataclass
-class ReplayServer:
+class ReplayServer(Listening):
     """Answers the first request it reads with `framing.raw`, every later one with
-    FOLLOW_UP; counts connections."""
+    `follow_up`; counts connections."""
 
     framing: Framing
     follow_up: bytes = FOLLOW_UP
-    port: int = 0
-    connections: int = 0
     requests: int = 0
-    _listener: socket.socket | None = None
-    _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def start(self) -> None:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        listener.settimeout(0.1)
-        self._listener = listener
-        self.port = listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._listener is not None:
-            self._listener.close()
-
-    def _accept(self) -> None:
-        assert self._listener is not None
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        reader = conn.makefile("rb")
-        try:
-            while not self._stop.is_set():
-                line = reader.readline(65536)
-                if not line:
-                    return
-                while reader.readline(65536).strip():
-                    pass
-                with self._lock:
-                    first = self.requests == 0
-                    self.requests += 1
-                conn.sendall(self.framing.raw if first else self.follow_up)
-                if first and self.framing.close:
-                    return
-        except OSError:
-            return
-        finally:
-            reader.close()
-            conn.close()
+    def _answer(self, conn: socket.socket, path: str) -> bool:
+        with self._lock:
+            first = self.requests == 0
+            self.requests += 1
+        conn.sendall(self.framing.raw if first else self.follow_up)
+        return not (first and self.framing.close)
 
 
 @contextmanager

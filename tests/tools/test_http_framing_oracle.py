@@ -29,7 +29,9 @@ def oracle() -> Path:
 def test_go_agrees(oracle: Path, framing: Framing) -> None:
     with replay(framing) as server:
         url = f"http://127.0.0.1:{server.port}/x"
-        run = subprocess.run([str(oracle), url], capture_output=True, text=True, timeout=20)
+        run = subprocess.run(
+            [str(oracle), url], check=True, capture_output=True, text=True, timeout=20
+        )
     first, second = (json.loads(line) for line in run.stdout.splitlines())
     expected = framing.outcome
     if isinstance(expected, Ok):

@@ -363,17 +363,9 @@ def _stale(conn: Connection, idle: float) -> bool:
     """A keep-alive connection not to reuse: idle past IDLE_TIMEOUT, or one the server has
     closed (readable while no request is outstanding: EOF or junk). Reusing it would fail
     the next DELETE, which then waits for the pod's next event to be retried."""
-    import select
-
     if conn.sock is None:
         return False
-    if idle > IDLE_TIMEOUT:
-        return True
-    try:
-        readable, _, _ = select.select([conn.sock], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(readable)
+    return idle > IDLE_TIMEOUT or conn.unsolicited()
 
 
 def _keepalive(conn: Connection) -> None:
