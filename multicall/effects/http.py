@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
+from multicall.core.go.strconv import go_quote, go_quote_list
 from multicall.core.limits import API_HEAD, describe_size
 
 if TYPE_CHECKING:
@@ -33,6 +34,23 @@ if TYPE_CHECKING:
 
 MAX_BODY = 64 * 1024 * 1024  # what any caller may ask for (a LIST page); GETs ask API_OBJECT
 READ_SIZE = 64 * 1024
+CHUNKED = -1  # `Head.length`: the body is chunked
+TO_CLOSE = -2  # `Head.length`: the body runs to the end of the connection
+MAX_1XX = 5  # informational responses skipped before the final one (Go's max1xxResponses)
+
+
+class Head(dict[str, str]):
+    """A response head: its header fields (lower-case names; a repeated field's values
+    joined with ", ", RFC 9110 5.3), and what its framing says (RFC 9112 6.3, as Go's
+    net/http reads it): `length` (bytes, CHUNKED or TO_CLOSE) and `keep_alive`."""
+
+    __slots__ = ("keep_alive", "length", "status")
+
+    def __init__(self, status: int) -> None:
+        super().__init__()
+        self.status = status
+        self.length = 0
+        self.keep_alive = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +141,17 @@ class Connection:
         self, deadline: float, tls: ssl.SSLContext | Callable[[], ssl.SSLContext] | None
     ) -> None:
         """Connect (and TLS: with `tls`, or the context it makes when called) by `deadline`,
-        unless connected already. `tls` is only used for an https endpoint."""
+        unless connected already. `tls` is only used for an https endpoint.
+
+        A kept-alive connection on which the server sent something (or its end) while no
+        request was out is closed first and a new one made, as Go's transport closes it
+        ("Unsolicited response received on idle HTTP channel"): what arrived belongs to no
+        request (a stray CRLF after a response, a 204's body), and read as the next
+        response it would turn a good answer into "malformed HTTP response"."""
         if self.sock is not None:
-            return
+            if not (self.between and self.unsolicited()):
+                return
+            self.close()
         self.deadline = deadline
         import socket
 
@@ -147,8 +173,9 @@ class Connection:
 
     def request(
         self, method: str, path: str, headers: str, body: bytes, deadline: float
-    ) -> tuple[int, dict[str, str]]:
-        """Send one request and read the response head; the body is the caller's to read.
+    ) -> tuple[int, Head]:
+        """Send one request and read the response head (informational 1xx ones skipped, as
+        Go's transport skips them); the body is the caller's to read.
 
         StaleConnection when a reused connection turns out closed before any response byte.
         """
@@ -166,11 +193,12 @@ class Connection:
                 raise StaleConnection from None
             raise
         try:
-            return _read_head(self.reader)
+            head = _read_head(self.reader, method=method)
         except _NothingReceived:
             if reused:
                 raise StaleConnection from None
             raise
+        return head.status, head
 
     def exchange(
         self,
@@ -193,7 +221,7 @@ class Connection:
         data = read_body(self.reader, fields, max_body)
         self.completed += 1
         self.between = True
-        if fields.get("connection", "").lower() == "close":
+        if not fields.keep_alive:  # Connection: close, HTTP/1.0, a body to the end, a 101
             self.close()
         return status, data
 
@@ -220,6 +248,36 @@ class Connection:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+        # A connection made next is a fresh one: a failure on it is not retried (rule 3).
+        self.completed, self.warm, self.between = 0, False, False
+
+    def unsolicited(self) -> bool:
+        """Whether anything (bytes, or the end) is waiting to be read,
+        in the reader's buffer or on the socket (`select`, no wait). On TLS a readable socket
+        after a complete response is a record the server sent out of turn too: session
+        tickets arrive before the first response, and were read with it."""
+        import select
+
+        assert self.sock is not None
+        reader = self.reader
+        assert isinstance(reader, io.BufferedReader)
+        assert isinstance(reader.raw, _DeadlineReader)
+        reader.raw.peeking = True  # a read the buffer cannot answer returns "nothing yet"
+        try:
+            if reader.peek(1):
+                return True
+        except OSError:
+            return True
+        finally:
+            reader.raw.peeking = False
+        pending = getattr(self.sock, "pending", None)  # an SSLSocket's decrypted bytes
+        if pending is not None and pending():
+            return True
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
 
     def detach_idle(self) -> socket.socket | None:
         """The socket, taken from this connection, when it sits between two exchanges: every
@@ -227,15 +285,7 @@ class Connection:
         turn: the connection is closed instead, as Go's transport closes it). Else None."""
         if self.sock is None or self.reader is None or not self.between:
             return None
-        reader = self.reader
-        assert isinstance(reader, io.BufferedReader)
-        assert isinstance(reader.raw, _DeadlineReader)
-        reader.raw.peeking = True  # a read the buffer cannot answer returns "nothing yet"
-        try:
-            extra = reader.peek(1)
-        except OSError:
-            extra = b"?"
-        if extra:
+        if self.unsolicited():
             return None
         sock, self.sock = self.sock, None
         self.reader = None  # (its raw reader closes nothing)
@@ -328,9 +378,11 @@ def _remaining(deadline: float) -> float:
     return remaining
 
 
-def _read_head(reader: BinaryIO, limit: int = API_HEAD) -> tuple[int, dict[str, str]]:
-    """The status and header fields (lower-case names) of a response, at most `limit` bytes
-    in all. _NothingReceived when the connection ends before the first byte."""
+def _read_head(reader: BinaryIO, limit: int = API_HEAD, method: str = "GET") -> Head:
+    """The final response head to a `method` request, read as Go's net/http reads it
+    (http.ReadResponse, the transport's 1xx loop): informational 1xx heads before it are
+    skipped (at most MAX_1XX of them), all heads together at most `limit` bytes.
+    _NothingReceived when the connection ends before the first byte."""
     budget = [limit - 1]
     try:
         first = reader.read(1)
@@ -338,17 +390,98 @@ def _read_head(reader: BinaryIO, limit: int = API_HEAD) -> tuple[int, dict[str, 
         first = b""
     if not first:
         raise _NothingReceived(104, "EOF")
+    informational = 0
+    while True:
+        head = _one_head(reader, budget, first, method)
+        first = b""
+        # 101 is final (a protocol switch cnibox never asks for); the other 1xx announce one.
+        if not 100 <= head.status <= 199 or head.status == 101:
+            return head
+        informational += 1
+        if informational > MAX_1XX:
+            raise HttpProtocolError("net/http: too many 1xx informational responses")
+
+
+def _one_head(reader: BinaryIO, budget: list[int], first: bytes, method: str) -> Head:
     status_line = (first + _line(reader, budget, "response head")).decode("latin-1")
-    parts = status_line.split(None, 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-        raise HttpProtocolError(f"malformed HTTP response {status_line.strip()[:80]!r}")
-    fields: dict[str, str] = {}
+    status_line = status_line.removesuffix("\n").removesuffix("\r")
+    version, space, rest = status_line.partition(" ")
+    if not space:
+        raise HttpProtocolError(f"malformed HTTP response {go_quote(status_line)}")
+    code = rest.lstrip(" ").partition(" ")[0]
+    if len(code) != 3 or not code.isascii() or not code.isdigit():
+        raise HttpProtocolError(f"malformed HTTP status code {go_quote(code)}")
+    minor = _http_version(version)
+    head = Head(int(code))
+    raw: dict[str, list[str]] = {}
+    last = ""
     while True:
         line = _line(reader, budget, "response head").decode("latin-1").rstrip("\r\n")
         if not line:
-            return int(parts[1][:3]), fields
-        name, _, value = line.partition(":")
-        fields[name.strip().lower()] = value.strip()
+            break
+        if line[0] in " \t":  # obs-fold: a continuation of the previous field's value
+            if not last:
+                raise HttpProtocolError(f"malformed MIME header initial line: {go_quote(line)}")
+            raw[last][-1] += " " + line.strip(" \t")
+            continue
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise HttpProtocolError(f"malformed MIME header: missing colon: {go_quote(line)}")
+        last = name.strip(" \t").lower()
+        raw.setdefault(last, []).append(value.strip(" \t"))
+    for name, values in raw.items():
+        head[name] = ", ".join(values)
+    _framing(head, raw, minor, method)
+    return head
+
+
+def _http_version(version: str) -> int:
+    """The minor version of `HTTP/1.x` (http.ParseHTTPVersion: one digit each)."""
+    if len(version) != 8 or not version.startswith("HTTP/") or version[6] != ".":
+        raise HttpProtocolError(f"malformed HTTP version {go_quote(version)}")
+    major, minor = version[5], version[7]
+    if not (major + minor).isascii() or not (major + minor).isdigit():
+        raise HttpProtocolError(f"malformed HTTP version {go_quote(version)}")
+    return int(minor) if major == "1" else (99 if major > "1" else -1)
+
+
+def _framing(head: Head, raw: Mapping[str, list[str]], minor: int, method: str) -> None:
+    """How long the body is and whether the connection stays open, as Go's readTransfer
+    decides it: one Transfer-Encoding field, exactly `chunked`, overrides any length
+    (others are refused: request smuggling); Content-Length fields must agree; a HEAD
+    response, 1xx, 204 and 304 have no body whatever they say; without either, the body
+    runs to the end of the connection, which then closes."""
+    tokens = {t.strip().lower() for t in head.get("connection", "").split(",")}
+    if minor == 0:  # HTTP/1.0: closes unless it says keep-alive
+        head.keep_alive = "keep-alive" in tokens and "close" not in tokens
+    else:
+        head.keep_alive = minor > 0 and "close" not in tokens
+    encodings = raw.get("transfer-encoding") if minor >= 1 else None  # 1.0: ignored
+    if encodings is not None:
+        if len(encodings) != 1:
+            raise HttpProtocolError(f"too many transfer encodings: {go_quote_list(encodings)}")
+        if encodings[0].lower() != "chunked":
+            raise HttpProtocolError(f"unsupported transfer encoding: {go_quote(encodings[0])}")
+    lengths = raw.get("content-length", [])
+    if any(value != lengths[0] for value in lengths[1:]):
+        raise HttpProtocolError(
+            "http: message cannot contain multiple Content-Length headers; "
+            f"got {go_quote_list(lengths)}"
+        )
+    if head.status == 101:
+        head.keep_alive = False  # what follows a switch is not HTTP/1.1
+    if method == "HEAD" or 100 <= head.status <= 199 or head.status in (204, 304):
+        head.length = 0
+    elif encodings is not None:
+        head.length = CHUNKED
+    elif lengths and lengths[0]:
+        text = lengths[0]
+        if not (text.isascii() and text.isdigit()) or int(text) >= 1 << 63:
+            raise HttpProtocolError(f"bad Content-Length {go_quote(text[:40])}")
+        head.length = int(text)
+    else:
+        head.length = TO_CLOSE
+        head.keep_alive = False
 
 
 def _line(reader: BinaryIO, budget: list[int], what: str) -> bytes:
@@ -362,18 +495,16 @@ def _line(reader: BinaryIO, budget: list[int], what: str) -> bytes:
     return line
 
 
-def read_body(reader: BinaryIO, fields: Mapping[str, str], limit: int = MAX_BODY) -> bytes:
-    """A response body: chunked (the chunks in total, not each, within `limit`), of a
-    Content-Length (refused up front when over `limit`), or up to the end of the connection."""
-    if "chunked" in fields.get("transfer-encoding", "").lower():
+def read_body(reader: BinaryIO, head: Head, limit: int = MAX_BODY) -> bytes:
+    """A response body as `head` frames it: chunked (the chunks in total, not each, within
+    `limit`), of a Content-Length (refused up front when over `limit`), none, or up to the
+    end of the connection."""
+    if head.length == CHUNKED:
         return _read_chunked(reader, limit)
-    length = fields.get("content-length")
-    if length is not None:
-        if not length.isdigit():
-            raise HttpProtocolError(f"bad Content-Length {length[:40]!r}")
-        if int(length) > limit:
+    if head.length >= 0:
+        if head.length > limit:
             raise HttpProtocolError(f"the response body is larger than {_limit(limit)}")
-        return _exactly(reader, int(length))
+        return _exactly(reader, head.length)
     data = reader.read(limit + 1)
     if len(data) > limit:
         raise HttpProtocolError(f"the response body is larger than {_limit(limit)}")
@@ -381,13 +512,17 @@ def read_body(reader: BinaryIO, fields: Mapping[str, str], limit: int = MAX_BODY
 
 
 def _read_chunked(reader: BinaryIO, limit: int) -> bytes:
+    """Go's chunked reader: a hex size (extensions after `;` ignored), the data, then CRLF
+    exactly; trailers after the last chunk are read and dropped."""
     chunks: list[bytes] = []
     total = 0
     budget = [API_HEAD]  # chunk-size lines and trailers: framing, charged like a head
     while True:
-        size_text = _line(reader, budget, "chunked framing").split(b";")[0].strip()
-        if not size_text or len(size_text) > 16 or not all(c in _HEX for c in size_text):
-            raise HttpProtocolError(f"malformed chunked encoding {size_text[:20]!r}")
+        size_text = _line(reader, budget, "chunked framing").split(b";")[0].rstrip(b" \t\r\n")
+        if not size_text or not all(c in _HEX for c in size_text):
+            raise HttpProtocolError("invalid byte in chunk length")
+        if len(size_text) > 16:
+            raise HttpProtocolError("http chunk length too large")
         size = int(size_text, 16)
         if size == 0:
             while _line(reader, budget, "chunked framing").strip():
@@ -397,8 +532,8 @@ def _read_chunked(reader: BinaryIO, limit: int) -> bytes:
         if total > limit:
             raise HttpProtocolError(f"the response body is larger than {_limit(limit)}")
         chunks.append(_exactly(reader, size))
-        if _line(reader, budget, "chunked framing").strip():
-            raise HttpProtocolError("malformed chunked encoding: no CRLF after a chunk")
+        if _exactly(reader, 2) != b"\r\n":
+            raise HttpProtocolError("malformed chunked encoding")
 
 
 _HEX = frozenset(b"0123456789abcdefABCDEF")

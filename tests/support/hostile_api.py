@@ -50,22 +50,16 @@ def body_for(path: str) -> bytes:
 
 
 @dataclass
-class HostileApi:
-    mode: str
-    port: int = 0
-    requests: list[str] = field(default_factory=list)
-    connections: int = 0
-    sent: int = 0  # bytes written in all
-    _listener: socket.socket | None = None
-    _stop: threading.Event = field(default_factory=threading.Event)
+class Listening:
+    """A test server on 127.0.0.1: a free port, a thread per connection (`_serve`), counted."""
+
+    port: int = field(default=0, kw_only=True)
+    connections: int = field(default=0, kw_only=True)
+    _listener: socket.socket | None = field(default=None, kw_only=True)
+    _stop: threading.Event = field(default_factory=threading.Event, kw_only=True)
 
     def start(self) -> None:
-        assert self.mode in MODES, self.mode
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)
-        listener.settimeout(0.2)
-        self._listener = listener
+        self._listener = listener = listening()
         self.port = listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -73,6 +67,43 @@ class HostileApi:
         self._stop.set()
         if self._listener is not None:
             self._listener.close()
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        for conn in accepted(self._listener, self._stop):
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        reader = conn.makefile("rb")
+        try:
+            while not self._stop.is_set():
+                path = _read_request(reader)
+                if path is None:
+                    return
+                if not self._answer(conn, path):
+                    return
+        except OSError:
+            return
+        finally:
+            reader.close()
+            conn.close()
+
+    def _answer(self, conn: socket.socket, path: str) -> bool:
+        """Answer one request; False when the connection is to be closed."""
+        raise NotImplementedError
+
+
+@dataclass
+class HostileApi(Listening):
+    mode: str
+    requests: list[str] = field(default_factory=list)
+    sent: int = 0  # bytes written in all
+
+    def start(self) -> None:
+        assert self.mode in MODES, self.mode
+        super().start()
 
     def kubeconfig(self, path: Path, *, host: str = "127.0.0.1") -> Path:
         path.write_text(
@@ -86,41 +117,12 @@ class HostileApi:
 
     # -- serving
 
-    def _accept(self) -> None:
-        assert self._listener is not None
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        reader = conn.makefile("rb")
-        try:
-            while not self._stop.is_set():
-                path = _read_request(reader)
-                if path is None:
-                    return
-                self.requests.append(path)
-                if not self._answer(conn, path):
-                    return
-        except OSError:
-            return
-        finally:
-            reader.close()
-            conn.close()
-
     def _send(self, conn: socket.socket, data: bytes) -> None:
         conn.sendall(data)
         self.sent += len(data)
 
     def _answer(self, conn: socket.socket, path: str) -> bool:
-        """Answer one request; False when the connection is to be closed."""
+        self.requests.append(path)
         body = body_for(path)
         reply = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
         reply += b"Content-Length: %d\r\n\r\n" % len(body) + body
@@ -170,6 +172,27 @@ _FOREVER = {
     "endless-chunks": b"1000\r\n" + b"a" * 4096 + b"\r\n",
     "unterminated": b"a" * 65536,
 }
+
+
+def listening() -> socket.socket:
+    """A listening socket on 127.0.0.1 (a free port) whose accept times out (`accepted`)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.2)
+    return listener
+
+
+def accepted(listener: socket.socket, stop: threading.Event) -> Iterator[socket.socket]:
+    """Each connection `listener` (with an accept timeout) takes, until `stop` or its close."""
+    while not stop.is_set():
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+        yield conn
 
 
 def _read_request(reader: object) -> str | None:

@@ -106,7 +106,7 @@ class KubeClient:
     def _get(self, path: str, what: tuple[str, str]) -> Mapping[str, object]:
         url = self._url(path)
         status, body = self._request(self.endpoint.prefix + path, url, self.deadline)
-        if status >= 400:
+        if not 200 <= status <= 206:  # client-go's success range; a 3xx is not the object
             raise KubeError(status_message(status, body, what))
         return decode_object(body, url)
 
@@ -154,7 +154,9 @@ def transport_error(exc: OSError | ValueError, verb: str, url: str, conn: Connec
 def decode_object(body: bytes, url: str) -> Mapping[str, object]:
     """An API response body as a JSON object; KubeError naming the URL otherwise."""
     try:
-        doc = json.loads(body)
+        # UTF-8 only, as Go's encoding/json reads it (invalid bytes become U+FFFD): json.loads
+        # of bytes would also take UTF-16 and UTF-32, which no Kubernetes client accepts.
+        doc = json.loads(body.decode("utf-8", "replace"))
     except RecursionError:
         raise KubeError(f"{url}: the server answered with JSON nested too deeply") from None
     except ValueError:  # UnicodeDecodeError included
@@ -164,10 +166,13 @@ def decode_object(body: bytes, url: str) -> Mapping[str, object]:
     return doc
 
 
+MAX_ERROR_TEXT = 2048  # client-go's maxUnstructuredResponseTextBytes
+
+
 def status_message(status: int, body: bytes, what: tuple[str, str], verb: str = "get") -> str:
     """client-go's error text: the Status object's message, else its generic wording."""
     try:
-        doc = json.loads(body)
+        doc = json.loads(body.decode("utf-8", "replace"))
     except (ValueError, RecursionError):
         doc = None
     if isinstance(doc, dict) and doc.get("kind") == "Status":
@@ -179,10 +184,19 @@ def status_message(status: int, body: bytes, what: tuple[str, str], verb: str = 
         401: "Unauthorized",
         403: "Forbidden",
         404: f"the server could not find the requested resource ({verb} {resource} {name})",
+        400: f"the server rejected our request for an unknown reason ({verb} {resource} {name})",
+        409: f"the server reported a conflict ({verb} {resource} {name})",
     }
     if status in generic:
         return generic[status]
-    text = body.decode("utf-8", "replace").strip()
+    if status < 500:
+        return (
+            f"the server responded with the status code {status} but did not return more "
+            f"information ({verb} {resource} {name})"
+        )
+    # client-go cuts the body it quotes to 2048 bytes (maxUnstructuredResponseTextBytes):
+    # a 3 MiB error page is not a 3 MiB CNI error message.
+    text = body[:MAX_ERROR_TEXT].decode("utf-8", "replace").strip()
     return (
         f'an error on the server ("{text}") has prevented the request from succeeding '
         f"({verb} {resource} {name})"

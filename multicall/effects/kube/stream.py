@@ -39,7 +39,13 @@ from multicall.core.kube import paths
 from multicall.core.kube.kubeconfig import KubeConfig, parse_kubeconfig
 from multicall.core.kube.watch import BodyLines
 from multicall.core.limits import KUBECONFIG
-from multicall.effects.http import MAX_BODY, Connection, StaleConnection, read_body
+from multicall.effects.http import (
+    CHUNKED,
+    MAX_BODY,
+    Connection,
+    StaleConnection,
+    read_body,
+)
 from multicall.effects.kube.client import decode_object, status_message, transport_error
 from multicall.effects.kube.config import endpoint, read_text_file, read_token, tls_context
 from multicall.errors import ConfigError, KubeError
@@ -269,11 +275,15 @@ class Session:
             assert conn.reader is not None
             if status != 200:  # its body is read by the head's deadline
                 raise StatusError(status, read_body(conn.reader, fields), path)
-            lines = BodyLines(chunked="chunked" in fields.get("transfer-encoding", "").lower())
+            lines = BodyLines(chunked=fields.length == CHUNKED)
             streaming = True
             # The stream's own deadline from here on; every read stays bounded by it.
             conn.deadline = deadline
             conn.stage = "body"
+            if fields.length >= 0:  # a body of a Content-Length, not a stream: that much only
+                yield from lines.feed(read_body(conn.reader, fields))
+                yield from lines.finish()
+                return
             while not lines.done:
                 data = cast("BufferedReader", conn.reader).read1(READ_SIZE)
                 if not data:
@@ -359,17 +369,9 @@ def _stale(conn: Connection, idle: float) -> bool:
     """A keep-alive connection not to reuse: idle past IDLE_TIMEOUT, or one the server has
     closed (readable while no request is outstanding: EOF or junk). Reusing it would fail
     the next DELETE, which then waits for the pod's next event to be retried."""
-    import select
-
     if conn.sock is None:
         return False
-    if idle > IDLE_TIMEOUT:
-        return True
-    try:
-        readable, _, _ = select.select([conn.sock], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(readable)
+    return idle > IDLE_TIMEOUT or conn.unsolicited()
 
 
 def _keepalive(conn: Connection) -> None:
