@@ -90,6 +90,8 @@ class Watched:
 
 @dataclass(slots=True)
 class Keeper:
+    """Keeps every recorded sandbox redirected: watches, compares, repairs (module doc)."""
+
     store: RecordStore
     finder: SandboxFinder  # the node's CNI config dir, host root: where ADD's entry is
     repairer: Repairer

@@ -46,6 +46,8 @@ PR_SET_PDEATHSIG = 1
 
 @dataclass(frozen=True, slots=True)
 class KeeperSettings:
+    """The keeper's flags, as the agent passes them to its child process."""
+
     mode: KeeperMode
     records: str  # the record directory (effects/sandbox_records.py)
     cni_net_dir: str  # where the node's conflist is (the repair's linkerd-cni entry)

@@ -37,6 +37,8 @@ class GateInputError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Taint:
+    """The gate's startup taint: the only one it ever adds or removes."""
+
     key: str = DEFAULT_TAINT_KEY
     effect: str = DEFAULT_TAINT_EFFECT
 

@@ -128,6 +128,8 @@ def ns_of(path: str) -> tuple[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class SocketKind:
+    """What a handed socket is: its family, protocol and network namespace."""
+
     domain: int
     protocol: int
     netns: tuple[int, int] | None  # (st_dev, st_ino) of its netns; None when SIOCGSKNS refused

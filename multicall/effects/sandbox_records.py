@@ -27,6 +27,8 @@ DEFAULT_DIR = "/run/linkerd-cni/sandboxes"
 
 @dataclass(frozen=True, slots=True)
 class RecordStore:
+    """The node-local directory of sandbox records (one file per sandbox)."""
+
     directory: str = DEFAULT_DIR
 
     def ready(self) -> None:

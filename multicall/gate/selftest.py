@@ -42,6 +42,8 @@ PASSED_ENV = ("PATH", "PYTHONPATH", "CNIBOX_KUBE_TIMEOUT", "CNIBOX_CACHE", "CNIB
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
+    """What one self-test run found, and how long it took."""
+
     ok: bool
     detail: str
     seconds: float

@@ -215,8 +215,9 @@ def test_taint_stays_while_a_check_fails(
 
 
 def test_agent_accepting_passes(node: Node, api: KubeApi, tmp_path: Path) -> None:
-    """A listener that sends ACCEPT at once, as the agent admits root callers."""
-    from multicall.core.agent_protocol import accept_frame
+    """A listener that reads a whole request, then sends ACCEPT, as the agent admits callers
+    (agent/admission.py); the real agent: tests/agent/test_agent_admission.py."""
+    from multicall.core.agent_protocol import HEADER, accept_frame, parse_header
 
     path = str(tmp_path / "agent.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -229,8 +230,14 @@ def test_agent_accepting_passes(node: Node, api: KubeApi, tmp_path: Path) -> Non
                 conn, _ = listener.accept()
             except OSError:
                 return
-            conn.sendall(accept_frame())
-            conn.close()
+            with conn:
+                head = b""
+                while len(head) < HEADER.size and (chunk := conn.recv(HEADER.size - len(head))):
+                    head += chunk
+                left = parse_header(head).body_len
+                while left > 0 and (chunk := conn.recv(left)):
+                    left -= len(chunk)
+                conn.sendall(accept_frame())
 
     threading.Thread(target=serve, daemon=True).start()
     try:
