@@ -240,7 +240,8 @@ def parse_ulong(text: str, what: str) -> int | ArgError:
     match = _NUMBER.fullmatch(text)
     if match is None:
         return ArgError(f"failed to parse {what}: '{text}'")
-    value = int(match.group(2))
+    digits = match.group(2).lstrip("0")  # int() refuses over 4,300 digits; strtoul does not
+    value = int(digits or "0") if len(digits) <= len(str(ULONG_MAX)) else ULONG_MAX + 1
     if value > ULONG_MAX:
         return ArgError(f"failed to parse {what}: '{text}': {ERANGE_TEXT}")
     return (-value) % (ULONG_MAX + 1) if match.group(1) == "-" else value

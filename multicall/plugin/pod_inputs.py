@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from multicall.core.kube.objects import Pod, Service
+from multicall.core.kube.paths import pod_get_refusal
 from multicall.core.kube.pod_policy import decide, needs_namespace, needs_service
 from multicall.errors import KubeError
 
@@ -40,7 +41,10 @@ def read_pod_inputs(
 ) -> PodInputs:
     """The pod, then for a meshed pod its namespace (only when an override annotation is not
     on the pod) and the `default/kubernetes` service (only for control-plane pods): at most
-    three GETs. Given namespace annotations or service are used instead of a GET."""
+    three GETs. Given namespace annotations or service are used instead of a GET. A name
+    that cannot name a pod is refused before any request (core/kube/paths.py)."""
+    if (refusal := pod_get_refusal(namespace, name)) is not None:
+        raise KubeError(refusal)
     pod = api.get_pod(namespace, name)
     if not decide(pod).meshed:
         return PodInputs(pod, namespace_annotations, service)

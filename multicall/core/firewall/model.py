@@ -24,6 +24,9 @@ from multicall.core.firewall.ruleset import Rule, Table
 
 REDIRECT_CHAIN = "PROXY_INIT_REDIRECT"
 OUTPUT_CHAIN = "PROXY_INIT_OUTPUT"
+# xt_comment_info's buffer: iptables (legacy and nft, 1.8.9) keeps the first 255 bytes of a
+# longer --comment and says nothing.
+COMMENT_LEN = 256
 
 
 class Family(Enum):

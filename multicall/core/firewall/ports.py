@@ -24,7 +24,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import NamedTuple
 
-from multicall.core.go.strconv import NumError, go_atoi
+from multicall.core.go.strconv import NumError, go_atoi, leading_uint64
 from multicall.errors import FirewallError
 
 PORT_MAX = 65535
@@ -78,9 +78,10 @@ def parse_port_range(text: str, syntax: Syntax) -> PortRange:
 
 def _iptables_port(text: str) -> int:
     """xtables_parse_port without /etc/services: a decimal port number."""
-    if not (text.isascii() and text.isdigit()) or int(text) > PORT_MAX:
+    parsed = leading_uint64(text) if text else None  # leading zeros of any length are fine
+    if parsed is None or parsed[1] != len(text) or parsed[0] > PORT_MAX:
         raise FirewallError(f"invalid port/service `{text}' specified")
-    return int(text)
+    return parsed[0]
 
 
 def _linkerd_range(text: str) -> PortRange:

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from multicall.core.firewall.model import (
+    COMMENT_LEN,
     OUTPUT_CHAIN,
     REDIRECT_CHAIN,
     Family,
@@ -154,7 +155,11 @@ class Step:
 
 
 def _comment(text: str) -> tuple[str, ...]:
-    return ("-m", "comment", "--comment", COMMENT_PREFIX + text)
+    """upstream's `--comment`, as the kernel keeps it: iptables cuts it to 255 bytes. Only
+    a subnet's text can be that long (a zero-padded prefix, `/000…08`, which Go accepts
+    and upstream writes as given); every comment is ASCII, so the cut splits no character."""
+    full = COMMENT_PREFIX + text
+    return ("-m", "comment", "--comment", full.encode()[: COMMENT_LEN - 1].decode(errors="ignore"))
 
 
 def ignore_ports_step(chain: str, group: tuple[str, ...]) -> Step:

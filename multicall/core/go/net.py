@@ -9,11 +9,13 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from multicall.core.go.strconv import ASCII_DIGITS
+
 if TYPE_CHECKING:
     import ipaddress
 
 _V4_PART = re.compile(r"0|[1-9][0-9]{0,2}")
-_MASK_MAX = 0xFFFFFF  # Go's dtoi gives up at this size
+_DTOI_BIG = 0xFFFFFF  # Go's dtoi gives up at this size
 
 
 def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -36,13 +38,26 @@ def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 def parse_cidr(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int] | None:
     """`net.ParseCIDR`: the address (host bits kept) and the prefix length; None on error."""
     addr, slash, mask = text.partition("/")
-    if not slash or not mask.isdigit() or not mask.isascii() or int(mask) > _MASK_MAX:
+    bits = _dtoi(mask)
+    if not slash or bits is None:
         return None
     ip = parse_ip(addr)
-    bits = int(mask)
     if ip is None or bits > ip.max_prefixlen:
         return None
     return ip, bits
+
+
+def _dtoi(text: str) -> int | None:
+    """Go net's dtoi over the whole text: ASCII digits, any number of leading zeros (a
+    5,000-digit `/000…024` is /24 in Go), below 0xFFFFFF; None otherwise. `int()` sees at
+    most 8 digits (CPython refuses over 4,300)."""
+    if not text or text.lstrip(ASCII_DIGITS):
+        return None
+    significant = text.lstrip("0")
+    if len(significant) > len(str(_DTOI_BIG)):
+        return None
+    value = int(significant or "0")
+    return value if value < _DTOI_BIG else None
 
 
 def _ip_string(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:

@@ -52,7 +52,11 @@ def _parse_float(token: str) -> float:
 
 
 def _parse_int(literal: str) -> int | float:
-    # Go decodes every number as float64: `-0` is negative zero, printed back as `-0`.
+    # Go decodes every number as float64: `-0` is negative zero, printed back as `-0`. Past
+    # 309 digits it is beyond float64 (Go's range error), and `int()` must not see it:
+    # CPython refuses over 4,300 digits with a ValueError text of its own.
+    if len(literal.lstrip("-")) > 309:
+        return _parse_float(literal)
     return -0.0 if literal == "-0" else int(literal)
 
 

@@ -12,10 +12,9 @@ import ipaddress
 from collections.abc import Iterator, Mapping, Sequence
 from typing import NamedTuple
 
-from multicall.core.firewall.model import Family
+from multicall.core.firewall.model import COMMENT_LEN, Family
 from multicall.core.firewall.nft.expr import VERDICT_CODES
 from multicall.core.firewall.nft.xt import (
-    COMMENT_LEN,
     MULTIPORT_FLAGS,
     MULTIPORT_MAX,
     Comment,

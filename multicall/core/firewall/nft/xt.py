@@ -10,13 +10,12 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from multicall.core.firewall.model import Family
+from multicall.core.firewall.model import COMMENT_LEN, Family
 from multicall.core.firewall.nft.expr import XtMatch, XtTarget, text_of, undecodable
 from multicall.core.firewall.ports import MULTIPORT_SLOTS, PortRange
 from multicall.errors import FirewallError
 
 # xt structs (linux/netfilter/*.h), host-endian, sizes already XT_ALIGNed.
-COMMENT_LEN = 256
 MULTIPORT_MAX = MULTIPORT_SLOTS
 _MULTIPORT_V1 = struct.Struct(f"<BB{MULTIPORT_MAX}H{MULTIPORT_MAX}BB")  # 48 bytes
 _OWNER = struct.Struct("<IIIIBB6x")  # 18 bytes + XT_ALIGN padding = 24

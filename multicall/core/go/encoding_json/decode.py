@@ -326,7 +326,9 @@ def _as_string(v: object, kind: str) -> object:
 def _as_int(v: object, kind: str) -> object:
     if kind != "number" or not isinstance(v, Number):
         return _MISMATCH
-    if not INT_RE.fullmatch(v.text):
+    # ParseInt fails past 19 digits (a JSON number has no leading zeros); `int()` must not
+    # see them: CPython refuses over 4,300 digits.
+    if not INT_RE.fullmatch(v.text) or len(v.text.lstrip("-")) > len(str(MAX_INT64)):
         return _MISMATCH
     n = int(v.text)
     return n if MIN_INT64 <= n <= MAX_INT64 else _MISMATCH
