@@ -123,6 +123,27 @@ def test_kube_proxy_rules_are_ignored_unless_strict(rig: Rig, tmp_path: Path) ->
     assert "+ -A OUTPUT -j KUBE-SERVICES    # unexpected" in proc.stdout
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "insert",
+    [("OUTPUT", "1", "-j", "ACCEPT"), ("PREROUTING", "1", "-p", "tcp", "-j", "RETURN")],
+    ids=["output-accept", "prerouting-return"],
+)
+def test_a_bypass_ahead_of_the_jump_is_drift(
+    rig: Rig, tmp_path: Path, backend: str, insert: tuple[str, ...]
+) -> None:
+    """`iptables -t nat -I OUTPUT 1 -j ACCEPT` in a live netns: verify fails, naming it
+    (issue 29 class 5; it passed before)."""
+    ns = rig.netns()
+    restore(ns, f"default-{backend}", "ipv4", backend)
+    args = ["--config", config(tmp_path, f"default-{backend}", backend), "--netns", ns.path]
+    assert verify(args).returncode == 0
+    ns.exec([tool("ipv4", backend), "-t", "nat", "-I", *insert])
+    proc = verify(args)
+    assert proc.returncode == 1, proc.stdout
+    assert "bypass: ends the walk before the jump" in proc.stdout
+
+
 @pytest.mark.parametrize("name", OK_NAMES)
 def test_engine_applied_rules_verify(rig: Rig, tmp_path: Path, name: str) -> None:
     """What linkerd-cni ADD programs (the firewall engine, applied as often as the scenario

@@ -7,6 +7,11 @@ Rules of this module:
    jumping to them are compared; `strict` compares the whole table.
 3. A rule missing in one place and present in another is reported as moved, not as one
    missing and one unexpected rule.
+4. The owned rules must also be reached: in the nat table's PREROUTING and OUTPUT, a rule
+   ahead of the jump into the owned chains that can end a TCP packet's walk (ACCEPT,
+   RETURN, DROP, REJECT, DNAT, a goto, a jump into another chain...) bypasses the redirect
+   and is reported (`bypasses`), whatever the mode. CHECK, iptables-verify and the agent's
+   drift detection judge with this one function.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from multicall.core.firewall.canonical import CanonicalRule, canonical
+from multicall.core.firewall.protocols import protocol_number
 from multicall.core.firewall.ruleset import BUILTIN_CHAINS, Rule, Table, render_rule
 
 OWNED_PREFIX = "PROXY_INIT_"
@@ -27,6 +33,7 @@ class RuleProblem(Enum):
     MISSING = "missing"
     UNEXPECTED = "unexpected"
     OUT_OF_ORDER = "out-of-order"
+    BYPASS = "bypass"  # ahead of the jump into the owned chains, it can end the walk
 
 
 class ChainProblem(Enum):
@@ -109,11 +116,21 @@ class RulesetDiff:
     def out_of_order(self) -> tuple[RuleDelta, ...]:
         return self._of(RuleProblem.OUT_OF_ORDER)
 
+    @property
+    def bypasses(self) -> tuple[RuleDelta, ...]:
+        return self._of(RuleProblem.BYPASS)
+
 
 def diff_tables(
-    expected: Table, actual: Table, *, strict: bool = False, prefix: str = OWNED_PREFIX
+    expected: Table,
+    actual: Table,
+    *,
+    strict: bool = False,
+    prefix: str = OWNED_PREFIX,
+    chains_known: bool = True,
 ) -> RulesetDiff:
-    """Compare two dumps of one table (see the module rules for what counts)."""
+    """Compare two dumps of one table (see the module rules for what counts).
+    `chains_known=False`: `actual` holds only what `may_matter` kept (see `bypasses`)."""
     chains: list[ChainDelta] = []
     rules: list[RuleDelta] = []
     hunks: list[ChainHunk] = []
@@ -133,6 +150,10 @@ def diff_tables(
         rules += deltas
         if hunk is not None:
             hunks.append(hunk)
+    for chain, found in bypasses(actual, prefix, chains_known=chains_known).items():
+        rules += found
+        notes = [DiffLine("+", d.rule, "bypass: ends the walk before the jump") for d in found]
+        hunks.append(ChainHunk(chain, tuple(notes)))
     return RulesetDiff(
         expected.name, strict, prefix, tuple(chains), tuple(rules), tuple(hunks), compared
     )
@@ -186,9 +207,10 @@ def _chain_deltas(
 
 def may_matter(rule: Rule, *, strict: bool, prefix: str = OWNED_PREFIX) -> bool:
     """False for a rule `diff_tables` would not look at: outside the owned chains, in
-    non-strict mode, only rules naming an owned chain are compared (a streaming reader of a
-    large table keeps only these)."""
-    if strict or rule.chain.startswith(prefix):
+    non-strict mode, only rules naming an owned chain are compared, and the rules of the
+    chains that hold the jumps are judged (rule 4) (a streaming reader of a large table
+    keeps only these)."""
+    if strict or rule.chain.startswith(prefix) or rule.chain in JUMP_CHAINS:
         return True
     return prefix in " ".join(rule.spec) and any(t.startswith(prefix) for t in rule.spec)
 
@@ -291,3 +313,84 @@ def _hunk(
                 note = f"moved: expected #{moved_to[j] + 1}"
             lines.append(DiffLine("+", actual[j][1], note))
     return ChainHunk(chain, tuple(lines))
+
+
+# --- rule 4: is the jump reached? ----------------------------------------------------------
+
+JUMP_CHAINS = ("PREROUTING", "OUTPUT")  # of the nat table: where the jumps into ours are
+# Targets after which the packet goes on to the next rule. A verdict, a NAT target or a goto
+# may end the walk; a jump into another chain may when that chain's rules may (an ACCEPT,
+# a DNAT), judged through the chains the table holds.
+CONTINUING_TARGETS = frozenset({"", "LOG", "NFLOG", "MARK", "CONNMARK", "AUDIT", "TRACE"})
+_TCP, _ANY = 6, 0
+MAX_DEPTH = 100  # chains within chains judged; deeper is judged as ending (bounded stack)
+
+
+def bypasses(
+    table: Table, prefix: str = OWNED_PREFIX, *, chains_known: bool = True
+) -> dict[str, list[RuleDelta]]:
+    """Per nat chain of JUMP_CHAINS, the rules ahead of its first jump into an owned chain
+    that can end a TCP packet's walk (`-I OUTPUT 1 -j ACCEPT` disables the redirect). A
+    chain without such a jump has none: the missing jump is the diff's own finding.
+    `chains_known=False` (a streamed read that kept no other chain's rules): a jump into
+    another chain is judged as if that chain could end the walk."""
+    if table.name != "nat":
+        return {}
+    rules = _by_chain(table)
+    ends = _ChainEnds(table, chains_known)
+    out: dict[str, list[RuleDelta]] = {}
+    for chain in JUMP_CHAINS:
+        found: list[RuleDelta] = []
+        for position, rule in enumerate(rules.get(chain, []), 1):
+            key = canonical(rule.spec)
+            if key.target.startswith(prefix):
+                if found:
+                    out[chain] = found
+                break
+            if _may_match_tcp(key, chain) and ends.target_may_end(key, top=True):
+                found.append(RuleDelta(RuleProblem.BYPASS, chain, rule, None, position))
+    return out
+
+
+class _ChainEnds:
+    """Whether a rule's target may end the walk; a chain's answer is memoised, and a loop
+    adds nothing (the kernel refuses loops)."""
+
+    def __init__(self, table: Table, known: bool) -> None:
+        self.rules = _by_chain(table)
+        self.chains = set(_declared(table))
+        self.known = known
+        self.memo: dict[str, bool] = {}
+
+    def target_may_end(self, key: CanonicalRule, *, top: bool, depth: int = 0) -> bool:
+        if not key.verdict or (key.verdict == "-j" and key.target in CONTINUING_TARGETS):
+            return False
+        if key.verdict == "-j" and key.target == "RETURN":
+            return top  # in PREROUTING/OUTPUT it ends the walk; in another chain it returns
+        if key.target in VERDICT_TARGETS or (key.verdict == "-g" and top):
+            return True  # after a goto's chain, the built-in chain's policy ends the walk
+        if key.target not in self.chains or not self.known or depth > MAX_DEPTH:
+            return True  # another extension target, a chain whose rules are not here, or
+            # nesting deeper than judged (a hostile save; the kernel allows far less)
+        if key.target not in self.memo:
+            self.memo[key.target] = False
+            self.memo[key.target] = any(
+                self.target_may_end(canonical(r.spec), top=False, depth=depth + 1)
+                for r in self.rules.get(key.target, [])
+            )
+        return self.memo[key.target]
+
+
+VERDICT_TARGETS = frozenset({"ACCEPT", "DROP", "QUEUE", "NFQUEUE", "REJECT", "DNAT", "REDIRECT"})
+
+
+def _may_match_tcp(key: CanonicalRule, chain: str) -> bool:
+    """Whether the rule can match a TCP packet the redirect is for."""
+    for opt in key.base:
+        if opt.name == "-p":
+            number = protocol_number(opt.values[0])
+            if number is not None and (number in (_TCP, _ANY)) == opt.negated:
+                return False  # `-p udp`, `! -p tcp`: never a TCP packet
+        if chain == "OUTPUT" and opt.name == "-o" and opt.values == ("lo",) and not opt.negated:
+            return False  # PROXY_INIT_OUTPUT returns loopback traffic unredirected anyway
+    return True

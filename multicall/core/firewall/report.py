@@ -62,6 +62,8 @@ def format_summary(diff: RulesetDiff) -> str:
         f"{len(diff.out_of_order)} out of order",
         f"{len(diff.chains)} chain problem(s)",
     ]
+    if diff.bypasses:
+        parts.append(f"{len(diff.bypasses)} bypass(es) of the jump")
     return f"{diff.table}: MISMATCH: " + ", ".join(parts)
 
 

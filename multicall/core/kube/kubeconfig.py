@@ -123,11 +123,27 @@ def _ca(cluster: Mapping[str, object]) -> bytes:
     if not data:
         return b""
     try:
-        return base64.b64decode(data, validate=True)
+        # encoding/json decodes []byte with base64.StdEncoding, which skips CR and LF: a
+        # literal block wrapped at 64 columns is valid.
+        return base64.b64decode(data.replace("\r", "").replace("\n", ""), validate=True)
     except (binascii.Error, ValueError):
         raise ConfigError(
             "invalid configuration: certificate-authority-data is not valid base64"
         ) from None
+
+
+def resolve_paths(config: KubeConfig, kubeconfig_path: str) -> KubeConfig:
+    """client-go's ResolveLocalPaths: a relative `tokenFile` or `certificate-authority` is
+    relative to the kubeconfig's directory, not to the working directory."""
+    import posixpath
+    from dataclasses import replace
+
+    base = posixpath.dirname(kubeconfig_path)
+
+    def resolved(path: str) -> str:
+        return posixpath.join(base, path) if path and not posixpath.isabs(path) else path
+
+    return replace(config, token_file=resolved(config.token_file), ca_file=resolved(config.ca_file))
 
 
 # ----------------------------------------------------------------------------- values sent

@@ -19,6 +19,7 @@ from multicall.core.kube.kubeconfig import (
     check_token,
     parse_kubeconfig,
     parse_server,
+    resolve_paths,
 )
 from multicall.core.limits import (
     CA_FILE,
@@ -72,7 +73,7 @@ def read_kubeconfig(path: str, *, files: Files = OWN_FILES) -> KubeConfig:
         path, limit=KUBECONFIG, what="kubeconfig", missing_verb="stat", files=files
     )
     try:
-        return parse_kubeconfig(text)
+        return resolve_paths(parse_kubeconfig(text), path)
     except ConfigError as exc:
         raise KubeError(exc.message, path=path) from None
 
@@ -117,15 +118,23 @@ def endpoint(server: str) -> Endpoint:
 
 
 def read_token(config: KubeConfig, files: Files = OWN_FILES) -> str:
-    """The bearer token: inline, or read from tokenFile (trimmed, as client-go does); refused
-    when it could not be sent as one header value (core/kube/kubeconfig.check_token)."""
-    if config.token or not config.token_file:
-        token, field = config.token.strip(), TOKEN_FIELD
-    else:
-        token = read_text_file(
-            config.token_file, limit=TOKEN_FILE, what="token file", files=files
-        ).strip()
-        field = f"the token file {config.token_file} (users[].user.tokenFile)"
+    """The bearer token: from tokenFile (trimmed, as client-go does), else inline; refused
+    when it could not be sent as one header value (core/kube/kubeconfig.check_token).
+
+    With both set, client-go sends the file's token and falls back to the inline one when
+    the file cannot be read or is empty (transport's cached file token source)."""
+    token, field = config.token.strip(), TOKEN_FIELD
+    if config.token_file:
+        try:
+            from_file = read_text_file(
+                config.token_file, limit=TOKEN_FILE, what="token file", files=files
+            ).strip()
+        except KubeError:
+            if not config.token:
+                raise
+            from_file = ""
+        if from_file or not config.token:
+            token, field = from_file, f"the token file {config.token_file} (users[].user.tokenFile)"
     try:
         return check_token(token, field)
     except ConfigError as exc:
