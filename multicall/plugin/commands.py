@@ -272,7 +272,7 @@ def diff_pod_rules(call: Call, conf: NetConf, options: ProxyInitOptions) -> list
     call.step(f"reading the nat table in {call.env.netns}")
     mode = mode_of(conf)
     refuse_own_netns(call)
-    return rule_differences(
+    found = drifted_families(
         call.deps.firewall,
         call.netns,
         options,
@@ -280,22 +280,14 @@ def diff_pod_rules(call: Call, conf: NetConf, options: ProxyInitOptions) -> list
         families=families(ipv6=conf.ipv6),
         log=call.log.info,
     )
+    return readable(found)
 
 
-def rule_differences(
-    firewall: Firewall,
-    netns: NetnsRef,
-    options: ProxyInitOptions,
-    *,
-    mode: Mode,
-    families: tuple[Family, ...],
-    log: MessageLog,
-) -> list[str]:
-    """CHECK's comparison: one readable diff per family whose live nat table is not what ADD
-    programs for `options` (empty: exactly the expected rules); in the nftables mode, the
+def readable(found: list[FamilyDrift]) -> list[str]:
+    """CHECK's report of `drifted_families`: one readable diff per family whose live nat table
+    is not what ADD programs (empty: exactly the expected rules); in the nftables mode, the
     family's `linkerd-proxy-init` table as nft lists it, as a line diff of the two texts.
     The repair controller checks a repaired sandbox with it too (plugin/in_place.py)."""
-    found = drifted_families(firewall, netns, options, mode=mode, families=families, log=log)
     return [f"{drift.family.value}:\n{drift.text}" for drift in found]
 
 
@@ -317,8 +309,9 @@ def drifted_families(
     families: tuple[Family, ...],
     log: MessageLog,
 ) -> list[FamilyDrift]:
-    """`rule_differences` with the kinds of each difference (the node agent's keeper counts
-    and reports them: agent/keeper.py)."""
+    """CHECK's comparison: each family whose live table is not what ADD programs for
+    `options`, with the readable diff and the kinds of each difference (the node agent's
+    keeper counts and reports them: agent/keeper.py; `readable` words them for CHECK)."""
     from multicall.core.firewall.diff import diff_tables
     from multicall.core.firewall.model import Mode
     from multicall.core.firewall.nft.native import diff_text, native_table, render

@@ -1,6 +1,6 @@
 """What linkerd-cni's ADD gives a pod, computed once for everyone who compares against it:
 CHECK (plugin/commands.py), the repair controller's check of a repaired sandbox (through
-CHECK's `commands.rule_differences`) and iptables-verify (plugin/verify.py).
+CHECK's `commands.drifted_families`) and iptables-verify (plugin/verify.py).
 
 Rules of this module:
 1. A pod's options are the config's, overridden by the pod's and its namespace's

@@ -16,7 +16,7 @@ Rules of this module:
    (`node_xtables_lock`), as the node agent does.
 3. What ADD programmed (as `plugin/recording.py` recorded it) is then compared with the
    live tables by CHECK's comparison
-   (`commands.rule_differences`); an ADD that programmed nothing (the pod is no longer
+   (`commands.drifted_families`); an ADD that programmed nothing (the pod is no longer
    meshed, or the entry is in simulate mode) is a refusal.
 4. Any refusal is an `Outcome` with its reason; the controller then deletes the pod.
 5. Threads: the firewall enters the netns on the calling thread only; the legacy backend
@@ -121,17 +121,19 @@ class Repairer:
     def repair_sandbox(self, found: Sandbox, ips: tuple[str, ...]) -> Programmed:
         """ADD in the sandbox `found` (its netns checked to hold one of `ips`), then CHECK's
         comparison of what it programmed; what was programmed, or Refused."""
-        from multicall.plugin.commands import rule_differences
+        from multicall.plugin.commands import drifted_families, readable
 
         with opened_sandbox(found.netns, ips) as fd:
             done = self._add(found, fd)
-            problems = rule_differences(
-                self.firewall,
-                done.netns,
-                done.options,
-                mode=done.mode,
-                families=done.families,
-                log=self.log,
+            problems = readable(
+                drifted_families(
+                    self.firewall,
+                    done.netns,
+                    done.options,
+                    mode=done.mode,
+                    families=done.families,
+                    log=self.log,
+                )
             )
         if problems:
             raise Refused("the programmed rules did not verify: " + "; ".join(problems))

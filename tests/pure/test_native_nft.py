@@ -27,7 +27,7 @@ from multicall.core.firewall.proxy_init import build_rules
 from multicall.effects.firewall.nft import COMPAT_HINT, _refusal
 from multicall.effects.ns import NetnsRef
 from multicall.errors import FirewallError
-from multicall.plugin.commands import rule_differences
+from multicall.plugin.commands import drifted_families, readable
 from tests.support.fakes import MemoryFirewall
 from tests.support.scenarios import (
     ERROR_NAMES,
@@ -114,8 +114,10 @@ def test_check_compares_the_native_tables() -> None:
     firewall.apply(netns, options, mode=Mode.NFTABLES, families=(V4,), log=log.append)
 
     def check(wanted: ProxyInitOptions) -> list[str]:
-        return rule_differences(
-            firewall, netns, wanted, mode=Mode.NFTABLES, families=(V4,), log=log.append
+        return readable(
+            drifted_families(
+                firewall, netns, wanted, mode=Mode.NFTABLES, families=(V4,), log=log.append
+            )
         )
 
     assert check(options) == []
