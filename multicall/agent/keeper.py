@@ -196,12 +196,11 @@ class Keeper:
 
     def watch(self, record: SandboxRecord) -> None:
         from multicall.effects.ns import ns_identity, open_netns
-        from multicall.effects.pod_sandbox import Refused
 
         try:
             path = self.finder.host_path(record.netns)
             fd = open_netns(path)
-        except (Refused, OSError, Exception) as exc:  # noqa: BLE001 - NetnsError and friends
+        except Exception as exc:  # noqa: BLE001 - Refused, OSError, NetnsError and friends
             self.log("info", f"keeper: not watching {record.key}: {exc}")
             return
         try:
@@ -436,7 +435,7 @@ class Keeper:
 
     def repair(self, watched: Watched, what: str, detected: float) -> None:
         from multicall.core.repair.sandbox import CacheEntry
-        from multicall.effects.pod_sandbox import Refused, Sandbox
+        from multicall.effects.pod_sandbox import Sandbox
 
         record = watched.record
         gone = self.pods.gone(record)
@@ -456,7 +455,7 @@ class Keeper:
         try:
             found = Sandbox(entry, watched.path, self.finder.plugin_config(record.network))
             self.repairer.repair_sandbox(found, record.ips)
-        except (Refused, Exception) as exc:  # noqa: BLE001 - every refusal is reported
+        except Exception as exc:  # noqa: BLE001 - Refused and every CniboxError are reported
             self.metrics.repair_failures += 1
             self.log("warning", f"keeper: {_pod(record)}: repair failed: {exc}")
             self.post(record, "Reporting", f"The redirect rules drifted ({what}); "
