@@ -377,8 +377,9 @@ def test_least_privilege_nft_served_legacy_handed_back(node: Node, tmp_path: Pat
         assert unpacked(node)
         assert_meshed(legacy_pod, "legacy")
     log = "".join(weak.log)
-    assert "served ADD (ok)" in log
-    assert "handed a ADD back to the caller: no CAP_SYS_ADMIN to enter the pod netns" in log
+    assert 'msg="ADD ok"' in log
+    assert 'msg="ADD handed back to the caller"' in log
+    assert 'reason="no CAP_SYS_ADMIN to enter the pod netns"' in log
 
 
 def test_agent_in_the_callers_netns_uses_warm_api_connections(node: Node, tmp_path: Path) -> None:
