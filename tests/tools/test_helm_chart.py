@@ -1007,6 +1007,15 @@ class TestRendering:
         install = defaults["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]
         assert "CNIBOX_HOST_CACHE" in {e["name"] for e in install["env"]}
         assert AGENT in objects(manifests.render(pinned_helm(), "linkerd-cni.yaml"))
+        # The launcher on the node looks at its default path (a runtime sets no
+        # CNIBOX_AGENT_SOCKET): the DaemonSet's and the Talos service's socket are that one.
+        launcher = (REPO / "build" / "agent_client.c").read_text()
+        [default] = re.findall(r'#define AGENT_DEFAULT_SOCKET "([^"]+)"', launcher)
+        [agent] = defaults[AGENT]["spec"]["template"]["spec"]["containers"]
+        assert agent["args"][agent["args"].index("--socket") + 1] == default
+        service = yaml.safe_load((REPO / "packaging" / "talos" / "cnibox-agent.yaml").read_text())
+        args = service["container"]["args"]
+        assert args[args.index("--socket") + 1] == default
 
     def test_nothing_of_the_agent_when_disabled(self, tmp_path: Path) -> None:
         """agent.enabled=false: no DaemonSet, install-cni as Linkerd's (no CNIBOX_HOST_CACHE,
