@@ -596,6 +596,15 @@ def test_each_request_is_one_line_on_the_agents_stderr(
     assert len(line) < 2000, line[:300]
     assert f"Pod={'p' * 256} " in line  # cut (skel.log_fields)
     assert not any(entry.startswith(forged) for entry in agent.log)
+
+    other = {**env_for(rig.pod().netns, MESHED), "CNI_CONTAINERID": "cbxlogback",
+             "CNIBOX_TEST_BUILD": "0000000000000000"}  # fmt: skip
+    code, _out, err = invoke(node, client, other, conf(kubeconfig, "nft"))
+    assert (code, err) == (99, ["fallback: other build"])
+    _wait_for(lambda: _request_lines(agent, "cbxlogback"), "the handed-back ADD's line")
+    [line] = _request_lines(agent, "cbxlogback")
+    assert 'msg="ADD handed back to the caller"' in line
+    assert ' reason="other build" result=fallback' in line
     assert all(entry.startswith("time=") for entry in agent.log), agent.log[-3:]
 
 
