@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import json
 import os
 import signal
@@ -21,6 +22,8 @@ from multicall.core import agent_protocol as proto
 
 Log = Callable[[str, str], None]  # (level, message)
 Report = Callable[[str, dict[str, object]], None]  # (kind, data): "S", "D", "I" (rule 3)
+# A question to the parent's pod cache and its answer, or None (agent/pod_cache.py rule 3).
+Ask = Callable[[dict[str, object]], dict[str, object] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +37,7 @@ class Again:
 # A worker's job: serve one request the parent read whole (agent/server.py rule 6), answering
 # on its connection and reporting through the callable; `Again` when this process may serve
 # another request (rule 4), None when it must exit.
-Serve = Callable[[socket.socket, proto.Request, Report], Again | None]
+Serve = Callable[[socket.socket, proto.Request, Report, Ask], Again | None]
 # What a new worker does before it waits for its request, with the "warm" values of the
 # latest reports, merged by key (agent/warm.py: dial the API server the previous request
 # used, load the x_tables extensions of its family).
@@ -112,7 +115,14 @@ def _serve_one(
                 os.close(fd)
             _report(ctl, "D", {"fallback": "bad request"})
             return None
-        again = serve(conn, request, lambda kind, data: _report(ctl, kind, data))
+        asked = itertools.count(1)
+
+        def ask(question: dict[str, object]) -> dict[str, object] | None:
+            from multicall.agent.pod_cache import ask_parent
+
+            return ask_parent(ctl, question, next(asked))
+
+        again = serve(conn, request, lambda kind, data: _report(ctl, kind, data), ask)
     finally:
         conn.close()
     if again is None:
