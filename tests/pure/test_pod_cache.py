@@ -72,7 +72,8 @@ def test_a_record_parses_as_the_object_it_came_from(doc: dict[str, Any]) -> None
     record = reduce_pod(full)
     assert record is not None
     assert parse_pod(record) == parse_pod(full)
-    assert "managedFields" not in json.dumps(record) and "status" not in record
+    assert "managedFields" not in json.dumps(record)
+    assert "status" not in record
     assert reduce_pod(record) == record  # the parent reduces again: the same
 
 
@@ -80,7 +81,8 @@ def test_the_cache_answers_a_pod_of_the_runtimes_uid_when_synced_and_live() -> N
     web = pod("web")
     cache = synced(web)
     found = lookup(cache, web)
-    assert found.miss == "" and found.record is not None
+    assert found.miss == ""
+    assert found.record is not None
     assert parse_pod(found.record) == parse_pod(web)
 
 
@@ -128,7 +130,8 @@ def test_namespaces_answer_under_the_same_terms() -> None:
     ns = {"kind": "Namespace", "metadata": {"name": "emojivoto", "annotations": {"x": "1"}}}
     cache = synced(namespaces=(ns,))
     found = cache.lookup_namespace("emojivoto", CLUSTER, NOW)
-    assert found.record is not None and found.record["metadata"]["annotations"] == {"x": "1"}  # type: ignore[index]
+    assert found.record is not None
+    assert found.record["metadata"]["annotations"] == {"x": "1"}
     assert cache.lookup_namespace("other", CLUSTER, NOW).miss == core.NOT_CACHED
     assert cache.lookup_namespace("emojivoto", "", NOW).miss == core.OTHER_CLUSTER
 
@@ -137,7 +140,8 @@ def test_memory_is_bounded_by_count_record_and_bytes() -> None:
     pods = [pod(f"p{i}") for i in range(MAX_PODS + 50)]
     cache = synced(*pods)
     store = cache.stores[PODS]
-    assert len(store.objects) == MAX_PODS and store.dropped == 50
+    assert len(store.objects) == MAX_PODS
+    assert store.dropped == 50
     assert lookup(cache, pods[-1]).miss == core.NOT_CACHED  # not kept: the API answers
     # A record that grows past MAX_RECORD is dropped, its older version with it.
     big = pod("p0", filler="z" * MAX_RECORD)
@@ -152,7 +156,8 @@ def test_memory_is_bounded_by_count_record_and_bytes() -> None:
     fat = [pod(f"f{i}", filler="y" * (60 * 1024)) for i in range(700)]
     cache = synced(*fat)
     store = cache.stores[PODS]
-    assert store.size <= core.MAX_BYTES and len(store.objects) < 700
+    assert store.size <= core.MAX_BYTES
+    assert len(store.objects) < 700
     assert store.size == sum(core.record_size(r) for r in store.objects.values())
 
 
@@ -165,7 +170,8 @@ def test_miss_reasons_in_the_source_are_all_labels() -> None:
         used |= set(re.findall(r"miss=([A-Z_]+)\b", text))
         used |= set(re.findall(r"return ([A-Z_]+)\n", text))
     values = {getattr(core, name) for name in used}
-    assert values and values <= MISS_REASONS
+    assert values
+    assert values <= MISS_REASONS
     metrics = CacheMetrics()
     metrics.add_served("api", "something new", 2)
     metrics.add_served("cache", "", 0)
@@ -198,16 +204,19 @@ def test_the_parents_feed_reads_lines_drops_junk_and_answers_with_the_question_n
     question = {"what": "pod", "ns": meta["namespace"], "name": meta["name"], "n": 7,
                 "uid": meta["uid"], "cluster": CLUSTER}  # fmt: skip
     answer = json.loads(feed.answer(json.dumps(question).encode(), NOW)[1:])
-    assert answer["n"] == 7 and parse_pod(answer["doc"]) == parse_pod(web)
+    assert answer["n"] == 7
+    assert parse_pod(answer["doc"]) == parse_pod(web)
     assert feed.answer(b"\xff", NOW) == b"A{}"
     os.close(w)
-    assert not feed.read(NOW) and not feed.open
+    assert not feed.read(NOW)
+    assert not feed.open
     os.close(r)
 
 
 def test_a_worker_question_ignores_stale_answers_and_gives_up_in_time() -> None:
     worker, parent = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with worker, parent:
+
         def serve() -> None:
             msg = parent.recv(4096)
             number = json.loads(msg[1:])["n"]
@@ -255,8 +264,8 @@ def test_cached_pod_api_counts_what_it_asks_the_api() -> None:
     api = CachedPodApi(client, ask, CLUSTER, "uid-web", stats)
     assert api.get_pod(web["metadata"]["namespace"], "web") == parse_pod(web)
     api.get_namespace(web["metadata"]["namespace"])
-    assert client.calls == [] and stats.report() == {
-        "pod_source": "cache", "miss": "", "api_requests": 0}  # fmt: skip
+    assert client.calls == []
+    assert stats.report() == {"pod_source": "cache", "miss": "", "api_requests": 0}
     client, stats = CountingApi(), AddStats()
     api = CachedPodApi(client, None, "", "uid-web", stats)
     api.get_pod("emojivoto", "web")
