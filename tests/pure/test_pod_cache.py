@@ -46,7 +46,7 @@ def pod(name: str, uid: str = "", **annotations: str) -> dict[str, Any]:
 
 def synced(*pods: dict[str, Any], namespaces: tuple[dict[str, Any], ...] = ()) -> PodCache:
     cache = PodCache()
-    feed = [{"k": "cluster", "id": CLUSTER}]
+    feed: list[dict[str, Any]] = [{"k": "cluster", "id": CLUSTER}]
     for watch, objects in ((PODS, pods), (NAMESPACES, namespaces)):
         feed.append({"k": "init", "w": watch})
         feed += [{"k": "put", "w": watch, "o": o} for o in objects]
@@ -131,7 +131,7 @@ def test_namespaces_answer_under_the_same_terms() -> None:
     cache = synced(namespaces=(ns,))
     found = cache.lookup_namespace("emojivoto", CLUSTER, NOW)
     assert found.record is not None
-    assert found.record["metadata"]["annotations"] == {"x": "1"}
+    assert json.loads(json.dumps(found.record))["metadata"]["annotations"] == {"x": "1"}
     assert cache.lookup_namespace("other", CLUSTER, NOW).miss == core.NOT_CACHED
     assert cache.lookup_namespace("emojivoto", "", NOW).miss == core.OTHER_CLUSTER
 

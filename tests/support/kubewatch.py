@@ -167,7 +167,7 @@ class WatchApi:
             doc = copy.deepcopy(dict(pod))
             meta = doc.setdefault("metadata", {})
             store: dict[Any, dict[str, Any]] = (
-                self.namespaces if doc.get("kind") == "Namespace" else self.pods  # type: ignore[assignment]
+                self.namespaces if doc.get("kind") == "Namespace" else self.pods
             )
             key = meta["name"] if store is self.namespaces else (meta["namespace"], meta["name"])
             old = store.get(key)
@@ -181,7 +181,7 @@ class WatchApi:
     def delete(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Delete a pod, or (`namespace` "") a namespace."""
         with self._cond:
-            store: dict[Any, dict[str, Any]] = self.namespaces if not namespace else self.pods  # type: ignore[assignment]
+            store: dict[Any, dict[str, Any]] = self.namespaces if not namespace else self.pods
             old = store.pop(name if not namespace else (namespace, name), None)
             if old is None:
                 return None
