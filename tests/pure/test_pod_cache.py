@@ -9,6 +9,7 @@ import os
 import re
 import socket
 import threading
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -274,3 +275,57 @@ def test_cached_pod_api_counts_what_it_asks_the_api() -> None:
     assert client.calls == ["pod", "namespace", "service"]
     assert stats.report() == {"pod_source": "api", "miss": core.NO_CACHE, "api_requests": 3}
     assert AddStats().report() == {}  # no pod read (a pod without a name): not counted
+
+
+class FakeSession:
+    """A Session's two calls the cache process makes: LIST pages and a WATCH's lines."""
+
+    def __init__(self, pages: list[dict[str, Any]], lines: list[bytes | None]) -> None:
+        self.pages = pages
+        self.lines = lines
+        self.paths: list[str] = []
+
+    def request(self, method: str, path: str, **_: Any) -> Any:
+        from multicall.effects.kube.stream import Response
+
+        self.paths.append(path)
+        return Response(200, json.dumps(self.pages.pop(0)).encode(), path)
+
+    def watch_lines(self, path: str, timeout_seconds: float) -> Iterator[bytes | None]:
+        self.paths.append(path)
+        yield from self.lines
+
+
+def test_the_cache_process_sends_a_list_then_events_and_drops_what_is_too_large() -> None:
+    from multicall.agent.pod_cache_process import cursor_for, step
+    from multicall.errors import KubeError
+
+    small, large = pod("small"), pod("large", filler="z" * MAX_RECORD)
+    page = {"metadata": {"resourceVersion": "10"}, "items": [small, large]}
+    event = {"type": "MODIFIED", "object": {**pod("small", x="1"),
+             "metadata": {**pod("small", x="1")["metadata"], "resourceVersion": "11"}}}  # fmt: skip
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old"}}
+    session = FakeSession([page], [json.dumps(event).encode(), json.dumps(gone).encode()])
+    sent: list[Mapping[str, Any]] = []
+    cursor = cursor_for(PODS, "node-a")
+    step(session, cursor, PODS, sent.append)  # type: ignore[arg-type]
+    assert [m["k"] for m in sent] == ["init", "put", "drop", "done"]
+    assert sent[2]["o"] == {"metadata": {"name": "large", "namespace": "emojivoto",
+                                         "uid": "uid-large"}}  # fmt: skip
+    assert "fieldSelector=spec.nodeName%3Dnode-a" in session.paths[0]
+    with pytest.raises(KubeError, match="too old"):
+        step(session, cursor, PODS, sent.append)  # type: ignore[arg-type]
+    assert sent[4]["k"] == "put"
+    assert sent[4]["o"]["metadata"]["annotations"]["x"] == "1"
+    assert "resourceVersion=10" in session.paths[1]
+    assert cursor.phase.value == "list"  # 410: a new LIST next
+    cache = PodCache(cluster=CLUSTER)
+    for message in sent:
+        cache.feed(message, NOW)
+    assert lookup(cache, small).record is not None
+    assert cache.stores[PODS].dropped == 1
+    session = FakeSession([], [None])  # an event over the size limit: lost, so down
+    cursor = cursor_for(PODS, "node-a")
+    cursor.list_page({"metadata": {"resourceVersion": "12"}, "items": []})
+    with pytest.raises(KubeError, match="size limit"):
+        step(session, cursor, PODS, sent.append)  # type: ignore[arg-type]
