@@ -15,8 +15,10 @@ Rules of this module:
    reported as "down" and is followed by a fresh LIST (not a resumed watch): a LIST that
    completes is what proves the cache whole again; a watch that ends cleanly (its
    timeoutSeconds) resumes from its resourceVersion and the cache stays live.
-3. The main thread writes a beat every BEAT seconds; all writes go through one lock (a line
-   may exceed PIPE_BUF). A parent that stops reading blocks the watches, never grows memory.
+3. The main thread writes a beat every BEAT seconds while both watch threads run (a thread
+   that died ends the process: no beat covers a dead watch); all writes go through one lock
+   (a line may exceed PIPE_BUF). A parent that stops reading blocks the watches, never grows
+   memory.
 4. The process ends with the agent: EOF on its stop pipe, or PR_SET_PDEATHSIG.
 """
 
@@ -165,6 +167,12 @@ def _watch(job: CacheJob, stop_r: int, feed_w: int, parent: int) -> None:  # pra
     for thread in threads:
         thread.start()
     while not select.select([stop_r], [], [], BEAT)[0]:
+        if not all(thread.is_alive() for thread in threads):
+            # A watch that died of a bug must not be covered by this thread's beats: the
+            # process ends, the parent hears no beat (the cache answers nothing), and the
+            # supervisor starts a new one after its back-off.
+            job.log("error", "pod cache: a watch thread died; restarting")
+            os._exit(70)
         send({"k": "beat"})
     stopping.set()
     os._exit(0)  # the watch threads may be blocked in a read: nothing of theirs to finish
