@@ -3,7 +3,7 @@ pool of pre-forked workers and the queue in front of it, cancellation, deadlines
 HTTP endpoints, SIGTERM and the drain (docs/agent.md). A worker's own life after the fork is
 agent/worker_process.py's; what it does with a request, agent/worker.py's.
 
-It is one file (~820 lines) because it is one single-threaded poll loop whose state (the
+It is one file (~870 lines) because it is one single-threaded poll loop whose state (the
 workers, their client connections, the queue, the draining flag) every part reads and
 changes on each turn; split, each part would reach into the others' state.
 
@@ -27,7 +27,8 @@ Rules of this module:
    because each firewall change is one kernel transaction.
 3. Workers report to the parent over their control socket: "S" + JSON when a request was
    accepted, "D" + JSON when its reply was sent, "I" when it waits for another request.
-   Metrics come from those reports.
+   Metrics come from those reports. "Q" + JSON is a question to the node's pod cache, which
+   the parent holds and answers at once with "A" + JSON (agent/pod_cache.py).
 4. A worker takes another request only when its `serve` said it may (the applet knows what
    a request leaves behind: x_tables extensions, another netns) and the request left no new
    descriptor and no other thread; between requests it collects its own garbage (never the

@@ -227,11 +227,11 @@ class PodCache:
 
     def usable(self, watch: str, cluster: str, now: float) -> str:
         """ "" when `watch` may answer for a caller of `cluster`, else the miss reason."""
-        if not cluster or cluster != self.cluster:
-            return OTHER_CLUSTER
         store = self.stores[watch]
         if not store.synced:
             return NOT_SYNCED
+        if not cluster or cluster != self.cluster:
+            return OTHER_CLUSTER
         if not store.live or self.beat_at is None or now - self.beat_at > BEAT_MAX:
             return WATCH_DOWN
         return ""
