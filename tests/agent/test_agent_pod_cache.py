@@ -296,3 +296,45 @@ def test_a_dropped_watch_and_an_agent_restart_lose_nothing(node: Node) -> None:
             assert save_text(pod_ns, SAVE["nft"]) == fixture_text("default-nft")
         assert node.gets()[before:] == []
         assert node.agent.metrics()[CACHE] == 4
+
+
+def test_a_410_in_the_middle_of_a_watch_relists_and_loses_nothing(node: Node) -> None:
+    node.apply(bound("first"))
+    wait_for(node, lambda: node.agent.metrics().get(
+        'cnibox_agent_pod_cache_objects{resource="pods"}') == 1)  # fmt: skip
+    # A change the open watch has not read yet, and the history compacted past it: the
+    # watch's next event is 410 Gone (the stand-in's lock is held across both).
+    with node.api._cond:
+        later = node.apply(bound("later"))
+        node.api.compact()
+    wait_for(node, lambda: node.agent.metrics().get(
+        'cnibox_agent_pod_cache_relists_total{resource="pods"}', 0) >= 2)  # fmt: skip
+    node.synced()
+    wait_for(node, lambda: node.agent.metrics().get(
+        'cnibox_agent_pod_cache_objects{resource="pods"}') == 2)  # fmt: skip
+    before = len(node.gets())
+    pod_ns = node.rig.pod().netns
+    code, _out, err = run(node, client(node), env_for(pod_ns, later))
+    assert code == 0, err
+    assert save_text(pod_ns, SAVE["nft"]) == fixture_text("default-nft")
+    assert node.gets()[before:] == []
+
+
+def test_more_pods_than_the_bound_are_not_kept_and_read_from_the_api(node: Node) -> None:
+    """MAX_PODS (2048) kept, the rest dropped and counted; a dropped pod's ADD reads the API."""
+    pods = [node.apply(bound(f"many-{i:04d}")) for i in range(2100)]
+    wait_for(node, lambda: node.agent.metrics().get(
+        'cnibox_agent_pod_cache_dropped_total{resource="pods"}', 0) >= 52, timeout=60)  # fmt: skip
+    metrics = node.synced()
+    assert metrics['cnibox_agent_pod_cache_objects{resource="pods"}'] == 2048
+    before = len(node.gets())
+    results = []
+    for pod in (pods[0], pods[-1]):  # the first applied is kept; the last one was not
+        pod_ns = node.rig.pod().netns
+        code, _out, err = run(node, client(node), env_for(pod_ns, pod))
+        assert code == 0, err
+        assert save_text(pod_ns, SAVE["nft"]) == fixture_text("default-nft")
+        results.append(len(node.gets()) - before)
+        before = len(node.gets())
+    assert results == [0, 1]  # the pod GET only: its namespace is cached
+    assert node.agent.metrics()['cnibox_agent_pod_cache_misses_total{reason="not cached"}'] == 1
