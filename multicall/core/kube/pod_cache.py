@@ -19,6 +19,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -277,8 +278,10 @@ class PodCache:
 def cluster_identity(hostport: str, scheme: str, prefix: str, trust: str) -> str:
     """Which API server a configuration talks to, and how it trusts it: equal for the
     cache's configuration and a caller's kubeconfig when both reach the same server with the
-    same CA (or both the system's, or both none). The token is not part of it."""
-    return json.dumps([scheme, hostport.lower(), prefix, trust])
+    same CA (or both the system's, or both none). The token is not part of it. A digest:
+    a worker's question stays small whatever the size of its CA bundle."""
+    text = json.dumps([scheme, hostport.lower(), prefix, trust])
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 # ----------------------------------------------------------------------------- metrics
