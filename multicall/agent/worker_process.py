@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -73,13 +73,16 @@ def become_worker(
         gc.freeze()
         warm: object = job.warm
         ctl.setblocking(True)
+        # Questions to the parent are numbered across this worker's requests: a late answer
+        # to an earlier request's question is never taken for a later one's.
+        asked = itertools.count(1)
         for served in range(job.requests):
             if job.prepare is not None and warm is not None:
                 with contextlib.suppress(Exception):
                     job.prepare(warm)
             if served:
                 _report(ctl, "I", {})  # prepared: ready for the next request
-            again = _serve_one(ctl, job.serve, log)
+            again = _serve_one(ctl, job.serve, log, asked)
             if again is None:
                 break
             gc.collect()
@@ -93,7 +96,7 @@ def become_worker(
 
 
 def _serve_one(
-    ctl: socket.socket, serve: Serve, log: Log
+    ctl: socket.socket, serve: Serve, log: Log, asked: Iterator[int]
 ) -> Again | None:  # pragma: no cover - in the child
     """Wait for a request and serve it; `Again` when this process may serve another (rule
     4), with what to prepare it with. The parent sends "R" with the caller's connection, a
@@ -115,7 +118,6 @@ def _serve_one(
                 os.close(fd)
             _report(ctl, "D", {"fallback": "bad request"})
             return None
-        asked = itertools.count(1)
 
         def ask(question: dict[str, object]) -> dict[str, object] | None:
             from multicall.agent.pod_cache import ask_parent
