@@ -3,7 +3,7 @@ pool of pre-forked workers and the queue in front of it, cancellation, deadlines
 HTTP endpoints, SIGTERM and the drain (docs/agent.md). A worker's own life after the fork is
 agent/worker_process.py's; what it does with a request, agent/worker.py's.
 
-It is one file (~880 lines) because it is one single-threaded poll loop whose state (the
+It is one file (~920 lines) because it is one single-threaded poll loop whose state (the
 workers, their client connections, the queue, the draining flag) every part reads and
 changes on each turn; split, each part would reach into the others' state.
 
@@ -27,7 +27,8 @@ Rules of this module:
    because each firewall change is one kernel transaction.
 3. Workers report to the parent over their control socket: "S" + JSON when a request was
    accepted, "D" + JSON when its reply was sent, "I" when it waits for another request.
-   Metrics come from those reports.
+   Metrics come from those reports. "Q" + JSON is a question to the node's pod cache, which
+   the parent holds and answers at once with "A" + JSON (agent/pod_cache.py).
 4. A worker takes another request only when its `serve` said it may (the applet knows what
    a request leaves behind: x_tables extensions, another netns) and the request left no new
    descriptor and no other thread; between requests it collects its own garbage (never the
@@ -81,8 +82,10 @@ from multicall.agent.worker_process import Prepare, Serve, WorkerJob, become_wor
 from multicall.core.agent_log import LineBudget, Outcome, request_line
 from multicall.core.agent_metrics import Metrics, render
 from multicall.core.agent_protocol import accept_frame, fallback_frame
+from multicall.core.kube.pod_cache import CacheMetrics
 
 if TYPE_CHECKING:
+    from multicall.agent.pod_cache import CacheFeed
     from multicall.effects.admin_server import AdminServer
 
 
@@ -159,6 +162,9 @@ class Server:
         self.prepare = prepare
         self.warm: object = None
         self.metrics = Metrics()
+        # The node's pod cache (agent/pod_cache.py): set before bind(); workers ask it.
+        self.pod_cache: CacheFeed | None = None
+        self.cache_metrics = CacheMetrics()
         self.workers: dict[int, Worker] = {}  # by control socket fd
         self.by_conn: dict[int, Worker] = {}  # by the parent's client-connection fd
         self.poll = select.poll()
@@ -192,6 +198,8 @@ class Server:
             self.start_admin()
         self.listen()
         self.poll.register(self.wake_r, select.POLLIN)
+        if self.pod_cache is not None:
+            self.poll.register(self.pod_cache.fd, select.POLLIN)
 
     def listen(self) -> None:
         """Bind a new listening socket under a temporary name and rename it over the socket
@@ -291,6 +299,8 @@ class Server:
             self.accept_clients()
         elif fd in self.workers:
             self.worker_event(self.workers[fd], mask)
+        elif self.pod_cache is not None and fd == self.pod_cache.fd:
+            self.read_pod_cache()
         elif fd in self.by_conn:
             self.client_gone(self.by_conn[fd])
         elif fd in self.reading and (admitted := self.read_request(self.reading[fd])):
@@ -589,6 +599,8 @@ class Server:
         """Every descriptor the parent owns, detached from its Python object (a later
         collection of that object must not close a reused number)."""
         fds = [self.wake_r, self.wake_w]  # (the admin server's sockets: closed at fork)
+        if self.pod_cache is not None and self.pod_cache.open:
+            fds.append(self.pod_cache.fd)
         socks = [self.listener]
         socks += [w.ctl for w in self.workers.values()]
         socks += [w.conn for w in self.workers.values()]
@@ -621,6 +633,9 @@ class Server:
         if msg[:1] == b"I":
             self.worker_idle(worker)
             return
+        if msg[:1] == b"Q":  # a question to the pod cache (agent/pod_cache.py rule 1)
+            self.answer_pod_cache(worker, msg[1:])
+            return
         if msg[:1] != b"D" or worker.state != "busy":
             return
         worker.state = "done"
@@ -634,6 +649,9 @@ class Server:
             if merged != self.warm:
                 self.warm = merged
                 self.recycle_idle()
+        from multicall.agent.pod_cache import count_add
+
+        count_add(self.cache_metrics, data)
         if isinstance(loads := data.get("xt_loads"), int) and loads > 0:
             self.metrics.extension_loads += loads
         if fallback:
@@ -847,7 +865,31 @@ class Server:
         self.metrics.idle_workers = self.idle_count()
         self.metrics.queued = len(self.queue)
         self.metrics.in_flight = self.in_flight()
-        return render(self.metrics, self.options.build).encode()
+        from multicall.core.kube.pod_cache import render_cache
+
+        cache = self.pod_cache.cache if self.pod_cache is not None else None
+        text = render(self.metrics, self.options.build) + render_cache(self.cache_metrics, cache)
+        return text.encode()
+
+    # ------------------------------------------------------------------ the pod cache
+
+    def read_pod_cache(self) -> None:
+        """The cache process's messages (agent/pod_cache.py rule 2); at its end the feed
+        leaves the poll set and the cache, hearing no beat, answers nothing more."""
+        assert self.pod_cache is not None
+        if not self.pod_cache.read(time.monotonic()):
+            self.poll.unregister(self.pod_cache.fd)
+            self.log("error", "pod cache: its process is gone; ADDs read the API")
+
+    def answer_pod_cache(self, worker: Worker, question: bytes) -> None:
+        from multicall.agent.pod_cache import no_cache_answer
+
+        if self.pod_cache is None:
+            answer = no_cache_answer(question)
+        else:
+            answer = self.pod_cache.answer(question, time.monotonic())
+        with contextlib.suppress(OSError):  # a worker that went away: its EOF comes next
+            worker.ctl.send(answer)
 
     def on_loop(self, job: Callable[[], T], timeout: float = LOOP_ANSWER) -> T | None:
         """Run `job` on the event loop's thread (from an admin thread); None when the loop

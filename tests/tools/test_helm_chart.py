@@ -922,7 +922,7 @@ class TestRendering:
         pod = ds["spec"]["template"]["spec"]
         assert pod["hostNetwork"] is True
         assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
-        assert pod["automountServiceAccountToken"] is False
+        assert pod["automountServiceAccountToken"] is True  # the pod cache's identity
         assert pod["terminationGracePeriodSeconds"] > 25  # the agent's --shutdown-grace
         [agent] = pod["containers"]
         assert agent["command"] == [INSTALLER, "agent"]
@@ -962,7 +962,10 @@ class TestRendering:
             "/var/run/linkerd-cni": {"path": "/var/run/linkerd-cni", "type": "DirectoryOrCreate"},
             "/var/lib/cnibox": {"path": "/var/lib/cnibox", "type": "DirectoryOrCreate"},
         }
-        assert {e["name"]: e["value"] for e in agent["env"]} == {"CNIBOX_CACHE": "/var/lib/cnibox"}
+        assert {e["name"]: e.get("value", e.get("valueFrom")) for e in agent["env"]} == {
+            "CNIBOX_CACHE": "/var/lib/cnibox",
+            "NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}},  # the pod cache's node
+        }
 
         installer_pod = ours["DaemonSet"]["spec"]["template"]["spec"]
         assert "hostNetwork" not in installer_pod
