@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
 from multicall.effects.log import Logger
-from multicall.errors import CniboxError, UsageError
+from multicall.errors import CniboxError, UpstreamFatal, UsageError
 from multicall.installer.install import Options
 from multicall.installer.run import run
 
@@ -84,6 +84,9 @@ def main(
             for error in gate.uninstall():
                 log.error(f"node gate: {error}")
         return status
+    except UpstreamFatal as exc:
+        log.log("fatal", exc.message, error=exc.error)  # upstream's own last line
+        return exc.exit_code
     except CniboxError as exc:
         # a daemon's last words belong in its log, in its format (upstream: log.Fatal)
         log.error(exc.message, **({"hint": exc.hint} if exc.hint else {}))

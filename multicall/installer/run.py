@@ -9,12 +9,14 @@ makes the logger and turns a `CniboxError` into the last log line and the exit c
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 from collections.abc import Mapping
 
 from multicall.core.installer.config import InstallerConfig, parse_environment
 from multicall.effects import fs, pidfile
 from multicall.effects.log import Logger
-from multicall.errors import EXIT_OK, CniboxError, ConfigError
+from multicall.errors import EXIT_OK, CniboxError, ConfigError, UpstreamFatal
 from multicall.installer.install import Installer, Options, install
 from multicall.installer.lock import host_lock
 from multicall.installer.undo import undo
@@ -48,6 +50,7 @@ def run(options: Options, env: Mapping[str, str], log: Logger) -> int:
     try:
         if options.mode == "uninstall":
             return uninstall(config, options, log)
+        check_host_dirs(config)
         installer = Installer(config, options, log, binary="")
         installer.load_network_config()  # first: without a config nothing is written
         installer.binary = resolve_binary(env)
@@ -59,6 +62,26 @@ def run(options: Options, env: Mapping[str, str], log: Logger) -> int:
     except OSError as exc:
         # Nothing in the installer expects one: say which file and why, never the repr.
         raise CniboxError(fs.os_error_text(exc), path=exc.filename) from exc
+
+
+def check_host_dirs(config: InstallerConfig) -> None:
+    """Upstream's Go installer stats the host bin dir, then the host CNI config dir, and a
+    missing one ends it with `cannot run cni install` (log.Fatal, exit 1): neither is ever
+    created. Here the check comes before the first change (upstream has already copied its
+    binaries when the config dir turns out missing), so a failed start changes nothing."""
+    for path, wrong_kind in (
+        (config.host_bin_dir, f"dst={config.host_bin_dir} is not a directory"),
+        (config.host_net_dir, f"readdirent {config.host_net_dir}: not a directory"),
+    ):
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            reason = os.strerror(exc.errno or 0)
+            raise UpstreamFatal(
+                "cannot run cni install", f"stat {path}: {reason[:1].lower()}{reason[1:]}"
+            ) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise UpstreamFatal("cannot run cni install", wrong_kind)
 
 
 def uninstall(config: InstallerConfig, options: Options, log: Logger) -> int:

@@ -10,6 +10,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.support import FIXTURES
 from tests.support.installer_host import (
     TESTDATA,
@@ -136,6 +138,25 @@ class TestFailures:
         proc = host.run("--once", SERVICE_ACCOUNT_DIR=str(tmp_path / "nowhere"))
         assert proc.returncode == 1
         assert "nowhere/token: no such file or directory" in proc.stderr
+
+    @pytest.mark.parametrize("mode", [("--once",), ()])
+    @pytest.mark.parametrize("missing", ["net_dir", "bin_dir"])
+    def test_a_missing_host_dir_is_fatal_as_upstream(
+        self, mode: tuple[str, ...], missing: str, tmp_path: Path
+    ) -> None:
+        """Issue 27 item 9: a missing DEST_CNI_NET_DIR (or bin dir) ends the installer with
+        upstream's Go installer's last line and exit 1 (`log.Fatal("cannot run cni install")`
+        with the os.Stat error), and nothing is created: no net dir, no state, no binary."""
+        host = make_host(tmp_path)
+        gone = getattr(host, missing)
+        gone.rmdir()
+        before = snapshot(host.prefix)
+        proc = host.run(*mode)
+        assert proc.returncode == 1, proc.stderr
+        last = proc.stderr.strip().splitlines()[-1]
+        assert 'level=fatal msg="cannot run cni install" ' in last
+        assert last.endswith(f'error="stat {gone}: no such file or directory"')
+        assert snapshot(host.prefix) == before
 
     def test_bad_argument_is_usage_error(self, tmp_path: Path) -> None:
         """Unknown arguments exit 2."""
