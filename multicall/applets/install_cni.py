@@ -25,7 +25,7 @@ KUBECONFIG_FILE_NAME (ZZZ-linkerd-cni-kubeconfig), KUBERNETES_SERVICE_HOST,
 KUBERNETES_SERVICE_PORT, KUBE_CA_FILE (ca.crt beside the token), SERVICE_ACCOUNT_DIR
 (/var/run/secrets/kubernetes.io/serviceaccount), CNI_CONF_NAME (only this file),
 CNIBOX_HOST_BINARY (/usr/local/lib/cnibox/cnibox), CNIBOX_STATE_DIR (undo journal and pid
-file: DEST_CNI_NET_DIR/.cnibox-install-cni), INSTALL_CNI_PID_FILE (in the state dir),
+file: DEST_CNI_BIN_DIR/.cnibox-install-cni), INSTALL_CNI_PID_FILE (in the state dir),
 CNIBOX_HOST_CACHE (where the node's launcher cache, /var/lib/cnibox, is mounted: the new
 version is unpacked into it at install time, so no pod start pays for the unpack).
 CNI_NETWORK_CONFIG (or the file CNI_NETWORK_CONFIG_FILE names) is required: the linkerd-cni

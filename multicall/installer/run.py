@@ -9,6 +9,7 @@ makes the logger and turns a `CniboxError` into the last log line and the exit c
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import stat
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from multicall.effects import fs, pidfile
 from multicall.effects.log import Logger
 from multicall.errors import EXIT_OK, CniboxError, ConfigError, UpstreamFatal
 from multicall.installer.install import Installer, Options, install
+from multicall.installer.legacy import take_over
 from multicall.installer.lock import host_lock
 from multicall.installer.undo import undo
 from multicall.installer.watch import Stop, watch
@@ -55,6 +57,7 @@ def run(options: Options, env: Mapping[str, str], log: Logger) -> int:
         installer.load_network_config()  # first: without a config nothing is written
         installer.binary = resolve_binary(env)
         with host_lock(config.state_dir, log):
+            take_over(installer)
             if options.mode == "once":
                 install(installer)
                 return EXIT_OK
@@ -86,8 +89,14 @@ def check_host_dirs(config: InstallerConfig) -> None:
 
 def uninstall(config: InstallerConfig, options: Options, log: Logger) -> int:
     stop_running_installer(config.pid_file, log)
+    if not os.path.isdir(os.path.dirname(config.state_dir.rstrip("/")) or "/") and (
+        os.path.isdir(config.legacy_state_dir)
+    ):
+        # no bin dir to move an older cnibox's state into: undo from where it is
+        config = dataclasses.replace(config, state_dir_env=config.legacy_state_dir)
     with host_lock(config.state_dir, log, create_parents=False):
         installer = Installer(config, options, log, binary="")
+        take_over(installer)
         errors = undo(installer, installer.resume())
     for error in errors:
         log.error(f"undo: {error}")

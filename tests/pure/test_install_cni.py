@@ -114,6 +114,56 @@ class TestOnce:
         assert linkerd_count(host.net_dir / "20-b.conflist") == 1
 
 
+class TestStateDir:
+    """Issue 27 item 8: the installer's state lives outside the CNI config dir."""
+
+    def test_the_config_dir_holds_only_configs_and_the_kubeconfig(self, tmp_path: Path) -> None:
+        """What upstream's `CheckCNIPluginIsLast` integration check expects of the config
+        dir: the primary conflist and linkerd's kubeconfig, nothing else, while installed
+        (watching, too); the undo journal is in the bin dir's hidden state dir."""
+        host = make_host(tmp_path)
+        put_config(host, "10-calico.conf", "10-calico.conf")
+        assert host.run("--once").returncode == 0
+        assert sorted(os.listdir(host.net_dir)) == ["10-calico.conflist", host.kubeconfig.name]
+        assert (host.bin_dir / ".cnibox-install-cni" / "patched").is_dir()
+        put_config(host, "20-calico.conflist")
+        proc = host.start()
+        try:
+            wait_for(lambda: linkerd_count(host.net_dir / "20-calico.conflist") == 1, "patch")
+            assert sorted(os.listdir(host.net_dir)) == [
+                "10-calico.conflist",
+                "20-calico.conflist",
+                host.kubeconfig.name,
+            ]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+
+    @pytest.mark.parametrize("then", ["--uninstall", "--once"])
+    def test_an_older_cniboxs_state_dir_is_taken_over_losing_nothing(
+        self, then: str, tmp_path: Path
+    ) -> None:
+        """A node an older cnibox installed (its state in `<net dir>/.cnibox-install-cni`,
+        a `.conf` converted, so its original exists only in that journal): the new installer
+        moves the journal to the bin dir and its undo still restores the node exactly."""
+        host = make_host(tmp_path)
+        put_config(host, "10-calico.conf", "10-calico.conf")
+        put_config(host, "20-calico.conflist")
+        before = snapshot(host.prefix)
+        legacy = host.net_dir / ".cnibox-install-cni"
+        assert host.run("--once", CNIBOX_STATE_DIR=str(legacy)).returncode == 0
+        assert (legacy / "patched" / "10-calico.conf").is_file()
+        proc = host.run(then)
+        assert proc.returncode == 0, proc.stderr
+        assert not legacy.exists()
+        if then == "--once":
+            assert "took over the undo journal of an earlier cnibox" in proc.stderr
+            assert (host.bin_dir / ".cnibox-install-cni" / "patched" / "10-calico.conf").is_file()
+            proc = host.run("--uninstall")
+            assert proc.returncode == 0, proc.stderr
+        assert snapshot(host.prefix) == before
+
+
 class TestFailures:
     def test_no_network_config_is_fatal(self, tmp_path: Path) -> None:
         """Without CNI_NETWORK_CONFIG or its file the installer exits 1 with upstream's words."""
@@ -183,7 +233,7 @@ class TestUndo:
         host = make_host(tmp_path)
         put_config(host, "10-calico.conflist")
         assert host.run("--once", "--link-nsenter").returncode == 0
-        shutil.rmtree(host.net_dir / ".cnibox-install-cni")
+        shutil.rmtree(host.bin_dir / ".cnibox-install-cni")
         proc = host.run("--uninstall")
         assert proc.returncode == 0, proc.stderr
         assert sorted(p.name for p in host.bin_dir.iterdir()) == []

@@ -7,8 +7,12 @@ Rules of this module:
 2. cnibox additions: `SERVICE_ACCOUNT_DIR` (the token's directory, fixed in upstream),
    `CNI_CONF_NAME` (patch only that file name), `CNIBOX_HOST_BINARY` (where a Talos
    extension puts cnibox on the host), `CNIBOX_STATE_DIR` (the installer's own state: the
-   undo journal and the pid file; default a hidden directory in the host CNI config dir, the
-   one host volume every installer has, so it outlives the container) and
+   undo journal and the pid file; default a hidden directory in the host CNI *bin* dir, a host
+   volume every installer has, so it outlives the container, and one libcni only ever looks
+   up plugins in by name. Not the config dir: upstream keeps nothing there but configs and
+   kubeconfigs, its `linkerd check` integration test (`CheckCNIPluginIsLast`) says so, and
+   other tools scan it; a state dir an older cnibox left there is taken over,
+   installer/legacy.py) and
    `INSTALL_CNI_PID_FILE` (how `--uninstall` finds the running installer; default in the
    state dir) and `CNIBOX_HOST_CACHE` (where the node's launcher cache is mounted in the
    container; unset: nothing is unpacked at install time).
@@ -50,7 +54,7 @@ DEFAULTS: dict[str, str] = {
     "INSTALL_CNI_PID_FILE": "",
     "CNIBOX_HOST_CACHE": "",
 }
-STATE_DIR_NAME = ".cnibox-install-cni"  # in the host CNI config dir; libcni ignores directories
+STATE_DIR_NAME = ".cnibox-install-cni"  # in the host CNI bin dir (rule 2)
 PID_FILE_NAME = "install-cni.pid"
 JOURNAL_NAME = "undo.json"
 RECORDS_NAME = "patched"  # one undo record per changed config (core/installer/journal.py)
@@ -149,7 +153,12 @@ class InstallerConfig:
     @property
     def state_dir(self) -> str:
         """The installer's own state (container view): undo journal, pid file."""
-        return self.state_dir_env or go_path_join(self.host_net_dir, STATE_DIR_NAME)
+        return self.state_dir_env or go_path_join(self.host_bin_dir, STATE_DIR_NAME)
+
+    @property
+    def legacy_state_dir(self) -> str:
+        """Where cnibox before issue 27 kept it (the host CNI config dir): taken over once."""
+        return go_path_join(self.host_net_dir, STATE_DIR_NAME)
 
     @property
     def journal_path(self) -> str:
