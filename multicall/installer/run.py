@@ -53,6 +53,7 @@ def run(options: Options, env: Mapping[str, str], log: Logger) -> int:
         if options.mode == "uninstall":
             return uninstall(config, options, log)
         check_host_dirs(config)
+        check_node_binary(config)
         installer = Installer(config, options, log, binary="")
         installer.load_network_config()  # first: without a config nothing is written
         installer.binary = resolve_binary(env)
@@ -85,6 +86,27 @@ def check_host_dirs(config: InstallerConfig) -> None:
             ) from None
         if not stat.S_ISDIR(st.st_mode):
             raise UpstreamFatal("cannot run cni install", wrong_kind)
+
+
+def check_node_binary(config: InstallerConfig) -> None:
+    """With CNIBOX_HOST_BINARY set (the chart's talos.extension), the node's own cnibox must
+    be there. The chart mounts its directory's parent, which every Talos node has, without a
+    hostPath type (the kubelet cannot see /usr/local/lib/cnibox on Talos), so this is where a
+    node without the extension is told so, before any change; nothing is copied instead
+    (that node would silently run another plugin version)."""
+    if not config.host_binary_required:
+        return
+    seen = config.host_binary_in_container
+    if os.path.isfile(seen) and os.access(seen, os.X_OK):
+        return
+    raise ConfigError(
+        f"the cnibox Talos system extension is not on this node: {config.host_binary} is "
+        f"missing or not an executable file (looked for it at {seen})",
+        hint="install this node from a Talos installer image built with the cnibox extension "
+        "(docs/talos.md, route B), or run the chart without talos.extension on node pools "
+        "without it",
+        path=seen,
+    )
 
 
 def uninstall(config: InstallerConfig, options: Options, log: Logger) -> int:

@@ -104,6 +104,26 @@ class TestOnce:
         assert os.readlink(host.bin_dir / "linkerd-cni") == "/usr/local/lib/cnibox/cnibox"
         assert not (host.bin_dir / "cnibox").exists()
 
+    @pytest.mark.parametrize("mode", [("--once",), ()])
+    def test_a_required_node_binary_that_is_missing_is_named_and_nothing_changes(
+        self, mode: tuple[str, ...], tmp_path: Path
+    ) -> None:
+        """Issue 27 item 1: the chart's talos.extension sets CNIBOX_HOST_BINARY and mounts the
+        extension dir's parent without a type; on a node without the extension install-cni
+        says so in one line, exit 1, and copies nothing in its place."""
+        host = make_host(tmp_path)
+        (host.prefix / "usr" / "local" / "lib").mkdir(parents=True)
+        put_config(host, "10-calico.conflist")
+        before = snapshot(host.prefix)
+        proc = host.run(*mode, CNIBOX_HOST_BINARY="/usr/local/lib/cnibox/cnibox")
+        assert proc.returncode == 1, proc.stderr
+        last = proc.stderr.strip().splitlines()[-1]
+        assert "the cnibox Talos system extension is not on this node: " in last
+        assert "/usr/local/lib/cnibox/cnibox is missing or not an executable file" in last
+        assert "docs/talos.md, route B" in last
+        assert "Traceback" not in proc.stderr
+        assert snapshot(host.prefix) == before
+
     def test_cni_conf_name_restricts_patching(self, tmp_path: Path) -> None:
         """CNI_CONF_NAME=x patches only x."""
         host = make_host(tmp_path)

@@ -118,6 +118,9 @@ class InstallerConfig:
     state_dir_env: str
     pid_file_env: str
     host_cache: str  # container view of the node's launcher cache; "" = no install-time unpack
+    # CNIBOX_HOST_BINARY was set (the chart's talos.extension): the node's own cnibox is
+    # required, never replaced by a copy; unset, the default path is used when it is there
+    host_binary_required: bool = False
 
     @property
     def host_net_dir(self) -> str:
@@ -195,6 +198,7 @@ def parse_environment(env: Mapping[str, str]) -> InstallerConfig:
         state_dir_env=get("CNIBOX_STATE_DIR"),
         pid_file_env=get("INSTALL_CNI_PID_FILE"),
         host_cache=get("CNIBOX_HOST_CACHE"),
+        host_binary_required=bool(env.get("CNIBOX_HOST_BINARY")),
     )
     check_paths(config)
     return config
