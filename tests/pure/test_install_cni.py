@@ -184,6 +184,87 @@ class TestStateDir:
         assert snapshot(host.prefix) == before
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+class TestReadiness:
+    """Issue 27 item 7: install-cni's readiness (`--ready`, the chart's probe) and its admin
+    server (/healthz, /readyz, /metrics on loopback; issue 25's gate metrics go there)."""
+
+    def test_ready_exits_1_until_installed_and_chained(self, tmp_path: Path) -> None:
+        host = make_host(tmp_path)
+        proc = host.run("--ready")
+        assert proc.returncode == 1
+        assert "not ready: PluginInstalled:" in proc.stderr
+        assert host.run("--once").returncode == 0
+        proc = host.run("--ready")
+        assert proc.returncode == 1  # linkerd-cni is there, but no CNI config chains it yet
+        assert "not ready: ChainConfigured: no CNI config in" in proc.stderr
+        put_config(host, "10-calico.conflist")
+        assert host.run("--once").returncode == 0
+        proc = host.run("--ready")
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr == ""
+
+    def test_the_admin_server_follows_the_install(self, tmp_path: Path) -> None:
+        host = make_host(tmp_path)
+        port = _free_port()
+        proc = host.start("--admin-addr", f"127.0.0.1:{port}")
+        try:
+            wait_for(lambda: _reachable(port), "the admin server")
+            assert _get(port, "/healthz") == (200, "ok\n")
+            assert _get(port, "/readyz") == (500, "not ready\n")  # no CNI config yet
+            status, text = _get(port, "/metrics")
+            assert status == 200
+            assert "cnibox_install_cni_installed 0\n" in text
+            assert "cnibox_node_gate_" not in text  # the gate is off
+            put_config(host, "10-calico.conflist")
+            wait_for(lambda: _get(port, "/readyz")[0] == 200, "ready")
+            assert "cnibox_install_cni_installed 1\n" in _get(port, "/metrics")[1]
+            assert _get(port, "/nothing")[0] == 404
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert f"admin server on 127.0.0.1:{port}" in err
+        assert not _reachable(port)
+
+    def test_a_bad_admin_address_is_a_usage_error_changing_nothing(self, tmp_path: Path) -> None:
+        host = make_host(tmp_path)
+        put_config(host, "10-calico.conflist")
+        before = snapshot(host.prefix)
+        proc = host.run("--admin-addr", "localhost:99999")
+        assert proc.returncode == 2
+        assert "invalid socket address syntax" in proc.stderr
+        assert snapshot(host.prefix) == before
+
+
+def _reachable(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
 class TestFailures:
     def test_no_network_config_is_fatal(self, tmp_path: Path) -> None:
         """Without CNI_NETWORK_CONFIG or its file the installer exits 1 with upstream's words."""
