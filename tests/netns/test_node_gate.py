@@ -169,7 +169,8 @@ def test_ready_removes_only_our_taint(node: Node, api: KubeApi) -> None:
     assert taints(api) == [OTHER]
     # issue 25's metrics (install-cni's /metrics): both durations, one self-test passed
     chain_ready, untainted = gate.metrics.chain_ready_seconds, gate.metrics.taint_removed_seconds
-    assert chain_ready is not None and untainted is not None
+    assert chain_ready is not None
+    assert untainted is not None
     assert 0 < chain_ready <= untainted < 30
     assert (gate.metrics.ready, gate.metrics.passed, gate.metrics.failed) == (True, 1, 0)
     cond = condition(api)

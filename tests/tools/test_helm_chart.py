@@ -745,7 +745,9 @@ def exec_argvs(pod: Mapping[str, Any]) -> Iterator[tuple[str, list[str]]]:
     for container in [*pod.get("initContainers", []), *pod["containers"]]:
         name = container["name"]
         if "command" in container or "args" in container:
-            yield name, [*container.get("command", []), *container.get("args", [])]
+            # args without a command go to the image's entrypoint (`cnibox install-cni`)
+            command = container.get("command", IMAGE_LAYOUT["entrypoint"])
+            yield name, [*command, *container.get("args", [])]
         for hook in container.get("lifecycle", {}).values():
             if "exec" in hook:
                 yield name, hook["exec"]["command"]
@@ -1116,7 +1118,7 @@ TALOS_KUBELET_MOUNTS: dict[str, tuple[str, bool]] = {
 # missing directory on the node).
 KUBELET_CHECKED = {"Directory", "File", "Socket", "CharDevice", "BlockDevice"}
 KUBELET_CREATES = {"DirectoryOrCreate", "FileOrCreate"}
-TALOS_ROUTES = {
+TALOS_ROUTES: dict[str, dict[str, Any]] = {
     "A": {},
     "A+agent+gate": {"agent": {"enabled": True}, "nodeReadinessGate": {"enabled": True}},
     "B": {"talos": {"extension": True}},
@@ -1190,3 +1192,55 @@ class TestTalosRoute:
         assert kubelet_view("/usr/local/lib/cnibox") is None
         assert kubelet_view("/var/lib/cnibox") is None
         assert kubelet_view("/var/run/linkerd-cni") == ("/run/linkerd-cni", True)
+
+
+class TestInstallerProbeMetricsAnnotations:
+    """Issue 27 item 7: what operators of Istio's chart expect, as far as it fits: a readiness
+    probe, a metrics endpoint (loopback by default), podAnnotations; priorityClassName keeps
+    Linkerd's default (empty) so a values file from Linkerd's chart renders the same pod."""
+
+    def test_defaults(self, tmp_path: Path) -> None:
+        pod = objects(render(tmp=tmp_path))["DaemonSet"]["spec"]["template"]["spec"]
+        install = pod["containers"][0]
+        assert install["args"] == ["--admin-addr", "127.0.0.1:9992"]
+        assert install["readinessProbe"]["exec"]["command"] == [INSTALLER, "install-cni", "--ready"]
+        assert "ports" not in install  # loopback: nothing to declare
+        assert "priorityClassName" not in pod  # Linkerd's default, ""
+
+    def test_a_wildcard_address_declares_the_port(self, tmp_path: Path) -> None:
+        values = {"installer": {"adminAddress": "::", "adminPort": 9000, "readinessProbe": False}}
+        pod = objects(render(values, tmp=tmp_path))["DaemonSet"]["spec"]["template"]["spec"]
+        install = pod["containers"][0]
+        assert install["args"] == ["--admin-addr", "[::]:9000"]
+        assert install["ports"] == [{"containerPort": 9000, "name": "install-admin"}]
+        assert "readinessProbe" not in install
+
+    def test_pod_annotations_on_both_daemonsets(self, tmp_path: Path) -> None:
+        values = {
+            "podAnnotations": {"prometheus.io/scrape": "true", "example.com/x": "some-value"},
+            "agent": {"enabled": True},
+            "priorityClassName": "system-node-critical",
+        }
+        ours = objects(render(values, tmp=tmp_path))
+        for name in ("DaemonSet", AGENT):
+            template = ours[name]["spec"]["template"]
+            annotations = template["metadata"]["annotations"]
+            assert annotations["prometheus.io/scrape"] == "true"
+            assert annotations["example.com/x"] == "some-value"
+            assert annotations["linkerd.io/inject"] == "disabled"  # the chart's own stay
+            assert template["spec"]["priorityClassName"] == "system-node-critical"
+
+    @pytest.mark.parametrize(
+        ("values", "key"),
+        [
+            ({"installer": {"adminAddress": "localhost"}}, "adminAddress"),
+            ({"installer": {"adminPort": 0}}, "adminPort"),
+            ({"installer": {"readinesProbe": True}}, "readinesProbe"),
+            ({"podAnnotations": {"a": 1}}, "podAnnotations"),
+        ],
+    )
+    def test_bad_values_fail_naming_the_key(
+        self, values: dict[str, Any], key: str, tmp_path: Path
+    ) -> None:
+        with pytest.raises(manifests.RenderError, match=re.escape(key)):
+            render(values, tmp=tmp_path)
