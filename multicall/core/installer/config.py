@@ -58,6 +58,7 @@ STATE_DIR_NAME = ".cnibox-install-cni"  # in the host CNI bin dir (rule 2)
 PID_FILE_NAME = "install-cni.pid"
 JOURNAL_NAME = "undo.json"
 RECORDS_NAME = "patched"  # one undo record per changed config (core/installer/journal.py)
+BOOT_NAME = "boot"  # the boot the records were written in (installer/install.py `resume`)
 # The extensions libcni loads from the config dir (libcni ConfFiles): no kubeconfig there.
 LIBCNI_EXTENSIONS = (".conf", ".conflist", ".json")
 
@@ -170,6 +171,10 @@ class InstallerConfig:
     @property
     def records_dir(self) -> str:
         return go_path_join(self.state_dir, RECORDS_NAME)
+
+    @property
+    def boot_file(self) -> str:
+        return go_path_join(self.state_dir, BOOT_NAME)
 
     @property
     def pid_file(self) -> str:
