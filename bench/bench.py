@@ -26,8 +26,10 @@ Rows:
   concurrency      N ADDs launched at once against N fresh netns (also through the agent)
   CRI sandbox      RunPodSandbox through Debian's containerd (the node of tests/cri, binary
                    plugin): bridge only vs bridge + linkerd-cni chained as the chart does,
-                   in alternating blocks of the same run; the call's wall time (containerd
-                   makes the netns, starts the pause container, runs the chain)
+                   one-shot and through the node agent, in alternating blocks of the same
+                   run; the call's wall time (containerd makes the netns, starts the pause
+                   container, runs the chain); p50/p90/p99 and the added latency's share
+                   of bridge-only's (bench/cri_rows.py)
 
 Each ADD is checked outside the timed region: exit status 0, stdout is the prevResult, and
 the pod's nat table (Debian's iptables-save) equals upstream's golden for the mode.
@@ -204,7 +206,8 @@ def run_only(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces)
 
 
 def run_cri_only(args: argparse.Namespace, workdir: Path) -> int:
-    """`--cri-only`: the two RunPodSandbox rows and their summary, nothing else."""
+    """`--cri-only`: the RunPodSandbox rows (bridge only, one-shot, agent) and their
+    summary, nothing else."""
     rows: list[Row] = []
     extra: dict[str, Any] = {"iterations": args.iterations, "loadavg_at_start": loadavg()}
     binary = Path(args.binary).resolve() if Path(args.binary).exists() else None

@@ -296,12 +296,13 @@ def documented_differences() -> list[str]:
     """The first column of docs/helm.md's table "Differences from Linkerd's rendering"."""
     text = DOC.read_text()
     section = text.split("## Differences from Linkerd's rendering", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"^\| `([A-Za-z]+:[^`]+)` \|", section, re.MULTILINE)
+    # `Kind:field`, or `Kind/name` for a whole object of cnibox's own (the agent's DaemonSet)
+    return re.findall(r"^\| `([A-Za-z]+(?::[^`]+|/[a-z0-9-]+))` \|", section, re.MULTILINE)
 
 
 def covered(path: str, documented: list[str]) -> str | None:
     for entry in documented:
-        if path == entry or path.startswith((entry + ".", entry + "[")):
+        if path == entry or path.startswith((entry + ".", entry + "[", entry + ":")):
             return entry
     return None
 
@@ -336,8 +337,11 @@ class TestAgainstLinkerd:
         unlisted = {p: v for p, v in found.items() if covered(p, documented) is None}
         assert unlisted == {}, "differences not listed in docs/helm.md"
 
-    def test_every_documented_difference_occurs(self, rendered: dict[str, str]) -> None:
-        """No stale row: each listed difference is produced by at least one case."""
+    def test_every_documented_difference_occurs(
+        self, rendered: dict[str, str], tmp_path: Path
+    ) -> None:
+        """No stale row: each listed difference is produced by at least one case, or by the
+        key-by-key comparison below (PodSecurityPolicy rows: no golden of Linkerd's has one)."""
         documented = documented_differences()
         assert len(documented) >= 4
         used = {
@@ -345,6 +349,9 @@ class TestAgainstLinkerd:
             for case in CASES
             for path in differences(upstream_objects(case), objects(rendered[case.name]))
         }
+        theirs = objects(render_upstream(DISTINCT, tmp_path))
+        ours = objects(render(copy.deepcopy(DISTINCT), tmp=tmp_path))
+        used |= {covered(path, documented) for path in differences(theirs, ours)}
         assert set(documented) - used == set()
 
     def test_object_names_are_what_linkerd_check_looks_up(self, rendered: dict[str, str]) -> None:
@@ -352,6 +359,7 @@ class TestAgainstLinkerd:
         ours = objects(rendered["our-defaults"])
         names = {kind: doc["metadata"]["name"] for kind, doc in ours.items()}
         assert names == {
+            AGENT: "linkerd-cni-agent",  # cnibox's own (on by default): not looked up
             "ServiceAccount": "linkerd-cni",
             "ClusterRole": "linkerd-cni",
             "ClusterRoleBinding": "linkerd-cni",
@@ -830,13 +838,10 @@ class TestRendering:
                 assert applet in APPLET_NAMES, (container, argv)
             assert {c for c, _ in argvs} == {c["name"] for c in pod["containers"]}
         containers = {name: {c["name"] for c in pod["containers"]} for name, pod in every.items()}
-        if values:
-            assert containers == {
-                "linkerd-cni": {"install-cni", "repair-controller"},
-                "linkerd-cni-agent": {"agent"},
-            }
+        if values:  # the Talos extension's service is the agent: no DaemonSet for it
+            assert containers == {"linkerd-cni": {"install-cni", "repair-controller"}}
         else:
-            assert containers == {"linkerd-cni": {"install-cni"}}
+            assert containers == {"linkerd-cni": {"install-cni"}, "linkerd-cni-agent": {"agent"}}
 
     @pytest.mark.parametrize(
         "values",
@@ -893,8 +898,9 @@ class TestRendering:
         assert volumes["cnibox-extension"]["hostPath"] == {"path": "/usr/local/lib"}
         assert mounts["cnibox-cache"]["mountPath"] == "/var/lib/cnibox"
         assert volumes["cnibox-cache"]["hostPath"] == {"path": "/var/lib/cnibox"}
-        agent = ours[AGENT]["spec"]["template"]["spec"]["containers"][0]
-        assert install["image"] == agent["image"] == containers["repair-controller"]["image"]
+        assert AGENT not in ours  # the extension's service is the node's agent
+        assert env["CNIBOX_HOST_CACHE"] == "/host/var/lib/cnibox"  # it serves that one too
+        assert install["image"] == containers["repair-controller"]["image"]
         assert install["image"] == f"ghcr.io/cnibox/cnibox-installer:{__version__}"
 
     @pytest.mark.parametrize(
@@ -915,7 +921,7 @@ class TestRendering:
         pod = ds["spec"]["template"]["spec"]
         assert pod["hostNetwork"] is True
         assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
-        assert pod["automountServiceAccountToken"] is False
+        assert pod["automountServiceAccountToken"] is True  # the pod cache's identity
         assert pod["terminationGracePeriodSeconds"] > 25  # the agent's --shutdown-grace
         [agent] = pod["containers"]
         assert agent["command"] == [INSTALLER, "agent"]
@@ -955,7 +961,10 @@ class TestRendering:
             "/var/run/linkerd-cni": {"path": "/var/run/linkerd-cni", "type": "DirectoryOrCreate"},
             "/var/lib/cnibox": {"path": "/var/lib/cnibox"},
         }
-        assert {e["name"]: e["value"] for e in agent["env"]} == {"CNIBOX_CACHE": "/var/lib/cnibox"}
+        assert {e["name"]: e.get("value", e.get("valueFrom")) for e in agent["env"]} == {
+            "CNIBOX_CACHE": "/var/lib/cnibox",
+            "NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}},  # the pod cache's node
+        }
 
         installer_pod = ours["DaemonSet"]["spec"]["template"]["spec"]
         assert "hostNetwork" not in installer_pod
@@ -988,13 +997,47 @@ class TestRendering:
         for probe in ("livenessProbe", "readinessProbe"):
             assert agent[probe]["httpGet"].get("host") == host
 
-    def test_the_agent_only_when_enabled(self, tmp_path: Path) -> None:
-        """By default nothing of the agent is rendered: the objects are the ones compared with
-        Linkerd's above (install-cni without CNIBOX_HOST_CACHE)."""
-        ours = objects(render(tmp=tmp_path))
+    def test_the_agent_is_on_by_default(self, tmp_path: Path) -> None:
+        """Issue 24: the defaults run the agent (its DaemonSet, install-cni's unpack into the
+        node's cache), as `agent.enabled=true` does; the committed plain manifest too."""
+        defaults = objects(render(tmp=tmp_path))
+        assert defaults == objects(render({"agent": {"enabled": True}}, tmp=tmp_path))
+        assert AGENT in defaults
+        install = defaults["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]
+        assert "CNIBOX_HOST_CACHE" in {e["name"] for e in install["env"]}
+        assert AGENT in objects(manifests.render(pinned_helm(), "linkerd-cni.yaml"))
+        # The launcher on the node looks at its default path (a runtime sets no
+        # CNIBOX_AGENT_SOCKET): the DaemonSet's and the Talos service's socket are that one.
+        launcher = (REPO / "build" / "agent_client.c").read_text()
+        [default] = re.findall(r'#define AGENT_DEFAULT_SOCKET "([^"]+)"', launcher)
+        [agent] = defaults[AGENT]["spec"]["template"]["spec"]["containers"]
+        assert agent["args"][agent["args"].index("--socket") + 1] == default
+        service = yaml.safe_load((REPO / "packaging" / "talos" / "cnibox-agent.yaml").read_text())
+        args = service["container"]["args"]
+        assert args[args.index("--socket") + 1] == default
+
+    def test_nothing_of_the_agent_when_disabled(self, tmp_path: Path) -> None:
+        """agent.enabled=false: no DaemonSet, install-cni as Linkerd's (no CNIBOX_HOST_CACHE,
+        no host cache mount), no PSP allowance: the one-shot plugin alone."""
+        text = render({"agent": {"enabled": False}, "enablePSP": True}, tmp=tmp_path)
+        ours = objects(text)
         assert AGENT not in ours
-        install = ours["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]
+        assert "linkerd-cni-agent" not in text
+        pod = ours["DaemonSet"]["spec"]["template"]["spec"]
+        install = pod["containers"][0]
         assert "CNIBOX_HOST_CACHE" not in {e["name"] for e in install["env"]}
+        assert "cnibox-host-cache" not in {v["name"] for v in pod["volumes"]}
+        assert "hostNetwork" not in ours["PodSecurityPolicy"]["spec"]
+
+    def test_talos_extension_runs_no_agent_daemonset(self, tmp_path: Path) -> None:
+        """With the extension its service ext-cnibox-agent is the node's agent (same socket,
+        same admin port): the chart adds no second one, by default or when asked."""
+        for agent in ({}, {"agent": {"enabled": True}}):
+            ours = objects(render({"talos": {"extension": True}, **agent}, tmp=tmp_path))
+            assert AGENT not in ours
+            install = ours["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]
+            assert "CNIBOX_HOST_CACHE" in {e["name"] for e in install["env"]}
+        assert AGENT not in objects(manifests.render(pinned_helm(), "linkerd-cni-talos.yaml"))
 
     def test_psp_admits_the_agent(self, tmp_path: Path) -> None:
         """enablePSP with the agent: the policy allows what the agent's pod asks for."""
