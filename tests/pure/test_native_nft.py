@@ -138,6 +138,7 @@ def test_a_missing_compat_extension_names_the_native_mode(code: int, hinted: boo
     error = _refusal(batch, (netlink.NetlinkError(code, 3),))
     assert "-A PROXY_INIT_OUTPUT" in error.message
     assert (error.hint == COMPAT_HINT) is hinted
+    assert (error.details == COMPAT_HINT) is hinted  # what the plugin's CNI error carries
     assert '"nftables"' in COMPAT_HINT
     not_a_rule = _refusal(batch, (netlink.NetlinkError(code, 2),))
     assert not_a_rule.hint is None

@@ -294,7 +294,8 @@ COMPAT_HINT = (
 
 def _refusal(batch: Batch, errors: tuple[netlink.NetlinkError, ...]) -> FirewallError:
     """The first error the kernel gave (the batch was aborted as a whole). An iptables rule
-    (`-A ...`) refused as missing points at the native mode (a kernel without x_tables)."""
+    (`-A ...`) refused as missing points at the native mode (a kernel without x_tables), in
+    the hint an applet prints and in the details of the plugin's CNI error."""
     if any(e.errno == errno_mod.ERESTART for e in errors):
         return FirewallConflict(
             "nf_tables: the ruleset changed since it was read; nothing was changed"
@@ -303,7 +304,10 @@ def _refusal(batch: Batch, errors: tuple[netlink.NetlinkError, ...]) -> Firewall
     what = batch.requests.get(first.seq, f"message {first.seq}")
     error = _error(what, first)
     if first.errno in COMPAT_MISSING and what.startswith("-A "):
-        return FirewallError(error.message, errno=first.errno, hint=COMPAT_HINT)
+        # details too: the CNI error JSON (what a runtime shows) carries details, not hints
+        return FirewallError(
+            error.message, errno=first.errno, hint=COMPAT_HINT, details=COMPAT_HINT
+        )
     return error
 
 
