@@ -56,6 +56,11 @@ VARIANTS = {
     "variant-invalid-inbound-items-dropped": ProxyInitOptions(
         inbound_ports_to_ignore=("4191", "nope", "70000"), outbound_ports_to_ignore=("6443",),
     ),
+    # 32,768 ports: one set of single ports natively, 2,185 multiport rules in iptables
+    "variant-every-odd-port-ignored-outbound": ProxyInitOptions(
+        outbound_ports_to_ignore=tuple(str(p) for p in range(1, 65536, 2)),
+        inbound_ports_to_ignore=("4191", "4190", "20-25", "587", "588-589"),
+    ),
 }  # fmt: skip
 
 
