@@ -189,6 +189,11 @@ CASES = [
     *[(name, scenario_options(name), scenario_mode(name), scenario_family(name))
       for name in OK_NAMES],
     *[(name, options, Mode.NFT, V4) for name, options in VARIANTS.items()],
+    # dual stack with subnets of both families: a set per family, each its own family's
+    # subnets (10/8 and 11/8 merge to 10.0.0.0/7), as the iptables mode's two passes
+    ("variant-dual-stack-subnet-sets", ProxyInitOptions(
+        subnets_to_ignore=("10.0.0.0/8", "11.0.0.0/8", "fd77::/16", "fe80::/10"),
+     ), Mode.NFT, V6),
 ]  # fmt: skip
 
 

@@ -87,7 +87,8 @@ def test_the_text_form_is_nft_s() -> None:
     assert f'\t\t{ports} comment "proxy-init/ignore-port-4191,4190,25,587-590"' in text
     redirect = "tcp dport { 8080, 9090 } redirect to :4143"
     assert f'\t\t{redirect} comment "proxy-init/redirect-port-8080,9090-to-proxy-port"' in text
-    assert '\t\tip saddr 10.0.0.0/8 return comment "proxy-init/ignore-subnet-10.0.0.0/8"' in text
+    subnets = "ip saddr { 10.0.0.0/8, 192.168.0.0/16 } return"
+    assert f'\t\t{subnets} comment "proxy-init/ignore-subnet-10.0.0.0/8,192.168.0.0/16"' in text
     assert '\t\tmeta skgid 2102 return comment "proxy-init/ignore-proxy-group-id"' in text
     assert "\t\ttype nat hook output priority -100; policy accept;" in text
     ruleset = ["table ip other {", "}", *text, *render(native_table(options, V4), V4)]
@@ -240,8 +241,35 @@ def test_a_list_of_one_port_or_range_is_a_plain_compare() -> None:
 def test_dual_stack_sets_have_ids_of_their_own() -> None:
     options = scenario_options("full-legacy-wait")
     ids = [s.set_id for fam in (V4, V6) for r in native_table(options, fam).rules for s in r.sets]
-    assert len(ids) == 6
-    assert len(set(ids)) == 6
+    assert len(ids) == 7  # the IPv4 subnets' set only in the ip table
+    assert len(set(ids)) == 7
+
+
+@pytest.mark.parametrize(
+    ("subnets", "v4", "v6"),
+    [
+        # one subnet of the family: a prefix compare; the other family's left out (#696)
+        (("10.0.0.0/8", "fd00::/8"), "ip saddr 10.0.0.0/8", "ip6 saddr fd00::/8"),
+        # several: one interval set, merged, printed as nft does (prefixes, hosts, ranges)
+        (("11.0.0.0/8", "10.0.0.0/8", "172.16.0.1/32", "fd00::/8", "fd00:1::/64", "::/0"),
+         "ip saddr { 10.0.0.0/7, 172.16.0.1 }", "ip6 saddr { ::/0 }"),
+        (("10.0.0.0/8", "11.0.0.0/8", "12.0.0.0/8"), "ip saddr { 10.0.0.0-12.255.255.255 }", ""),
+    ],
+)  # fmt: skip
+def test_skipped_subnets_are_one_rule_of_the_family_s_own(
+    subnets: tuple[str, ...], v4: str, v6: str
+) -> None:
+    options = ProxyInitOptions(subnets_to_ignore=subnets)
+    for family, want in ((V4, v4), (V6, v6)):
+        table = native_table(options, family)
+        lines = [line for line in render(table, family) if "ignore-subnet" in line]
+        assert [line.split(" return ")[0].strip() for line in lines] == ([want] if want else [])
+        batch = build_native_batch((table,), 1)
+        for r in table.rules:
+            for s in r.sets:
+                interval = bool(s.interval)
+                assert items_from_elements(set_elements(s), interval, s.key_len) == s.items
+        assert len(of_type(batch, netlink.NFT_MSG_NEWSET)) == (1 if "{" in want else 0)
 
 
 def test_merged_items_and_elements_round_trip() -> None:

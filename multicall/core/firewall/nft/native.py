@@ -18,7 +18,9 @@ Rules of this module:
    inbound or outbound ports, ports-to-redirect) is one rule looking its ports up in an
    anonymous constant set, as nft makes for `tcp dport { ... }`: a plain set of ports, or an
    interval set (its items merged) when the list holds a range; a list of one port or
-   range is a plain compare, as nft makes for `{ P }`. Comments are upstream's, a list's
+   range is a plain compare, as nft makes for `{ P }`. Skipped subnets of the family
+   likewise: one `ip saddr { ... }` rule over an interval set of the merged networks, or
+   one prefix compare for a single subnet. Comments are upstream's, a list's
    cut to nft's 128 bytes (`...` ends a cut one).
 3. The expressions are encoded as nft 1.0 encodes these statements (learned from
    `nft --debug=netlink`), except that a port range is one `range` expression (nft: two
@@ -109,11 +111,12 @@ from multicall.core.firewall.nft.netlink import (
     attr_u32,
     nested,
 )
-from multicall.core.firewall.ports import PORT_MAX, PortRange, Syntax, parse_port_range
+from multicall.core.firewall.ports import PortRange, Syntax, parse_port_range
 from multicall.core.firewall.proxy_init import (
     COMMENT_PREFIX,
     build_rules,
     parse_subnet,
+    subnets_of_family,
     validate_options,
 )
 
@@ -137,6 +140,8 @@ SADDR = {Family.IPV4: (12, 4), Family.IPV6: (8, 16)}
 # Ids are unique in a batch; the ip6 table's start past the ip table's (a kernel before
 # nft_set_lookup_byid compared tables would find an id in the other family's table).
 TYPE_INET_SERVICE = 13
+# nft's datatypes of IPv4 and IPv6 addresses (ipv4_addr, ipv6_addr), for skipped subnets.
+ADDRESS_TYPE = {Family.IPV4: 7, Family.IPV6: 8}
 SET_TEMPLATE = "__set%d"
 SET_ID_BASE = {Family.IPV4: 1, Family.IPV6: 1 << 16}
 # Elements go in messages of at most this many: NFTA_SET_ELEM_LIST_ELEMENTS is one
@@ -155,15 +160,22 @@ class NativeChain(NamedTuple):
     policy: int = NF_ACCEPT
 
 
+class Interval(NamedTuple):
+    """An inclusive range of a set's keys as integers (ports, or addresses)."""
+
+    lower: int
+    upper: int
+
+
 class NativeSet(NamedTuple):
-    """An anonymous constant set of ports a rule looks up (rule 2). `items` are sorted and,
-    for an interval set, disjoint and not adjacent; a plain set's are single ports. Planned
-    sets are named by `set_id`; dumped ones by the kernel's `name` (no id)."""
+    """An anonymous constant set of ports or addresses a rule looks up (rule 2). `items` are
+    sorted and, for an interval set, disjoint and not adjacent; a plain set's are single
+    keys. Planned sets are named by `set_id`; dumped ones by the kernel's `name` (no id)."""
 
     name: str
     set_id: int | None
     interval: bool
-    items: tuple[PortRange, ...]
+    items: tuple[Interval, ...]
     key_type: int = TYPE_INET_SERVICE
     key_len: int = 2
 
@@ -202,15 +214,15 @@ def tcp_dport(ports: PortRange) -> tuple[Expr, ...]:
     return (*TCP, load, Range(NFT_RANGE_EQ, _port(ports.lower), _port(ports.upper)))
 
 
-def merged(ranges: Sequence[PortRange]) -> tuple[PortRange, ...]:
+def merged(ranges: Sequence[tuple[int, int]]) -> tuple[Interval, ...]:
     """Sorted ranges with overlapping and adjacent ones joined (what nft puts in an interval
     set for a list; the kernel refuses overlapping intervals)."""
-    out: list[PortRange] = []
-    for r in sorted(ranges):
-        if out and r.lower <= out[-1].upper + 1:
-            out[-1] = PortRange(out[-1].lower, max(out[-1].upper, r.upper))
+    out: list[Interval] = []
+    for lower, upper in sorted(ranges):
+        if out and lower <= out[-1].upper + 1:
+            out[-1] = Interval(out[-1].lower, max(out[-1].upper, upper))
         else:
-            out.append(r)
+            out.append(Interval(lower, upper))
     return tuple(out)
 
 
@@ -219,48 +231,63 @@ def port_list(
 ) -> tuple[tuple[Expr, ...], tuple[NativeSet, ...]]:
     """`tcp dport { ... }` for a list (rule 2): the expressions and the set they look up."""
     interval = any(r.lower != r.upper for r in ranges)
-    items = merged(ranges) if interval else tuple(sorted(set(ranges)))
+    items = merged(ranges) if interval else tuple(sorted({Interval(*r) for r in ranges}))
     if len(items) == 1:
-        return tcp_dport(items[0]), ()
+        return tcp_dport(PortRange(*items[0])), ()
     load = Payload(NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2)
     lookup = Lookup(SET_TEMPLATE, NFT_REG_1, set_id)
     return (*TCP, load, lookup), (NativeSet(SET_TEMPLATE, set_id, interval, items),)
 
 
-def set_elements(port_set: NativeSet) -> list[tuple[bytes, int]]:
-    """(key, flags) of each element as nft sends them: a plain set's ports; an interval
-    set's starts and ends (the port after each range, flagged), led by an end at 0 and
-    without an end past 65535."""
-    if not port_set.interval:
-        return [(_port(r.lower), 0) for r in port_set.items]
-    out = [(_port(0), NFT_SET_ELEM_INTERVAL_END)] if port_set.items[0].lower > 0 else []
-    for r in port_set.items:
-        out.append((_port(r.lower), 0))
-        if r.upper < PORT_MAX:
-            out.append((_port(r.upper + 1), NFT_SET_ELEM_INTERVAL_END))
+def subnet_list(
+    subnets: Sequence[str], family: Family, set_id: int
+) -> tuple[tuple[Expr, ...], tuple[NativeSet, ...]]:
+    """`ip saddr { ... }` for two or more subnets: an interval set of the merged networks."""
+    networks = [parse_subnet(s) for s in subnets]
+    items = merged([(int(n.network_address), int(n.broadcast_address)) for n in networks])
+    offset, length = SADDR[family]
+    lookup = Lookup(SET_TEMPLATE, NFT_REG_1, set_id)
+    address_set = NativeSet(SET_TEMPLATE, set_id, True, items, ADDRESS_TYPE[family], length)
+    return (Payload(NFT_PAYLOAD_NETWORK_HEADER, offset, length), lookup), (address_set,)
+
+
+def set_elements(key_set: NativeSet) -> list[tuple[bytes, int]]:
+    """(key, flags) of each element as nft sends them: a plain set's keys; an interval
+    set's starts and ends (the key after each range, flagged), led by an end at 0 and
+    without an end past the largest key."""
+    size, top = key_set.key_len, (1 << (8 * key_set.key_len)) - 1
+    if not key_set.interval:
+        return [(r.lower.to_bytes(size, "big"), 0) for r in key_set.items]
+    end = NFT_SET_ELEM_INTERVAL_END
+    out = [(bytes(size), end)] if key_set.items[0].lower > 0 else []
+    for r in key_set.items:
+        out.append((r.lower.to_bytes(size, "big"), 0))
+        if r.upper < top:
+            out.append(((r.upper + 1).to_bytes(size, "big"), end))
     return out
 
 
 def items_from_elements(
-    elements: Sequence[tuple[bytes, int]], interval: bool
-) -> tuple[PortRange, ...]:
+    elements: Sequence[tuple[bytes, int]], interval: bool, key_len: int = 2
+) -> tuple[Interval, ...]:
     """The inverse of set_elements for a dumped set (its elements in any order)."""
-    keys = sorted((_u16(k), flags) for k, flags in elements if len(k) == 2)
+    keys = sorted((int.from_bytes(k, "big"), f) for k, f in elements if len(k) == key_len)
     if not interval:
-        return tuple(PortRange(k, k) for k, _ in keys)
-    out: list[PortRange] = []
+        return tuple(Interval(k, k) for k, _ in keys)
+    top = (1 << (8 * key_len)) - 1
+    out: list[Interval] = []
     start: int | None = None
     for key, flags in keys:
         if flags & NFT_SET_ELEM_INTERVAL_END:
             if start is not None:
-                out.append(PortRange(start, key - 1))
+                out.append(Interval(start, key - 1))
             start = None
         else:
             if start is not None:  # two starts: the first ends where the second begins
-                out.append(PortRange(start, key - 1))
+                out.append(Interval(start, key - 1))
             start = key
     if start is not None:
-        out.append(PortRange(start, PORT_MAX))
+        out.append(Interval(start, top))
     return tuple(out)
 
 
@@ -342,15 +369,20 @@ def native_table(options: ProxyInitOptions, family: Family) -> NativeTable:
     build_rules(options, family, backend="nft")
     options = validate_options(options)
     pre = PREROUTING
-    set_ids = iter(range(SET_ID_BASE[family], SET_ID_BASE[family] + 3))
+    set_ids = iter(range(SET_ID_BASE[family], SET_ID_BASE[family] + 4))
     rules: list[NativeRule] = []
     if inbound_ignored := _ranges(options.inbound_ports_to_ignore):
         text = list_comment("ignore-port-", [r.render("-") for r in inbound_ignored])
         rules.append(_list_rule(pre, inbound_ignored, RETURN, text, next(set_ids)))
-    rules += [
-        _rule(pre, (*saddr(s, family), *RETURN), f"ignore-subnet-{s}")
-        for s in options.subnets_to_ignore
-    ]
+    # the family's own subnets only, as the iptables mode (proxy_init.subnets_of_family)
+    subnets = subnets_of_family(options.subnets_to_ignore, family)
+    if len(subnets) == 1:
+        subnet = subnets[0]
+        rules.append(_rule(pre, (*saddr(subnet, family), *RETURN), f"ignore-subnet-{subnet}"))
+    elif subnets:
+        exprs, sets = subnet_list(subnets, family, next(set_ids))
+        text = list_comment("ignore-subnet-", subnets)
+        rules.append(NativeRule(pre, (*exprs, *RETURN), COMMENT_PREFIX + text, sets))
     inbound = options.incoming_proxy_port
     if ports := options.ports_to_redirect:
         text = list_comment("redirect-port-", [str(p) for p in ports], "-to-proxy-port")
@@ -469,7 +501,7 @@ def compat_expressions(tables: Sequence[NativeTable]) -> list[Expr]:
 def _dumped_set(info: SetInfo, elements: Sequence[SetElements]) -> NativeSet:
     interval = bool(info.flags & NFT_SET_INTERVAL)
     pairs = [e for m in elements if (m.table, m.set_name) == (TABLE, info.name) for e in m.elements]
-    items = items_from_elements(pairs, interval) if info.key_len == 2 else ()
+    items = items_from_elements(pairs, interval, info.key_len) if info.key_len else ()
     return NativeSet(info.name, None, interval, items, info.key_type, info.key_len)
 
 
@@ -562,8 +594,13 @@ def _statements(  # noqa: PLR0911
     match exprs:
         case [Meta(x.NFT_META_L4PROTO, 1), Cmp(x.NFT_CMP_EQ, b"\x06", 1),
               Payload(x.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, 1), Lookup(_, 1) as lookup,
-              *rest] if (text := _set_text(lookup, sets)):  # fmt: skip
+              *rest] if (text := _set_text(lookup, sets, family)):  # fmt: skip
             return [f"tcp dport {text}", *_statements(rest, family, sets)]
+        case [Payload(x.NFT_PAYLOAD_NETWORK_HEADER, offset, length, 1), Lookup(_, 1) as lookup,
+              *rest] if (offset, length) == SADDR[family] and (
+            text := _set_text(lookup, sets, family)
+        ):  # fmt: skip
+            return [f"{FAMILY_WORD[family]} saddr {text}", *_statements(rest, family, sets)]
         case [Meta(x.NFT_META_L4PROTO, 1), Cmp(x.NFT_CMP_EQ, b"\x06", 1),
               Payload(x.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, 1), value, *rest] if (
             ports := _dport(value)
@@ -596,20 +633,36 @@ def _statements(  # noqa: PLR0911
     return [f"<expr {exprs[0]!r}>", *_statements(exprs[1:], family, sets)]
 
 
-def _set_text(lookup: Lookup, sets: Sequence[NativeSet]) -> str:
-    """`{ 80, 4190-4191 }` as nft prints a port set (sorted, ranges `L-U`); "" when the set
-    is not there or not one of ports (the lookup is then shown raw)."""
-    for port_set in sets:
+def _set_text(lookup: Lookup, sets: Sequence[NativeSet], family: Family) -> str:
+    """`{ 80, 4190-4191 }` / `{ 10.0.0.0/8, 172.16.0.1 }` as nft prints a set of ports or of
+    the family's addresses (sorted; a range `L-U`, an aligned one as a prefix); "" when
+    the set is not there or of another kind (the lookup is then shown raw)."""
+    kinds = {(TYPE_INET_SERVICE, 2): None, (ADDRESS_TYPE[family], SADDR[family][1]): family}
+    for key_set in sets:
         mine = (
-            lookup.set_name == port_set.name
+            lookup.set_name == key_set.name
             if lookup.set_id is None
-            else (lookup.set_id == port_set.set_id)
+            else lookup.set_id == key_set.set_id
         )
-        if mine and (port_set.key_type, port_set.key_len) == (TYPE_INET_SERVICE, 2):
-            if not port_set.items:
-                return ""
-            return "{ " + ", ".join(r.render("-") for r in port_set.items) + " }"
+        if mine and (key_set.key_type, key_set.key_len) in kinds and key_set.items:
+            of = kinds[key_set.key_type, key_set.key_len]
+            texts = [
+                PortRange(*r).render("-") if of is None else _address_range(r, of)
+                for r in key_set.items
+            ]
+            return "{ " + ", ".join(texts) + " }"
     return ""
+
+
+def _address_range(r: Interval, family: Family) -> str:
+    address = ipaddress.IPv4Address if family is Family.IPV4 else ipaddress.IPv6Address
+    size = r.upper - r.lower + 1
+    if size & (size - 1) == 0 and r.lower % size == 0:  # a prefix
+        if size == 1:
+            return str(address(r.lower))
+        width = SADDR[family][1] * 8
+        return f"{address(r.lower)}/{width - size.bit_length() + 1}"
+    return f"{address(r.lower)}-{address(r.upper)}"
 
 
 def _dport(expr: Expr) -> str:
