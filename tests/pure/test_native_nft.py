@@ -19,6 +19,7 @@ from multicall.core.firewall.nft.native import (
     COMMENT_MAX,
     ELEMENTS_PER_MESSAGE,
     TABLE,
+    Interval,
     NativeSet,
     build_native_batch,
     compat_expressions,
@@ -284,7 +285,7 @@ def test_merged_items_and_elements_round_trip() -> None:
         assert all(a.upper + 1 < b.lower for a, b in itertools.pairwise(items))
         interval = NativeSet("__set%d", 1, True, items)
         assert items_from_elements(set_elements(interval), True) == items
-        plain = NativeSet("__set%d", 1, False, tuple(sorted(set(ranges))))
+        plain = NativeSet("__set%d", 1, False, tuple(sorted({Interval(*r) for r in ranges})))
         if all(r.lower == r.upper for r in ranges):
             assert items_from_elements(set_elements(plain), False) == plain.items
 
