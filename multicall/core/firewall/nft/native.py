@@ -32,6 +32,11 @@ Rules of this module:
    not at all, so the result never depends on what was there before and a repeated ADD is
    idempotent.
 5. Pure: values in, bytes and text out (the socket is `multicall.effects.firewall.nft`).
+
+It is one file (~740 lines) because its four parts are one vocabulary read both ways: the
+plan's expressions and sets, the batch that sends them, the dump that reads them back and
+the text that prints them must stay each other's inverse (CHECK compares plan and dump by
+that text), and a split would put the two halves of each pair in different modules.
 """
 
 from __future__ import annotations
