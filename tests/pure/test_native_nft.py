@@ -24,6 +24,7 @@ from multicall.core.firewall.nft.native import (
     build_native_batch,
     compat_expressions,
     diff_text,
+    elements_per_message,
     extract_table,
     items_from_elements,
     list_comment,
@@ -315,3 +316,16 @@ def test_a_long_list_comment_is_cut_on_an_item() -> None:
     tail = list_comment("redirect-port-", items, "-to-proxy-port")
     assert tail.endswith(",...-to-proxy-port")
     assert len("proxy-init/" + tail) <= COMMENT_MAX
+
+
+def test_an_ipv6_subnet_set_keeps_each_element_list_under_64_kib() -> None:
+    """36 bytes an element: fewer per message than a port set's 2,048 (elements_of checks
+    every list attribute's length)."""
+    subnets = tuple(f"fd00::{i:x}:0/112" for i in range(0, 2 * 4000, 2))  # none adjacent
+    table = native_table(ProxyInitOptions(subnets_to_ignore=subnets), V6)
+    batch = build_native_batch((table,), 1)
+    ((address_set,),) = [r.sets for r in table.rules if r.sets]
+    assert len(address_set.items) == 4000
+    assert len(elements_of(batch)) == 8001  # an end at 0, then a start and an end each
+    assert elements_per_message(16) < ELEMENTS_PER_MESSAGE
+    assert len(of_type(batch, netlink.NFT_MSG_NEWSETELEM)) == -(-8001 // elements_per_message(16))

@@ -28,9 +28,9 @@ Rules of this module:
    the same way.
 4. One batch programs every family of a pod: for each table, add (a no-op if present),
    delete, add again, then its chains and rules, each rule after its set and the set's
-   elements (in messages of at most ELEMENTS_PER_MESSAGE). The kernel commits it whole or
-   not at all, so the result never depends on what was there before and a repeated ADD is
-   idempotent.
+   elements (in messages that keep each list attribute under 64 KiB). The kernel commits it
+   whole or not at all, so the result never depends on what was there before and a
+   repeated ADD is idempotent.
 5. Pure: values in, bytes and text out (the socket is `multicall.effects.firewall.nft`).
 
 It is one file (~740 lines) because its four parts are one vocabulary read both ways: the
@@ -150,9 +150,17 @@ ADDRESS_TYPE = {Family.IPV4: 7, Family.IPV6: 8}
 SET_TEMPLATE = "__set%d"
 SET_ID_BASE = {Family.IPV4: 1, Family.IPV6: 1 << 16}
 # Elements go in messages of at most this many: NFTA_SET_ELEM_LIST_ELEMENTS is one
-# attribute (16-bit length, < 64 KiB) and an element costs at most 24 bytes. A 65,535-port
-# list is then ~32 messages, about 1 MiB (one 4-byte key per port).
+# attribute (16-bit length, < 64 KiB). An element costs at most 20 bytes (three attribute
+# headers and an interval end's flags) plus its key padded to 4: 24 for a port, 36 for an
+# IPv6 address, whose sets get fewer per message. A 65,535-port list is 32 messages, ~1 MiB.
 ELEMENTS_PER_MESSAGE = 2048
+ATTRIBUTE_ROOM = 65_535 - 4  # the list attribute's own header
+
+
+def elements_per_message(key_len: int) -> int:
+    return min(ELEMENTS_PER_MESSAGE, ATTRIBUTE_ROOM // (20 + -(-key_len // 4) * 4))
+
+
 # nft refuses a longer comment (NFTNL_UDATA_COMMENT_MAXLEN): what it lists it can re-add.
 COMMENT_MAX = 128
 
@@ -444,7 +452,7 @@ def _element(key: bytes, flags: int) -> bytes:
 def _set_ops(
     port_set: NativeSet, what: str, fam: Family
 ) -> list[tuple[int, int, bytes, str, Family]]:
-    """NEWSET, then its elements in messages of at most ELEMENTS_PER_MESSAGE (rule 4)."""
+    """NEWSET, then its elements in messages of at most elements_per_message (rule 4)."""
     assert port_set.set_id is not None, "a planned set is named by its id"
     elements = set_elements(port_set)
     ops = [
@@ -453,8 +461,9 @@ def _set_ops(
     head = attr_str(NFTA_SET_ELEM_LIST_TABLE, TABLE)
     head += attr_str(NFTA_SET_ELEM_LIST_SET, port_set.name)
     head += attr_u32(NFTA_SET_ELEM_LIST_SET_ID, port_set.set_id)
-    for start in range(0, len(elements), ELEMENTS_PER_MESSAGE):
-        chunk = elements[start : start + ELEMENTS_PER_MESSAGE]
+    per = elements_per_message(port_set.key_len)
+    for start in range(0, len(elements), per):
+        chunk = elements[start : start + per]
         body = head + nested(NFTA_SET_ELEM_LIST_ELEMENTS, *(_element(k, f) for k, f in chunk))
         ops.append((NFT_MSG_NEWSETELEM, NLM_F_CREATE, body, f"elements of the set of {what}", fam))
     return ops
