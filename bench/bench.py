@@ -35,7 +35,7 @@ Each ADD is checked outside the timed region: exit status 0, stdout is the prevR
 the pod's nat table (Debian's iptables-save) equals upstream's golden for the mode.
 `--profile` instead runs one source-mode ADD under `-X importtime` and cProfile; `--only
 agent|oneshot` runs one group of interleaved rows with their ratios (a quick measurement of
-one path).
+one path); `--only native` the nftables mode against the nft mode (bench/native_rows.py).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from bench.agent_rows import agent_rows  # noqa: E402
 from bench.cri_rows import add_cri_rows, report_cri  # noqa: E402
 from bench.interleaved import oneshot_rows  # noqa: E402
 from bench.measure import Row  # noqa: E402
+from bench.native_rows import native_rows  # noqa: E402
 from bench.netns import Namespaces, remove_stale  # noqa: E402
 from bench.plugin_runs import Bench, Plugin, cluster  # noqa: E402
 from bench.report import agent_ratios, format_ratios, format_table, loadavg, ratios, save  # noqa: E402
@@ -166,7 +167,7 @@ def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces
     return 1 if failures else 0
 
 
-ONLY = ("agent", "oneshot")
+ONLY = ("agent", "oneshot", "native")
 
 
 def run_only(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces) -> int:
@@ -189,6 +190,9 @@ def run_only(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces)
         bench = Bench(spawner, namespaces, cl)
         if args.only == "oneshot":
             oneshot_rows(bench, impls, args.iterations, add)
+        elif args.only == "native":
+            extra["native"] = native_rows(bench, binary, impls, spawner.workdir,
+                                          args.iterations, add=add)  # fmt: skip
         else:
             extra["agent"] = agent_rows(bench, binary, impls, spawner.workdir, args.iterations,
                                         args.concurrency, add, oneshot=False)  # fmt: skip
@@ -343,8 +347,9 @@ def main() -> int:
     parser.add_argument(
         "--only",
         choices=ONLY,
-        help="only one issue-11 group of interleaved rows (with their replay): the meshed "
-        "and unmeshed ADDs through the agent, or the one-shot binary ADD (no burst unless -c)",
+        help="only one group of interleaved rows: the meshed and unmeshed ADDs through the "
+        "agent, or the one-shot binary ADD, each with its replay (issue 11; no burst unless "
+        "-c); or native: the nftables mode against the nft mode, one-shot and agent (issue 28)",
     )
     args = parser.parse_args()
     args.binary = args.binary or str(REPO / "dist" / "cnibox")
