@@ -15,14 +15,21 @@ import copy
 import json
 import socket
 import statistics
+import sys
 import threading
 import time
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
-from bench.paths import GOLDEN
-from multicall.agent.pod_cache import CacheFeed, ask_parent
-from multicall.core.kube.pod_cache import (
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(
+    0, str(REPO)
+)  # before the imports below: run as a script, bench/ is a package of REPO
+
+from bench.paths import GOLDEN  # noqa: E402
+from multicall.agent.pod_cache import CacheFeed, ask_parent  # noqa: E402
+from multicall.core.kube.pod_cache import (  # noqa: E402
     MAX_PODS,
     NAMESPACES,
     PODS,
@@ -30,7 +37,7 @@ from multicall.core.kube.pod_cache import (
     cluster_identity,
     reduce_pod,
 )
-from tests.support.kubeapi import pods_from_golden
+from tests.support.kubeapi import pods_from_golden  # noqa: E402
 
 CLUSTER = cluster_identity("10.96.0.1:443", "https", "", "PEM")
 
