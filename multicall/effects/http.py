@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
+from multicall.core.go.chunked import ChunkError, chunk_size
 from multicall.core.go.strconv import go_quote, go_quote_list
 from multicall.core.limits import API_HEAD, describe_size
 
@@ -512,18 +513,16 @@ def read_body(reader: BinaryIO, head: Head, limit: int = MAX_BODY) -> bytes:
 
 
 def _read_chunked(reader: BinaryIO, limit: int) -> bytes:
-    """Go's chunked reader: a hex size (extensions after `;` ignored), the data, then CRLF
+    """Go's chunked reader: a hex size line (core/go/chunked.py), the data, then CRLF
     exactly; trailers after the last chunk are read and dropped."""
     chunks: list[bytes] = []
     total = 0
     budget = [API_HEAD]  # chunk-size lines and trailers: framing, charged like a head
     while True:
-        size_text = _line(reader, budget, "chunked framing").split(b";")[0].rstrip(b" \t\r\n")
-        if not size_text or not all(c in _HEX for c in size_text):
-            raise HttpProtocolError("invalid byte in chunk length")
-        if len(size_text) > 16:
-            raise HttpProtocolError("http chunk length too large")
-        size = int(size_text, 16)
+        try:
+            size = chunk_size(_line(reader, budget, "chunked framing"))
+        except ChunkError as exc:
+            raise HttpProtocolError(str(exc)) from None
         if size == 0:
             while _line(reader, budget, "chunked framing").strip():
                 pass  # trailers
@@ -534,9 +533,6 @@ def _read_chunked(reader: BinaryIO, limit: int) -> bytes:
         chunks.append(_exactly(reader, size))
         if _exactly(reader, 2) != b"\r\n":
             raise HttpProtocolError("malformed chunked encoding")
-
-
-_HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
 def _exactly(reader: BinaryIO, size: int) -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -22,6 +23,7 @@ from multicall.core.kube.watch import (
     parse_watch_event,
 )
 from multicall.errors import KubeError
+from tests.support.framing import FRAMINGS, Err, Framing, Ok
 
 
 def chunked(payload: bytes, sizes: list[int]) -> bytes:
@@ -88,9 +90,9 @@ def test_memory_stays_at_one_line_however_long_the_stream() -> None:
 @pytest.mark.parametrize(
     ("wire", "message"),
     [
-        (b"zz\r\nabc\r\n", "chunk size"),
-        (b"3\r\nabcX\r\n", "no CRLF after chunk data"),
-        (b"1" * 2000, "too long"),
+        (b"zz\r\nabc\r\n", "invalid byte in chunk length"),
+        (b"3\r\nabcX\r\n", "malformed chunked encoding"),
+        (b"1" * 5000, "header line too long"),
     ],
 )
 def test_malformed_chunking_is_an_error(wire: bytes, message: str) -> None:
@@ -215,3 +217,30 @@ def test_random_event_json_round_trips_through_the_decoder() -> None:
     assert [parse_watch_event(line).object for line in lines if line] == [
         e["object"] for e in events
     ]
+
+
+CHUNKED_200 = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+CHUNKED_FRAMINGS = [f for f in FRAMINGS if f.raw.startswith(CHUNKED_200)]
+
+
+@pytest.mark.parametrize("framing", CHUNKED_FRAMINGS, ids=lambda f: f.name)
+def test_the_watch_decoder_reads_chunks_as_the_client(framing: Framing) -> None:
+    """Every chunked body of the framing table (Go's outcome per case, checked against Go's
+    client by tests/tools/test_http_framing_oracle.py) ends in the watch stream's decoder as
+    in the client: the same payload, or an error in the same words (`0x10`, `+5`, ` 5`,
+    `1_0`, 17 digits were read by `int(text, 16)` before)."""
+    wire = framing.raw[len(CHUNKED_200) :]
+    expected = framing.outcome
+    if isinstance(expected, Ok):
+        assert decode_whole(wire) == expected.body
+    else:
+        assert isinstance(expected, Err)
+        with pytest.raises(KubeError, match=re.escape(expected.text)):
+            decode_whole(wire)
+
+
+def decode_whole(wire: bytes) -> bytes:
+    decoder = BodyLines(chunked=True)
+    lines = decoder.feed(wire) + decoder.finish()
+    assert decoder.done
+    return b"\n".join(line or b"" for line in lines)
