@@ -62,6 +62,9 @@ class Endpoint:
     host: str
     port: int
     prefix: str
+    # The name TLS sends (SNI) and verifies the certificate against: a kubeconfig's
+    # `tls-server-name` (client-go's TLSClientConfig.ServerName), else the host.
+    server_name: str = ""
 
     @property
     def hostport(self) -> str:
@@ -168,7 +171,8 @@ class Connection:
             raw.settimeout(_remaining(deadline))
             context = tls() if callable(tls) else tls
             assert context is not None, "an https endpoint needs a TLS context"
-            self.sock = context.wrap_socket(raw, server_hostname=host)
+            name = _wire_host(self.endpoint.server_name) if self.endpoint.server_name else host
+            self.sock = context.wrap_socket(raw, server_hostname=name)
         self.reader = io.BufferedReader(_DeadlineReader(self), READ_SIZE)
         self.stage = "request"
 
