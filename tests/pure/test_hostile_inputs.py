@@ -36,16 +36,15 @@ from tests.support.hostile import (
     write_big_save,
     write_plugin_config,
 )
+from tests.support.plain import assert_plain
 from tests.support.pods import MESHED
 from tests.support.scenarios import netconf
 
-# Any Python exception name, or the dispatcher's word for a bug, is an internal leaking out.
-INTERNALS = re.compile(r"Traceback|internal error|\b[A-Z][A-Za-z]*(?:Error|Exception)\b")
 FAST = 10.0  # seconds: "fails fast" (these take well under a second; the bound is CI-proof)
 
 
 def plain(text: str) -> str:
-    assert not INTERNALS.search(text), text
+    assert_plain(text)  # no Python internals (tests/support/plain.py)
     return text
 
 

@@ -131,7 +131,7 @@ def test_duplicate_names_in_an_unused_section_are_refused_too(tmp_path: Path) ->
     text = kubeconfig("", "    token: t\n") + "- user: {token: a}\n- user: {token: b}\n"
     path = tmp_path / "config"
     path.write_text(text)
-    with pytest.raises(KubeError, match='duplicate name "" in list$'):
+    with pytest.raises(KubeError, match=r'duplicate name "" in list$'):
         read_kubeconfig(str(path))
 
 
@@ -163,7 +163,7 @@ def test_bytes_go_yaml_refuses(tmp_path: Path, raw: bytes, problem: str) -> None
 def test_a_file_ending_inside_a_utf8_sequence(tmp_path: Path) -> None:
     path = tmp_path / "config"
     path.write_bytes(kubeconfig("", "    token: t\n").encode() + b"# \xe2\x82")
-    with pytest.raises(KubeError, match="yaml: incomplete UTF-8 octet sequence$"):
+    with pytest.raises(KubeError, match=r"yaml: incomplete UTF-8 octet sequence$"):
         read_kubeconfig(str(path))
 
 
