@@ -165,7 +165,9 @@ def run(opts: Options, env: Mapping[str, str], stdin: BinaryIO, stdout: BinaryIO
     want = want.against(got.table)
     # A streamed --input keeps no other chain's rules unless --strict (plugin/verify.py).
     streamed = opts.input is not None and not opts.strict
-    diff = diff_tables(want.table, got.table, strict=opts.strict, chains_known=not streamed)
+    diff = diff_tables(
+        want.table, got.table, strict=opts.strict, chains_known=not streamed, raw=got.raw
+    )
     if not opts.quiet:
         render = format_json if opts.json else format_text
         write_text(stdout, render(diff, opts, want, got))
