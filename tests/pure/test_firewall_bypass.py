@@ -201,3 +201,18 @@ def test_iptables_verify_reads_the_raw_table_of_a_save(tmp_path: Path, strict: b
         assert code == 1, out
         assert "untracked in the raw table" in out
         assert "+ -A OUTPUT -j mine" in out
+
+
+@pytest.mark.parametrize(("rules", "untracks"), RAW_CASES[:3] + RAW_CASES[8:14])
+def test_check_judges_the_raw_table(rules: str, untracks: bool) -> None:
+    """CHECK reads the pod's raw table through the Firewall port (`dump_raw`) and fails
+    when it untracks the pod's TCP (the live backends: tests/netns/test_raw_bypass.py)."""
+    node = Node()
+    assert node.run("ADD").exit_code == 0
+    raw = last_table(parse_save(RAW_HEAD + rules + "\nCOMMIT\n"), "raw")
+    assert raw is not None
+    node.firewall.raw[(NETNS, Family.IPV4)] = raw
+    result = node.run("CHECK")
+    assert result.exit_code == (1 if untracks else 0), result.stdout
+    if untracks:
+        assert "untracked in the raw table" in json.loads(result.stdout)["details"]
