@@ -133,9 +133,13 @@ class WatchEvent:
 
 
 def parse_watch_event(line: bytes) -> WatchEvent:
+    """One line of a watch body as kube-rs reads it with serde_json: UTF-8 JSON only (no
+    UTF-16 or BOM, which `json.loads` of bytes would detect and take; no encoded
+    surrogates), no NaN or Infinity, nesting bounded (a RecursionError would have ended the
+    controller's watcher thread); KubeError otherwise."""
     try:
-        doc = json.loads(line)
-    except ValueError:
+        doc = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError):  # UnicodeDecodeError, JSONDecodeError, 4,300 digits
         raise KubeError("the watch stream carried a line that is not JSON") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("object"), dict):
         raise KubeError("the watch stream carried an event without an object")
@@ -143,6 +147,10 @@ def parse_watch_event(line: bytes) -> WatchEvent:
     if kind not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"):
         raise KubeError(f"the watch stream carried an unknown event type {kind!r}")
     return WatchEvent(str(kind), doc["object"])
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
 
 
 def resource_version(obj: Json) -> str:
