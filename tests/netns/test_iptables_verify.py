@@ -255,3 +255,15 @@ def test_a_comment_over_255_bytes_is_cut_as_iptables_cuts_it(
     path.write_text(json.dumps(conf))
     proc = verify(["--config", str(path), "--netns", ns.path])
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_reading_raw_does_not_instantiate_it(rig: Rig, tmp_path: Path) -> None:
+    """x_tables creates a table on its first open; verify (and CHECK) read raw only when the
+    netns has one, so a pod that never had a raw table does not get one (and its hooks)."""
+    ns = rig.netns()
+    restore(ns, "default-legacy", "ipv4", "legacy")
+    args = ["--config", config(tmp_path, "default-legacy", "legacy"), "--netns", ns.path]
+    assert verify(args).returncode == 0
+    names = ns.exec(["cat", "/proc/net/ip_tables_names"]).split()
+    assert "nat" in names
+    assert "raw" not in names
