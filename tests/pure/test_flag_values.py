@@ -8,14 +8,17 @@ parsing function itself, so nothing here starts a service.
 
 from __future__ import annotations
 
+import io
 import subprocess
 
 import pytest
 
+from multicall.applets import APPLETS, find_applet
 from multicall.applets.linkerd_cni_agent import _float, _int
 from multicall.applets.linkerd_cni_agent import parse_args as agent_args
 from multicall.core.repair.cli import parse_args as repair_args
 from multicall.core.repair.cli import parse_duration
+from multicall.dispatch import run_applet
 from multicall.effects.admin_server import parse_address
 from multicall.errors import UsageError
 from tests.support.cnibox import cnibox_argv
@@ -165,4 +168,23 @@ def test_other_applets_numbers_refused_plainly(name: str, args: list[str]) -> No
     )
     text = (proc.stdout + proc.stderr).decode("utf-8", "replace")
     assert proc.returncode not in (0, 70), text
+    assert_plain(text)
+
+
+@pytest.mark.parametrize("name", sorted(a.name for a in APPLETS), ids=str)
+@pytest.mark.parametrize(
+    "args",
+    [["--" + "x" * 5000], ["--\udcff"], ["-\udcff"], ["--" + "9" * 5000 + "=1"]],
+    ids=["long-option", "surrogate-option", "surrogate-short", "digits-option"],
+)
+def test_every_applet_refuses_hostile_options_plainly(name: str, args: list[str]) -> None:
+    """Every row of the applet table, through the dispatcher's boundary in this process:
+    an option no applet has (5,000 characters, an argv byte that is not UTF-8) stops at
+    the command line with a usage error, never an internal error (nothing else runs)."""
+    applet = find_applet(name)
+    assert applet is not None
+    out, err = io.BytesIO(), io.BytesIO()
+    status = run_applet(applet, [name, *args], {"PATH": "/nonexistent"}, (io.BytesIO(), out, err))
+    text = (out.getvalue() + err.getvalue()).decode("utf-8", "replace")
+    assert status not in (0, 70), text
     assert_plain(text)
