@@ -45,9 +45,12 @@ serve a request, the plugin runs as a one-shot process (docs/agent.md).
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
+from multicall.core.go.strconv import NumError, go_atoi
 from multicall.core.keeper import KeeperMode
 from multicall.errors import UsageError
 
@@ -212,24 +215,43 @@ def parse_args(args: list[str]) -> dict[str, str]:
     opts["log-level"], opts["log-format"] = logs.parse_log_options(
         opts["log-level"], opts["log-format"]
     )
+    # Every value is judged here, before anything starts (a keeper, the warm preload).
+    for name in ("workers", "max-requests", "worker-requests"):
+        _int(opts, name, 1)
+    if opts["max-workers"]:
+        _int(opts, "max-workers", 1)
+    for name in ("request-timeout", "shutdown-grace"):
+        _float(opts, name)
+    if opts["admin-addr"]:
+        from multicall.effects.admin_server import parse_address
+
+        parse_address(opts["admin-addr"])
     return opts
 
 
 def _int(opts: Mapping[str, str], name: str, minimum: int) -> int:
+    """An integer as Go's Atoi reads it (any length, leading zeros free; no spaces, `_` or
+    non-ASCII digits, which Python's int() would take)."""
     try:
-        value = int(opts[name])
-    except ValueError:
+        value = go_atoi(opts[name])
+    except NumError:
         value = minimum - 1
     if value < minimum:
-        raise UsageError(f"--{name} {opts[name]}: expected an integer >= {minimum}")
+        raise UsageError(f"--{name} {_shown(opts[name])}: expected an integer >= {minimum}")
     return value
+
+
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
 
 
 def _float(opts: Mapping[str, str], name: str) -> float:
-    try:
-        value = float(opts[name])
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise UsageError(f"--{name} {opts[name]}: expected a positive number of seconds")
+    """Seconds: ASCII decimal digits only (float() would also take `inf`, `1e400`, `1_0`)."""
+    text = opts[name]
+    value = float(text) if _DECIMAL.fullmatch(text) else -1.0
+    if not 0 < value < math.inf:
+        raise UsageError(f"--{name} {_shown(text)}: expected a positive number of seconds")
     return value
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"

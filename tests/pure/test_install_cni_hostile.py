@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import time
@@ -28,18 +27,11 @@ from tests.support.installer_host import (
     snapshot,
 )
 from tests.support.logfmt import records
+from tests.support.plain import assert_plain
 from tests.support.waiting import wait_for
 
 STATE = ".cnibox-install-cni"
 MiB = 1 << 20
-
-
-def assert_plain(text: str) -> None:
-    """Class 8: a user never sees an exception name, a traceback or an errno tuple."""
-    assert "Traceback" not in text, text
-    assert "internal error" not in text, text
-    assert "[Errno" not in text, text
-    assert not re.search(r"\b[A-Z][A-Za-z]*(Error|Exception)\b", text), text
 
 
 def run_measured(host: Host, *args: str, **env: str) -> tuple[int, str, int]:
