@@ -3,7 +3,7 @@ pool of pre-forked workers and the queue in front of it, cancellation, deadlines
 HTTP endpoints, SIGTERM and the drain (docs/agent.md). A worker's own life after the fork is
 agent/worker_process.py's; what it does with a request, agent/worker.py's.
 
-It is one file (~820 lines) because it is one single-threaded poll loop whose state (the
+It is one file (~850 lines) because it is one single-threaded poll loop whose state (the
 workers, their client connections, the queue, the draining flag) every part reads and
 changes on each turn; split, each part would reach into the others' state.
 
@@ -68,7 +68,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from multicall.agent import admission
 from multicall.agent.admission import Admitted, Pending, Refused
@@ -104,6 +104,15 @@ OUT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 RESERVED_FDS = 32
 
 
+class MetricsFeed(Protocol):
+    """Another process's metrics the loop reads as they arrive and /metrics includes (the
+    keeper's: agent/keeper_process.py)."""
+
+    def fileno(self) -> int: ...
+    def receive(self) -> None: ...
+    def render(self) -> str: ...
+
+
 def default_max_workers() -> int:
     return max(4, 2 * (os.cpu_count() or 1))
 
@@ -137,9 +146,15 @@ class Worker:
 
 class Server:
     def __init__(
-        self, options: ServerOptions, log: Log, serve: Serve, prepare: Prepare | None = None
+        self,
+        options: ServerOptions,
+        log: Log,
+        serve: Serve,
+        prepare: Prepare | None = None,
+        feed: MetricsFeed | None = None,
     ) -> None:
         self.options = options
+        self.feed = feed
         self.log = log
         self.serve = serve
         self.prepare = prepare
@@ -177,6 +192,8 @@ class Server:
             self.start_admin()
         self.listen()
         self.poll.register(self.wake_r, select.POLLIN)
+        if self.feed is not None:
+            self.poll.register(self.feed.fileno(), select.POLLIN)
 
     def listen(self) -> None:
         """Bind a new listening socket under a temporary name and rename it over the socket
@@ -272,6 +289,8 @@ class Server:
             with contextlib.suppress(BlockingIOError):
                 os.read(self.wake_r, 512)
             self.run_jobs()
+        elif self.feed is not None and fd == self.feed.fileno():
+            self.feed.receive()
         elif self.listener is not None and fd == self.listener.fileno():
             self.accept_clients()
         elif fd in self.workers:
@@ -549,6 +568,8 @@ class Server:
         """Every descriptor the parent owns, detached from its Python object (a later
         collection of that object must not close a reused number)."""
         fds = [self.wake_r, self.wake_w]  # (the admin server's sockets: closed at fork)
+        if self.feed is not None:
+            fds.append(self.feed.fileno())  # the parent's alone to read
         socks = [self.listener]
         socks += [w.ctl for w in self.workers.values()]
         socks += [w.conn for w in self.workers.values()]
@@ -792,7 +813,11 @@ class Server:
         self.metrics.idle_workers = self.idle_count()
         self.metrics.queued = len(self.queue)
         self.metrics.in_flight = self.in_flight()
-        return render(self.metrics, self.options.build).encode()
+        text = render(self.metrics, self.options.build)
+        if self.feed is not None:
+            self.feed.receive()  # a snapshot sent in this same round is counted
+            text += self.feed.render()
+        return text.encode()
 
     def on_loop(self, job: Callable[[], T], timeout: float = LOOP_ANSWER) -> T | None:
         """Run `job` on the event loop's thread (from an admin thread); None when the loop

@@ -99,7 +99,8 @@ def main(
 
         keeper = KeeperProcess.start(settings, env, log)
     try:
-        return serve(Server(options, log, worker.serve, prepare=warmth.prepare), opts, log)
+        server = Server(options, log, worker.serve, prepare=warmth.prepare, feed=keeper)
+        return serve(server, opts, log)
     finally:
         if keeper is not None:
             keeper.stop(log)  # after the workers, which hold the pipe's write end too
