@@ -70,9 +70,10 @@ RESEND = 0.25  # seconds before a snapshot the parent had no room for is sent ag
 
 
 class EventSink(Protocol):
-    """Posts a Kubernetes Event about a pod (the agent's API identity)."""
+    """Posts a Kubernetes Event about a pod (the agent's API identity); False: there is no
+    API to post it to."""
 
-    def post(self, record: SandboxRecord, action: str, note: str) -> None: ...
+    def post(self, record: SandboxRecord, action: str, note: str) -> bool: ...
 
 
 class PodState(Protocol):
@@ -230,11 +231,22 @@ class Keeper:
 
     def watch(self, record: SandboxRecord) -> None:
         from multicall.effects.ns import ns_identity, open_netns
+        from multicall.effects.pod_sandbox import Refused
+        from multicall.errors import NetnsError
 
         try:
             path = self.finder.host_path(record.netns)
             fd = open_netns(path)
-        except Exception as exc:  # noqa: BLE001 - Refused, OSError, NetnsError and friends
+        except (Refused, NetnsError) as exc:
+            # No such path (Refused: host_path found none; NetnsNotFound), or a file there
+            # that is no namespace (errno None: a bind mount a reboot took): the sandbox is
+            # gone and will never come back under this record. Other errors (EACCES) keep it.
+            if isinstance(exc, Refused) or exc.errno is None:
+                self.prune(record, f"its network namespace is gone ({exc})")
+            else:
+                self.log("info", f"keeper: not watching {record.key}: {exc}")
+            return
+        except Exception as exc:  # noqa: BLE001 - OSError and friends: kept, not watched
             self.log("info", f"keeper: not watching {record.key}: {exc}")
             return
         try:
@@ -386,10 +398,19 @@ class Keeper:
         except OSError:
             same = False
         if not same:
-            self.log("info", f"keeper: {_pod(watched.record)}: its sandbox is gone")
-            self.store.remove(watched.record.key)
             self.unwatch(watched.record.key)
+            self.prune(watched.record, "its sandbox is gone")
         return not same
+
+    def prune(self, record: SandboxRecord, why: str) -> None:
+        """The record of a sandbox that no longer exists goes (a DEL the agent never saw, a
+        node reboot): nothing is compared or repaired for it."""
+        self.log("info", f"keeper: {_pod(record)}: record {record.key} removed: {why}")
+        self.metrics.pruned += 1
+        try:
+            self.store.remove(record.key)
+        except Exception as exc:  # noqa: BLE001 - OSError: logged; read again at restart
+            self.log("warning", f"keeper: cannot remove the record {record.key}: {exc}")
 
     def check(self, watched: Watched, since: float) -> None:
         """Compare the live tables with the record; report or repair what drifted."""
@@ -516,8 +537,8 @@ class Keeper:
 
     def post(self, record: SandboxRecord, action: str, note: str) -> None:
         try:
-            self.events.post(record, action, note[:EVENT_NOTE_MAX])
-            self.metrics.count_event(action)
+            if self.events.post(record, action, note[:EVENT_NOTE_MAX]):
+                self.metrics.count_event(action)
         except Exception as exc:  # noqa: BLE001 - an Event is best effort: counted, logged
             self.metrics.events_failed += 1
             self.log("warning", f"keeper: cannot post an Event for {_pod(record)}: {exc}")
@@ -542,7 +563,7 @@ class ApiEvents:
     instance: str
     timeout: float = 5.0
 
-    def post(self, record: SandboxRecord, action: str, note: str) -> None:
+    def post(self, record: SandboxRecord, action: str, note: str) -> bool:
         from multicall.core.repair.policy import PodRef, event_document
         from multicall.effects.kube.stream import create_event
 
@@ -552,6 +573,7 @@ class ApiEvents:
         )
         doc["reportingController"] = "linkerd-cni-agent"
         create_event(self.session, record.namespace, doc, self.timeout)
+        return True
 
 
 @dataclass(slots=True)

@@ -315,8 +315,8 @@ def _host_files(host_root: str) -> Files:
 class NoEvents:
     """Without an API: Events are not posted (the keeper's log says what they would)."""
 
-    def post(self, record: SandboxRecord, action: str, note: str) -> None:
-        return None
+    def post(self, record: SandboxRecord, action: str, note: str) -> bool:
+        return False
 
 
 class NoPods:

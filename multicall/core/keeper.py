@@ -394,6 +394,7 @@ class KeeperMetrics:
     repairs_delayed: int = 0  # a repair that waited for its back-off delay
     events_failed: int = 0
     sweeps: int = 0
+    pruned: int = 0  # records of sandboxes found gone
     restarts: int = 0  # of the keeper process by its supervisor (agent/keeper_process.py)
     detection: Histogram = field(default_factory=_latency)
     repair_latency: Histogram = field(default_factory=_latency)
@@ -448,6 +449,9 @@ class KeeperMetrics:
                        "Kubernetes Events the keeper could not post.", self.events_failed),
                 family("sweeps_total", "counter", "Periodic sweeps of x_tables tables.",
                        self.sweeps),
+                family("records_pruned_total", "counter", "Records of sandboxes whose network "
+                       "namespace is gone (a DEL the agent did not see, a node reboot), removed.",
+                       self.pruned),
                 family("restarts_total", "counter",
                        "Keeper processes restarted after one exited or died.", self.restarts),
                 text_histogram(
@@ -498,6 +502,7 @@ def encode_metrics(metrics: KeeperMetrics, pid: int) -> bytes:
         "repairsDelayed": metrics.repairs_delayed,
         "eventsFailed": metrics.events_failed,
         "sweeps": metrics.sweeps,
+        "pruned": metrics.pruned,
         "restarts": metrics.restarts,
         "detection": histogram(metrics.detection),
         "repair": histogram(metrics.repair_latency),
@@ -521,6 +526,7 @@ def decode_metrics(data: bytes) -> tuple[KeeperMetrics, int] | None:
         metrics.repairs_delayed = _count(doc["repairsDelayed"])
         metrics.events_failed = _count(doc["eventsFailed"])
         metrics.sweeps = _count(doc["sweeps"])
+        metrics.pruned = _count(doc["pruned"])
         metrics.restarts = _count(doc["restarts"])
         _histogram(metrics.detection, doc["detection"])
         _histogram(metrics.repair_latency, doc["repair"])
