@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.agent.conftest import AgentNode
 from tests.agent.test_agent_source import conf, env_for, invoke
-from tests.support import REPO, require_root, require_tool
+from tests.support import require_tool
 from tests.support.agent import AgentProcess
-from tests.support.kubeapi import KubeApi
 from tests.support.oracles import SAVE, save_text
-from tests.support.pki import Pki
 from tests.support.pods import MESHED
 from tests.support.rig import Netns, Rig
 from tests.support.scenarios import fixture_text
@@ -52,35 +51,14 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture
 def keeper_setup(
-    request: pytest.FixtureRequest, tmp_path: Path, pki: Pki
+    request: pytest.FixtureRequest, agent_node: AgentNode
 ) -> Iterator[tuple[Rig, Netns, Path, AgentProcess]]:
-    require_root()
-    require_tool("iptables-nft-save")
     require_tool("nft")
-    rig, api = Rig(), KubeApi(pki)
-    try:
-        node = rig.node()
-        api.add_pod(MESHED)
-        api.start(node.path)
-        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
-        net_dir = tmp_path / "net.d"
-        net_dir.mkdir()
-        entry = json.loads(conf(kubeconfig, "nft"))
-        del entry["prevResult"], entry["cniVersion"], entry["name"]
-        conflist = {"cniVersion": "1.0.0", "name": "cbxnet", "plugins": [entry]}
-        (net_dir / "10-cbxnet.conflist").write_text(json.dumps(conflist))
-        agent = AgentProcess(
-            tmp_path / "run" / "agent.sock",
-            argv=[sys.executable, "-m", "multicall"],
-            env={"PYTHONPATH": str(REPO)},
-            extra=["--cni-net-dir", str(net_dir), *request.param],
-            netns=node.path,  # the API stand-in listens in the node's netns
-        )
-        with agent:
-            yield rig, node, kubeconfig, agent
-    finally:
-        api.stop()
-        rig.cleanup()
+    entry = json.loads(conf(agent_node.kubeconfig, "nft"))
+    del entry["prevResult"], entry["cniVersion"], entry["name"]
+    net_dir = agent_node.net_dir(entry)
+    with agent_node.agent(extra=["--cni-net-dir", str(net_dir), *request.param]) as agent:
+        yield agent_node.rig, agent_node.node, agent_node.kubeconfig, agent
 
 
 def pod_with_ip(rig: Rig) -> Netns:
