@@ -220,3 +220,62 @@ def test_no_false_repair_of_100_idle_pods(agent_node: AgentNode, mode: str) -> N
     print(f"\n{mode}: {PODS} pods idle {quiet:.0f}s: keeper CPU {cpu:.3f}s "
           f"({100 * cpu / quiet:.2f}% of a core), {sweeps:.0f} sweeps, RSS {rss / 2**20:.1f} MiB, "
           "0 drift, 0 repairs, 0 Events")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- restarts
+
+
+@pytest.mark.parametrize("mode", ["nft", "legacy"])
+def test_a_restarted_agent_rebuilds_its_watch_and_repairs_drift_made_while_down(
+    agent_node: AgentNode, mode: str
+) -> None:
+    """SIGTERM, a change while no agent runs, the agent started again: the records are
+    watched again and the changed sandbox is repaired (its first comparison), the others
+    are left alone."""
+    require_tool(f"iptables-{mode}-save")
+    upstream = fixture_text(f"default-{mode}")
+    agent = keeper_agent(agent_node, mode)
+    with agent:
+        pods = add_pods(agent_node, agent, mode, 3)
+        wait_for(lambda: watching(agent, 3), "3 sandboxes watched")
+        assert agent.stop() == 0
+    pods[1].exec(CHANGE[mode])
+    assert save_text(pods[1], SAVE[mode]) != upstream
+    with agent:
+        wait_for(lambda: watching(agent, 3), "3 sandboxes watched again")
+        wait_for(lambda: save_text(pods[1], SAVE[mode]) == upstream, "the repair", timeout=15)
+        wait_for(lambda: total(keeper_samples(agent), "repairs_total") == 1, "the repair counted")
+        samples = keeper_samples(agent)
+        assert samples['cnibox_agent_keeper_repairs_total{reason="missing_rule"}'] == 1
+        assert total(samples, "drift_total") == 1
+        assert total(samples, "records_pruned_total") == 0
+        assert all(save_text(p, SAVE[mode]) == upstream for p in pods)
+        assert "repaired in place (missing_rule)" in "".join(agent.log)
+
+
+def test_a_reboot_prunes_the_records_of_sandboxes_that_are_gone(agent_node: AgentNode) -> None:
+    """After a "reboot" the records remain (here: the agent's record dir is kept) but the
+    sandboxes' netns are gone: their records are removed, nothing is repaired or posted; the
+    sandbox that is still there is watched."""
+    upstream = fixture_text("default-nft")
+    agent = keeper_agent(agent_node, "nft")
+    with agent:
+        pods = add_pods(agent_node, agent, "nft", 3)
+        wait_for(lambda: watching(agent, 3), "3 sandboxes watched")
+        assert agent.stop() == 0
+    records = Path(agent.socket).parent / "sandboxes"
+    assert len(list(records.iterdir())) == 3
+    agent_node.rig.remove(pods[0])
+    agent_node.rig.remove(pods[2])
+    with agent:
+        wait_for(lambda: len(list(records.iterdir())) == 1, "the stale records removed")
+        wait_for(lambda: watching(agent, 1), "the remaining sandbox watched")
+        samples = keeper_samples(agent)
+        assert samples["cnibox_agent_keeper_records_pruned_total"] == 2
+        for family in ("drift_total", "repairs_total", "refused_total", "events_total",
+                       "event_failures_total", "repair_failures_total"):  # fmt: skip
+            assert total(samples, family) == 0, (family, samples)
+        assert [p.name for p in records.iterdir()] == ["cbx0001-eth0.json"]
+        assert save_text(pods[1], SAVE["nft"]) == upstream
+        pods[1].exec(CHANGE["nft"])  # the one left is watched for real
+        wait_for(lambda: save_text(pods[1], SAVE["nft"]) == upstream, "its repair")
