@@ -69,11 +69,14 @@ AGENT = "DaemonSet/linkerd-cni-agent"  # cnibox's own DaemonSet (agent.enabled)
 
 def objects(text: str) -> dict[str, dict[str, Any]]:
     """The rendered objects by kind (the chart renders at most one object of each kind of
-    Linkerd's), and the agent's DaemonSet, which Linkerd's chart does not have, as AGENT."""
+    Linkerd's), and the agent's objects, which Linkerd's chart does not have, as KIND/NAME
+    (its DaemonSet: AGENT; its keeper's ServiceAccount, ClusterRole, bindings)."""
     docs = [d for d in yaml.safe_load_all(text) if d]
     by_kind = {
-        AGENT if f"{d['kind']}/{d['metadata']['name']}" == AGENT else d["kind"]: d for d in docs
-    }
+        f"{d['kind']}/{name}" if (name := d["metadata"]["name"]) == "linkerd-cni-agent"
+        else d["kind"]: d
+        for d in docs
+    }  # fmt: skip
     assert len(by_kind) == len(docs), "two objects of one kind"
     return by_kind
 
@@ -908,8 +911,10 @@ class TestRendering:
         root with CAP_NET_ADMIN (+ CAP_SYS_ADMIN where libiptc must enter the pod's netns),
         nothing else; the socket directory and the node's launcher cache from the host; probes
         on the admin port; a grace period longer than its own. install-cni keeps Linkerd's
-        networking and gains the install-time unpack into the node's cache."""
-        ours = objects(render({"agent": {"enabled": True}, "iptablesMode": mode}, tmp=tmp_path))
+        networking and gains the install-time unpack into the node's cache. (Without its
+        keeper: test_the_agents_keeper adds what that needs.)"""
+        values = {"agent": {"enabled": True, "keeper": "off"}, "iptablesMode": mode}
+        ours = objects(render(values, tmp=tmp_path))
         ds = ours[AGENT]
         assert ds["metadata"]["labels"]["linkerd.io/cni-resource"] == "true"
         assert ds["spec"]["selector"] == {"matchLabels": {"k8s-app": "linkerd-cni-agent"}}
@@ -929,6 +934,8 @@ class TestRendering:
             "info",
             "--log-format",
             "plain",
+            "--keeper",
+            "off",
         ]
         # Loopback (issue 24 #5), so the probes name it: the kubelet would ask the node's IP.
         assert agent["livenessProbe"]["httpGet"] == {
@@ -972,6 +979,67 @@ class TestRendering:
         }
 
     @pytest.mark.parametrize(
+        ("mode", "keeper", "cache"),
+        [("nft", "repair", "/var/lib/cni"), ("legacy", "report", ""), ("plain", "repair", "")],
+    )
+    def test_the_agents_keeper(self, mode: str, keeper: str, cache: str, tmp_path: Path) -> None:
+        """agent.keeper (repair by default): the flags, CAP_SYS_ADMIN (a netlink socket in
+        each pod's netns, the repair's ADD there), the node's CNI config, netns and CNI cache
+        dirs read-only at their own paths (the netns with HostToContainer propagation), the
+        node's xtables lock for x_tables; its own service account, token mounted, allowed to
+        GET pods and create events.k8s.io Events, and nothing else."""
+        values: dict[str, Any] = {"agent": {"enabled": True}, "iptablesMode": mode}
+        if keeper != "repair":
+            values["agent"]["keeper"] = keeper
+        if cache != "/var/lib/cni":
+            values["agent"]["cniCacheDir"] = cache
+        ours = objects(render(values, tmp=tmp_path))
+        pod = ours[AGENT]["spec"]["template"]["spec"]
+        [agent] = pod["containers"]
+        flags = agent["args"][agent["args"].index("--keeper") :]
+        assert flags == ["--keeper", keeper, "--cni-net-dir", "/etc/cni/net.d",
+                         *(["--cni-cache-dir", cache] if cache else [])]  # fmt: skip
+        assert agent["securityContext"]["capabilities"]["add"] == ["NET_ADMIN", "SYS_ADMIN"]
+        volumes = {v["name"]: v["hostPath"] for v in pod["volumes"]}
+        mounts = {m["mountPath"]: (m, volumes[m["name"]]) for m in agent["volumeMounts"]}
+        expected = {
+            "/etc/cni/net.d": {"path": "/etc/cni/net.d"},
+            "/var/run/netns": {"path": "/var/run/netns", "type": "DirectoryOrCreate"},
+        }
+        if cache:
+            expected[cache] = {"path": cache, "type": "DirectoryOrCreate"}
+        if mode != "nft":
+            expected["/run/xtables.lock"] = {"path": "/run/xtables.lock", "type": "FileOrCreate"}
+        keepers = {
+            k: v for k, v in mounts.items() if k not in ("/var/run/linkerd-cni", "/var/lib/cnibox")
+        }
+        assert {k: host for k, (_m, host) in keepers.items()} == expected
+        for path, (mount, _host) in keepers.items():
+            assert mount.get("readOnly") is (None if path == "/run/xtables.lock" else True)
+        assert mounts["/var/run/netns"][0]["mountPropagation"] == "HostToContainer"
+        assert pod["serviceAccountName"] == "linkerd-cni-agent"
+        assert pod["automountServiceAccountToken"] is True
+        account = ours["ServiceAccount/linkerd-cni-agent"]
+        assert account["metadata"]["namespace"] == "linkerd-test"
+        assert ours["ClusterRole/linkerd-cni-agent"]["rules"] == [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
+        ]
+        binding = ours["ClusterRoleBinding/linkerd-cni-agent"]
+        assert binding["roleRef"]["name"] == "linkerd-cni-agent"
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "linkerd-cni-agent", "namespace": "linkerd-test"}
+        ]
+        # the linkerd-cni account (install-cni's) gains nothing from the keeper
+        assert ours["ClusterRole"]["rules"] == objects(render(tmp=tmp_path))["ClusterRole"]["rules"]
+
+    def test_keeper_off_renders_none_of_the_keepers_objects(self, tmp_path: Path) -> None:
+        ours = objects(render({"agent": {"enabled": True, "keeper": "off"}}, tmp=tmp_path))
+        assert not [k for k in ours if k.endswith("/linkerd-cni-agent") and k != AGENT]
+        with pytest.raises(manifests.RenderError, match="keeper"):
+            render({"agent": {"enabled": True, "keeper": "fix"}}, tmp=tmp_path)
+
+    @pytest.mark.parametrize(
         ("address", "listen", "host"),
         [
             ("::1", "[::1]:9991", "::1"),
@@ -1007,7 +1075,12 @@ class TestRendering:
         assert spec["hostNetwork"] is True
         assert spec["hostPorts"] == [{"min": 9991, "max": 9991}]
         assert spec["allowedCapabilities"] == ["NET_ADMIN", "SYS_ADMIN"]
-        assert ours[AGENT]["spec"]["template"]["spec"]["serviceAccountName"] == "linkerd-cni"
+        # the keeper's own account (agent.keeper on by default) is bound to the policy too
+        assert ours[AGENT]["spec"]["template"]["spec"]["serviceAccountName"] == "linkerd-cni-agent"
+        binding = ours["RoleBinding/linkerd-cni-agent"]
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                      "name": ours["Role"]["metadata"]["name"]}  # fmt: skip
+        assert binding["subjects"][0]["name"] == "linkerd-cni-agent"
 
     def test_committed_manifests_are_the_chart_rendering(self) -> None:
         """packaging/kubernetes/*.yaml are exactly `helm template` of the chart today."""
