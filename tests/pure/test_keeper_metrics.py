@@ -163,3 +163,26 @@ def test_a_pid_that_is_not_the_supervisors_child_is_not_read(
     text = samples(process.render())
     assert text["cnibox_agent_keeper_sweeps_total"] == "7"
     assert "cnibox_agent_keeper_cpu_seconds_total" not in text
+
+
+@pytest.mark.parametrize(
+    ("pod", "uid", "refusal"),
+    [
+        ({"metadata": {"uid": "u1"}}, "u1", None),
+        ({"metadata": {"uid": "u1"}}, "", None),  # a record without the pod's UID
+        ({"metadata": {"uid": "u2"}}, "u1", Refusal.POD_REPLACED),
+        ({"metadata": {"uid": "u1", "deletionTimestamp": "2026-12-04T00:00:00Z"}}, "u1",
+         Refusal.POD_TERMINATING),
+        ({"metadata": "not an object"}, "u1", Refusal.POD_REPLACED),
+    ],
+)  # fmt: skip
+def test_why_a_pod_no_longer_owns_its_sandbox(
+    pod: dict[str, object], uid: str, refusal: Refusal | None
+) -> None:
+    from multicall.core.keeper import pod_gone
+
+    assert pod_gone(pod, uid) is refusal
+    if refusal is not None:
+        metrics = KeeperMetrics()
+        metrics.count_refusal(refusal)
+        assert f'refused_total{{reason="{refusal.value}"}} 1' in metrics.render()
