@@ -124,6 +124,7 @@ def test_keeper_off_records_and_repairs_nothing(
     time.sleep(2.0)
     assert save_text(pod_ns, SAVE["nft"]) != fixture_text("default-nft")
     assert "keeper started" not in "".join(agent.log)
+    assert not [k for k in agent.metrics() if k.startswith("cnibox_agent_keeper_")]
 
 
 # ----------------------------------------------------------------------------- many pods
