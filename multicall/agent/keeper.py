@@ -238,10 +238,13 @@ class Keeper:
             path = self.finder.host_path(record.netns)
             fd = open_netns(path)
         except (Refused, NetnsError) as exc:
-            # No such path (Refused: host_path found none; NetnsNotFound), or a file there
-            # that is no namespace (errno None: a bind mount a reboot took): the sandbox is
-            # gone and will never come back under this record. Other errors (EACCES) keep it.
-            if isinstance(exc, Refused) or exc.errno is None:
+            # No such file in a directory this process sees (Refused: host_path found none;
+            # NetnsNotFound), or a file there that is no namespace (errno None: a bind mount
+            # a reboot took): the sandbox is gone and never comes back under this record.
+            # A directory it does not see (a mount missing), or another error (EACCES),
+            # says nothing about the sandbox: the record is kept.
+            gone = exc.errno is None if isinstance(exc, NetnsError) else True
+            if gone and self.finder.netns_dir_visible(record.netns):
                 self.prune(record, f"its network namespace is gone ({exc})")
             else:
                 self.log("info", f"keeper: not watching {record.key}: {exc}")
