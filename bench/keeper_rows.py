@@ -54,13 +54,13 @@ def keeper_rows(  # noqa: PLR0917 - the bench's state, passed down as run_only h
     windows: int,
     add: Callable[[Row], None],
 ) -> dict[str, Any]:
-    net_dir = _net_dir(bench, workdir)
     summary: dict[str, Any] = {}
     for mode in ("nft", "legacy"):
+        net_dir = _net_dir(bench, workdir, mode)
         extra = ["--keeper", "repair", "--cni-net-dir", str(net_dir)]
         with agent_running(binary, bench.cluster, workdir, extra, f"keeper-{mode}") as (
             sock,
-            _log,
+            log,
             proc,
         ):
             plugin = agent_plugin(workdir, sock)
@@ -86,7 +86,12 @@ def keeper_rows(  # noqa: PLR0917 - the bench's state, passed down as run_only h
                 idle.peak_rss_kb = _rss_kb(keeper)
                 idle.note = f"CPU ms per {WINDOW:.0f} s window (not wall time)"
                 add(idle)
-                add(_latency_row(mode, names, netns, repairs))
+                latency = _latency_row(mode, names, netns, repairs)
+                add(latency)
+                if latency.failures:  # what the keeper said about it
+                    lines = log.read_text(errors="replace").splitlines()
+                    said = [line for line in lines if "keeper" in line][-10:]
+                    bench.problems.append(f"keeper {mode}: not repaired in time: {said}")
                 summary[mode] = {"keeper_pid": keeper, "pods": pods}
             finally:
                 bench.namespaces.remove(names)
@@ -113,13 +118,14 @@ def _latency_row(mode: str, names: list[str], netns: list[str], repairs: int) ->
     return row
 
 
-def _net_dir(bench: Bench, workdir: Path) -> Path:
-    """The node's CNI config dir: a conflist whose linkerd-cni entry the repair runs."""
-    net_dir = workdir / "keeper-net.d"
+def _net_dir(bench: Bench, workdir: Path, mode: str) -> Path:
+    """The node's CNI config dir: a conflist whose linkerd-cni entry the repair runs (in
+    `mode`: a repair programs what the node's entry says now, not what the record holds)."""
+    net_dir = workdir / f"keeper-net.d-{mode}"
     net_dir.mkdir(exist_ok=True)
     entry = {"type": "linkerd-cni", "log_level": "info",
              "kubernetes": {"kubeconfig": str(bench.cluster.kubeconfig)},
-             "linkerd": {**CHART_LINKERD}}  # fmt: skip
+             "linkerd": {**CHART_LINKERD, "iptables-mode": mode}}  # fmt: skip
     conflist = {"cniVersion": "1.0.0", "name": "cbxnet", "plugins": [entry]}
     (net_dir / "10-cbxnet.conflist").write_text(json.dumps(conflist))
     return net_dir
