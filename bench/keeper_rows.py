@@ -114,7 +114,10 @@ def _latency_row(mode: str, names: list[str], netns: list[str], repairs: int) ->
         row.samples_ms.append(1000 * (time.monotonic() - changed))
         if table == golden and mode == "legacy":
             time.sleep(0.1)  # out of the sweep that repaired it before the next change
-    row.note = "change committed to upstream's table read back (polled)"
+    started = time.monotonic()
+    nat_table(netns[0], mode)
+    poll = 1000 * (time.monotonic() - started)
+    row.note = f"change committed to upstream's table read back (polled; one read {poll:.0f} ms)"
     return row
 
 
