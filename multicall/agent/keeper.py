@@ -229,7 +229,8 @@ class Keeper:
             self.unwatch(key)
         self.watch(record)
 
-    def watch(self, record: SandboxRecord) -> None:
+    def watch(self, record: SandboxRecord, repairs: tuple[float, ...] = ()) -> None:
+        """`repairs`: the back-off's history when a record is replaced (follow)."""
         from multicall.effects.ns import ns_identity, open_netns
         from multicall.effects.pod_sandbox import Refused
         from multicall.errors import NetnsError
@@ -253,7 +254,7 @@ class Keeper:
             self.log("info", f"keeper: not watching {record.key}: {exc}")
             return
         try:
-            watched = Watched(record, path, ns_identity(fd))
+            watched = Watched(record, path, ns_identity(fd), repairs=repairs)
             if record.mode in EVENT_DRIFT:
                 from multicall.effects.nft_events import NftEvents
 
@@ -525,7 +526,7 @@ class Keeper:
         )
         try:
             found = Sandbox(entry, watched.path, self.finder.plugin_config(record.network))
-            self.repairer.repair_sandbox(found, record.ips)
+            done = self.repairer.repair_sandbox(found, record.ips)
         except Exception as exc:  # noqa: BLE001 - Refused and every CniboxError are reported
             self.metrics.repair_failures += 1
             self.log("warning", f"keeper: {_pod(record)}: repair failed: {exc}")
@@ -537,6 +538,31 @@ class Keeper:
         self.log("info", f"keeper: {_pod(record)}: repaired in place ({what})")
         self.post(record, "Repairing", f"The redirect rules drifted ({what}); "
                   "linkerd-cni's ADD re-programmed them in place and they verify.")  # fmt: skip
+        self.follow(watched, done)
+
+    def follow(self, watched: Watched, done: Programmed) -> None:
+        """A repair programs the node's linkerd-cni entry as it is now. When that differs from
+        the record (the entry's iptables-mode or options changed since the pod's ADD), the
+        record follows what was programmed: compared with the old expectation, the sandbox
+        would drift again at once and be re-programmed on every check until the back-off
+        stopped it. The back-off's history goes with it."""
+        import dataclasses
+
+        record = watched.record
+        now = (done.mode, done.families, done.options)
+        if now == (record.mode, record.families, record.options):
+            return
+        followed = dataclasses.replace(
+            record, mode=done.mode, families=done.families, options=done.options
+        )
+        self.log("info", f"keeper: {_pod(record)}: recorded as programmed now "
+                 f"({record.mode.value} -> {done.mode.value})")  # fmt: skip
+        try:
+            self.store.write(followed)
+        except Exception as exc:  # noqa: BLE001 - watched as programmed until a restart
+            self.log("warning", f"keeper: cannot record {record.key}: {exc}")
+        self.unwatch(record.key)
+        self.watch(followed, repairs=watched.repairs)
 
     def post(self, record: SandboxRecord, action: str, note: str) -> None:
         try:
