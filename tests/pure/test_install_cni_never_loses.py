@@ -222,16 +222,37 @@ def test_journal_writes_grow_linearly_with_the_configs(
     assert written["journal"] <= 3 * count * len(CONFLIST)
 
 
-def test_installing_a_thousand_configs_is_quick(tmp_path: Path) -> None:
-    """Item 6: 1,000 configs install and uninstall within a generous bound (measured: see
-    docs/install-cni.md; quadratic installs took 4.7 s for 800)."""
+def test_install_flushes_per_batch_not_per_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 6: installing 1,000 configs flushes to disk a bounded number of times (three
+    syncfs per batch and the fsyncs of the binary, kubeconfig and undo.json), not twice per
+    config; every config is patched and uninstall restores each one. (The time is a bench
+    row: bench/installer.py, docs/benchmarks.md.)"""
     host = make_host(tmp_path)
     for i in range(1000):
         (host.net_dir / f"{i:04d}.conf").write_bytes(CONF)
-    started = time.monotonic()
+    before = configs(host)
+    flushes = {"fsync": 0, "syncfs": 0}
+    real_fsync, real_syncfs = os.fsync, fs.sync_filesystem
+
+    def fsync(fd: int) -> None:
+        flushes["fsync"] += 1
+        real_fsync(fd)
+
+    def syncfs(directory: str) -> None:
+        flushes["syncfs"] += 1
+        real_syncfs(directory)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(fs, "sync_filesystem", syncfs)
     code, err = run(host, "--once")
     assert code == 0, err
+    assert err.count("patched ") == 1000
+    assert all(linkerd_count(host.net_dir / f"{i:04d}.conflist") == 1 for i in range(1000))
+    assert flushes["fsync"] <= 20
+    assert 1 <= flushes["syncfs"] <= 3
+    monkeypatch.undo()
     code, err = run(host, "--uninstall")
     assert code == 0, err
-    assert time.monotonic() - started < 30
-    assert len(configs(host)) == 1000
+    assert configs(host) == before

@@ -112,10 +112,12 @@ def _plugins_of(document: dict[str, Json]) -> list[Json]:
     return plugins
 
 
-def insert_linkerd(existing: bytes, linkerd: bytes) -> bytes:
-    """The config `existing` with the linkerd plugin `linkerd` chained last, Go-formatted."""
-    document = parse_document(existing, "existing CNI configuration")
-    plugin = parse_document(linkerd, "linkerd network configuration")
+def insert_linkerd(existing: bytes | dict[str, Json], linkerd: bytes | dict[str, Json]) -> bytes:
+    """The config `existing` with the linkerd plugin `linkerd` chained last, Go-formatted.
+    Either may be given parsed (`parse_document`'s, not changed here): the installer parses
+    its plugin once, and each config once for this and `remove_linkerd`."""
+    document = _parsed(existing, "existing CNI configuration")
+    plugin = _parsed(linkerd, "linkerd network configuration")
     if "type" in document:
         if is_linkerd(document):
             raise ConfigError("a single-plugin config of type linkerd-cni is not a primary config")
@@ -134,14 +136,18 @@ def insert_linkerd(existing: bytes, linkerd: bytes) -> bytes:
     return render_go_json({**document, "plugins": [*others, plugin]})
 
 
-def remove_linkerd(existing: bytes) -> bytes | None:
+def remove_linkerd(existing: bytes | dict[str, Json]) -> bytes | None:
     """The config without its linkerd entries, Go-formatted; None when it has none."""
-    document = parse_document(existing, "CNI configuration")
+    document = _parsed(existing, "CNI configuration")
     plugins = _plugins_of(document)
     kept = [p for p in plugins if not is_linkerd(p)]
     if len(kept) == len(plugins):
         return None
     return render_go_json({**document, "plugins": kept})
+
+
+def _parsed(value: bytes | dict[str, Json], what: str) -> dict[str, Json]:
+    return value if isinstance(value, dict) else parse_document(value, what)
 
 
 def upgraded_name(filename: str) -> str:
