@@ -26,6 +26,7 @@ from typing import Union
 
 from multicall.core.go.encoding_json.decode import scrub_text
 from multicall.core.go.encoding_json.encode import marshal
+from multicall.core.limits import CONFIG_JSON_VALUES, too_many_json_values
 from multicall.errors import ConfigError
 
 LINKERD_TYPE = "linkerd-cni"
@@ -62,6 +63,9 @@ def _parse_int(literal: str) -> int | float:
 
 def parse_document(data: bytes, what: str = "document") -> dict[str, Json]:
     """A JSON object from bytes; ConfigError for anything else."""
+    refused = too_many_json_values(data, CONFIG_JSON_VALUES)
+    if refused:
+        raise ConfigError(f"{what} is refused: {refused}")
     try:
         value: Json = json.loads(
             data.decode("utf-8", "replace"),

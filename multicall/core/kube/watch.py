@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 from urllib.parse import urlencode
 
+from multicall.core.limits import API_JSON_VALUES, too_many_json_values
 from multicall.errors import KubeError
 
 MAX_EVENT_BYTES = 4 * 1024 * 1024  # kube-apiserver refuses objects above ~1.5 MiB (etcd)
@@ -136,6 +137,9 @@ class WatchEvent:
 
 
 def parse_watch_event(line: bytes) -> WatchEvent:
+    refused = too_many_json_values(line, API_JSON_VALUES)
+    if refused:
+        raise KubeError(f"the watch stream carried an event that {refused.removeprefix('it ')}")
     try:
         doc = json.loads(line)
     except ValueError:
