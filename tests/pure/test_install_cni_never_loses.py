@@ -15,6 +15,7 @@ from multicall.core.installer.journal import RECORD_LIMIT
 from multicall.effects import fs
 from multicall.installer import lock
 from tests.support.installer_host import TESTDATA, Host, linkerd_count, make_host, put_config
+from tests.support.waiting import wait_for
 
 STATE = ".cnibox-install-cni"
 CONF = (TESTDATA / "10-calico.conf").read_bytes()
@@ -256,3 +257,46 @@ def test_install_flushes_per_batch_not_per_config(
     code, err = run(host, "--uninstall")
     assert code == 0, err
     assert configs(host) == before
+
+
+def test_two_watching_installers_overlapping_leave_every_file_as_it_was(tmp_path: Path) -> None:
+    """Item 4, a DaemonSet rollout: the old pod's installer watches; the new one starts and
+    waits on the host lock; the primary CNI writes a config meanwhile; the old one gets
+    SIGTERM and undoes, the new one then installs (the new config too) and is stopped in
+    turn. After both: every config has its original bytes and name, nothing else is left."""
+    host = make_host(tmp_path)
+    for i in range(10):
+        (host.net_dir / f"{i:02d}-a.conf").write_bytes(CONF)
+        (host.net_dir / f"{i:02d}-b.conflist").write_bytes(CONFLIST)
+    before = {**configs(host), "50-new.conflist": CONFLIST}
+
+    def chained() -> bool:
+        names = [p for p in host.net_dir.iterdir() if p.name.endswith(".conflist")]
+        return len(names) >= 20 and all(linkerd_count(p) == 1 for p in names)
+
+    old = host.start()
+    new = None
+    try:
+        wait_for(chained, "the old installer's patches", 60)
+        new = host.start()
+        time.sleep(1.0)  # the new one is waiting on the old one's lock by now
+        (host.net_dir / "50-new.conflist").write_bytes(CONFLIST)
+        wait_for(lambda: linkerd_count(host.net_dir / "50-new.conflist") == 1, "a watch patch")
+        old.send_signal(15)
+        _, old_err = old.communicate(timeout=60)
+        assert old.returncode == 0, old_err
+        wait_for(lambda: chained() and (host.net_dir / "50-new.conflist").exists(), "new", 60)
+        wait_for(lambda: linkerd_count(host.net_dir / "50-new.conflist") == 1, "new's patch")
+        new.send_signal(15)
+        _, new_err = new.communicate(timeout=60)
+        assert new.returncode == 0, new_err
+    finally:
+        for proc in (old, new):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert "another install-cni holds" in new_err
+    assert "Traceback" not in old_err + new_err
+    assert configs(host) == before
+    assert list(host.bin_dir.iterdir()) == []
+    assert not (host.net_dir / STATE).exists()
