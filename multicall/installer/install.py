@@ -136,11 +136,12 @@ class Installer:
     def write_record(self, record: journal.Record, *, durable: bool = True) -> None:
         """One config's record, before its change is made: one small file, whatever the
         number of configs (rule 1); not `durable`: the caller syncs a batch of them."""
+        records_dir = self.config.records_dir
         if not self.records_ready:
             fs.private_dir(self.config.state_dir, create=True)
-            fs.private_dir(self.config.records_dir, create=True)
+            fs.private_dir(records_dir, create=True)
             self.records_ready = True
-        path = os.path.join(self.config.records_dir, os.path.basename(record.path))
+        path = os.path.join(records_dir, os.path.basename(record.path))
         write = fs.write_atomic if durable else fs.write_unsynced
         write(path, journal.encode_record(record), 0o600)
 
