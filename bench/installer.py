@@ -1,6 +1,6 @@
 """install-cni's time against the number of CNI configs (issue 30 item 6): `--once` then
 `--uninstall` of N `.conf` files of 1 KB (each converted to a `.conflist`), on tmpfs
-(Talos' /etc/cni) and on the repo's disk (ext4 here: every sync reaches the disk).
+(Talos' /etc/cni) and on /var/tmp (the disk: ext4 here, the repo's too).
 
 Each (directory, N) runs in a fresh interpreter, the applet in-process (source mode: the
 binary runs the same Python); wall and CPU seconds of the process are reported, and every
@@ -8,7 +8,7 @@ config is checked patched after the install and byte-identical after the uninsta
 Nothing outside the temporary directory is touched. Speed is reported here, never
 asserted in tests (tests/pure/test_install_cni_never_loses.py asserts the flush count).
 
-    python bench/installer.py [--counts 200,1000,10000] [--dirs /dev/shm,REPO]
+    python bench/installer.py [--counts 200,1000,10000] [--dirs /dev/shm,/var/tmp]
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def one(count: int, base: str) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", default="200,1000,10000")
-    parser.add_argument("--dirs", default=f"/dev/shm,{REPO}")
+    parser.add_argument("--dirs", default="/dev/shm,/var/tmp")
     parser.add_argument("--one", nargs=2, metavar=("N", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:

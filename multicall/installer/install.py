@@ -145,9 +145,14 @@ class Installer:
         write = fs.write_atomic if durable else fs.write_unsynced
         write(path, journal.encode_record(record), 0o600)
 
-    def drop_record(self, path: str) -> None:
-        """After the undo of one config: its record goes."""
-        fs.remove_durably(os.path.join(self.config.records_dir, os.path.basename(path)))
+    def drop_record(self, path: str, *, durable: bool = True) -> None:
+        """After the undo of one config: its record goes (not `durable`: the caller syncs a
+        batch of them)."""
+        record = os.path.join(self.config.records_dir, os.path.basename(path))
+        if durable:
+            fs.remove_durably(record)
+        else:
+            fs.unlink_unsynced(record)
         del self.state.records[path]
 
     def forget(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -279,7 +280,12 @@ def test_two_watching_installers_overlapping_leave_every_file_as_it_was(tmp_path
     try:
         wait_for(chained, "the old installer's patches", 60)
         new = host.start()
-        time.sleep(1.0)  # the new one is waiting on the old one's lock by now
+        lines: list[str] = []
+        stream = new.stderr
+        assert stream is not None
+        reader = threading.Thread(target=lambda: lines.extend(stream), daemon=True)
+        reader.start()
+        wait_for(lambda: any("another install-cni holds" in x for x in lines), "the wait", 60)
         (host.net_dir / "50-new.conflist").write_bytes(CONFLIST)
         wait_for(lambda: linkerd_count(host.net_dir / "50-new.conflist") == 1, "a watch patch")
         old.send_signal(15)
@@ -288,14 +294,18 @@ def test_two_watching_installers_overlapping_leave_every_file_as_it_was(tmp_path
         wait_for(lambda: chained() and (host.net_dir / "50-new.conflist").exists(), "new", 60)
         wait_for(lambda: linkerd_count(host.net_dir / "50-new.conflist") == 1, "new's patch")
         new.send_signal(15)
-        _, new_err = new.communicate(timeout=60)
+        new.wait(timeout=60)
+        reader.join(timeout=10)
+        new_err = "".join(lines)
+        for pipe in (new.stdout, stream):
+            if pipe is not None:
+                pipe.close()
         assert new.returncode == 0, new_err
     finally:
         for proc in (old, new):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-    assert "another install-cni holds" in new_err
     assert "Traceback" not in old_err + new_err
     assert configs(host) == before
     assert list(host.bin_dir.iterdir()) == []
