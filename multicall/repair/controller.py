@@ -72,6 +72,7 @@ class Controller:
         self.stopping = threading.Event()
         self.ready = False
         self.delivered = 0  # list pages and watch lines handled (the watcher thread's count)
+        self.pod_events = 0  # pod events of watches (the watcher's progress, run_watch)
         self._lock = threading.Lock()  # guards the sets below (watcher and worker)
         self._queued = policy.Recent(policy.QUEUE_CAPACITY * 4)  # pod UIDs in the queue
         self._deleted = policy.Recent(RECENT_UIDS)  # pod UIDs deleted
@@ -112,6 +113,7 @@ class Controller:
         # watch that ends at once nor a 410 answered to every watch can loop unthrottled.
         backoff = Backoff(initial=self.options.error_delay)
         while not self.stopping.is_set():
+            before = self.pod_events
             try:
                 progressed = self.step(cursor)
             except KubeError as exc:
@@ -126,7 +128,7 @@ class Controller:
                 elif cursor.phase is Phase.LIST:
                     cursor.relist()
                 self.logger(INFO, STREAM, "stream failed", error=exc.message)
-                progressed = False
+                progressed = self.pod_events > before  # a watch cut after its events
             if progressed is None:
                 continue  # a LIST page: the WATCH after it decides
             if progressed:
@@ -156,6 +158,7 @@ class Controller:
             for event in cursor.watch_event(parse_watch_event(line)):
                 self.handle(event)
                 progressed = True  # a pod event (a BOOKMARK yields none)
+                self.pod_events += 1
             self.delivered += 1
         # client-go's "very short watch": under a second and nothing in it is a failure
         return progressed or time.monotonic() - started >= 1.0
