@@ -521,9 +521,10 @@ def test_watches_that_end_at_once_back_off(api: WatchApi, start: Any, answer: st
     LIST and a WATCH) and ends. Neither is progress (docs/repair-controller.md), so the
     controller backs off: a bounded number of requests and under 2% of a core over 5 s
     (before: 21,465 watches / 9,191 LIST+WATCH pairs in 6 s, 54% of a core)."""
+    api.watch_answer = answer  # from the first WATCH on (the LIST is answered)
     ctl = start()
-    api.watch_answer = answer
     time.sleep(1.0)  # the streak starts
+    assert api.watches_served >= 1
     watches, lists = api.watches_served, _lists(api)
     cpu = cpu_seconds(ctl.proc.pid)
     window = 5.0
