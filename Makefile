@@ -131,7 +131,7 @@ test-arm64: deps dist/cnibox-arm64
 
 test-arm64-vm: deps dist/cnibox-arm64
 	export CNIBOX_ARM64=$(CURDIR)/dist/cnibox-arm64 CNIBOX_ARM64_VM=1
-	$(call run_pytest,tests/arm64/test_vm.py)
+	$(call run_pytest,tests/arm64/test_vm.py tests/arm64/test_vm_no_xtables.py)
 
 test: deps lint type test-source test-binary test-agent test-arm64
 

@@ -26,14 +26,16 @@ Rows:
   concurrency      N ADDs launched at once against N fresh netns (also through the agent)
   CRI sandbox      RunPodSandbox through Debian's containerd (the node of tests/cri, binary
                    plugin): bridge only vs bridge + linkerd-cni chained as the chart does,
-                   in alternating blocks of the same run; the call's wall time (containerd
-                   makes the netns, starts the pause container, runs the chain)
+                   one-shot and through the node agent, in alternating blocks of the same
+                   run; the call's wall time (containerd makes the netns, starts the pause
+                   container, runs the chain); p50/p90/p99 and the added latency's share
+                   of bridge-only's (bench/cri_rows.py)
 
 Each ADD is checked outside the timed region: exit status 0, stdout is the prevResult, and
 the pod's nat table (Debian's iptables-save) equals upstream's golden for the mode.
 `--profile` instead runs one source-mode ADD under `-X importtime` and cProfile; `--only
 agent|oneshot` runs one group of interleaved rows with their ratios (a quick measurement of
-one path).
+one path); `--only native` the nftables mode against the nft mode (bench/native_rows.py).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from bench.agent_rows import agent_rows  # noqa: E402
 from bench.cri_rows import add_cri_rows, report_cri  # noqa: E402
 from bench.interleaved import oneshot_rows  # noqa: E402
 from bench.measure import Row  # noqa: E402
+from bench.native_rows import native_rows  # noqa: E402
 from bench.netns import Namespaces, remove_stale  # noqa: E402
 from bench.plugin_runs import Bench, Plugin, cluster  # noqa: E402
 from bench.report import agent_ratios, format_ratios, format_table, loadavg, ratios, save  # noqa: E402
@@ -164,7 +167,7 @@ def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces
     return 1 if failures else 0
 
 
-ONLY = ("agent", "oneshot")
+ONLY = ("agent", "oneshot", "native")
 
 
 def run_only(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces) -> int:
@@ -187,6 +190,9 @@ def run_only(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces)
         bench = Bench(spawner, namespaces, cl)
         if args.only == "oneshot":
             oneshot_rows(bench, impls, args.iterations, add)
+        elif args.only == "native":
+            extra["native"] = native_rows(bench, binary, impls, spawner.workdir,
+                                          args.iterations, add=add)  # fmt: skip
         else:
             extra["agent"] = agent_rows(bench, binary, impls, spawner.workdir, args.iterations,
                                         args.concurrency, add, oneshot=False)  # fmt: skip
@@ -204,7 +210,8 @@ def run_only(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces)
 
 
 def run_cri_only(args: argparse.Namespace, workdir: Path) -> int:
-    """`--cri-only`: the two RunPodSandbox rows and their summary, nothing else."""
+    """`--cri-only`: the RunPodSandbox rows (bridge only, one-shot, agent) and their
+    summary, nothing else."""
     rows: list[Row] = []
     extra: dict[str, Any] = {"iterations": args.iterations, "loadavg_at_start": loadavg()}
     binary = Path(args.binary).resolve() if Path(args.binary).exists() else None
@@ -340,8 +347,9 @@ def main() -> int:
     parser.add_argument(
         "--only",
         choices=ONLY,
-        help="only one issue-11 group of interleaved rows (with their replay): the meshed "
-        "and unmeshed ADDs through the agent, or the one-shot binary ADD (no burst unless -c)",
+        help="only one group of interleaved rows: the meshed and unmeshed ADDs through the "
+        "agent, or the one-shot binary ADD, each with its replay (issue 11; no burst unless "
+        "-c); or native: the nftables mode against the nft mode, one-shot and agent (issue 28)",
     )
     args = parser.parse_args()
     args.binary = args.binary or str(REPO / "dist" / "cnibox")

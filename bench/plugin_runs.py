@@ -134,6 +134,9 @@ class Bench:
         self.cluster = cl
         self.seq = 0
         self.problems: list[str] = []
+        # `cnibox iptables-verify` and the pod file: how a native ADD is checked
+        # (bench/native_rows.py), set by the rows that make them
+        self.native_verifier: tuple[list[str], Path] | None = None
 
     def add_once(
         self, plugin: Plugin, mode: str, netns: str, *, meshed: bool = True
@@ -155,6 +158,10 @@ class Bench:
             problem = f"exit {done.status}: {done.stdout[:300]!r} {done.stderr[-300:]!r}"
         elif not _passes_on(_parsed(done.stdout), self.cluster.prev_for(netns)):
             problem = f"stdout is not the prevResult: {done.stdout!r}"
+        elif meshed and mode == "nftables":
+            from bench.native_rows import native_problem
+
+            problem = native_problem(self, netns)
         elif meshed and nat_table(netns, mode) != golden_table(mode):
             problem = f"nat table differs from default-{mode}: {done.stderr[-300:]!r}"
         elif not meshed and "PROXY_INIT" in nat_table(netns, mode):

@@ -23,6 +23,8 @@ Rules of this module:
      ├── ExecFailed                  exit 126 a program could not be executed
      │    └── ExecNotFound           exit 127 ... because it does not exist
      ├── CniError                    exit 1   a CNI protocol error with an explicit code
+     ├── UpstreamFatal               exit 1   a failure upstream's Go component ends with
+     │                                        log.Fatal: logged as that line (message, error)
      └── ServeElsewhere              exit 1   a node agent's worker cannot serve this request
                                               (nothing changed): its caller runs it itself
 """
@@ -156,6 +158,16 @@ class CniError(CniboxError):
     def __init__(self, code: int, message: str, details: str = "") -> None:
         super().__init__(message, details=details)
         self.code = code
+
+
+class UpstreamFatal(CniboxError):
+    """A failure upstream's component ends with logrus' `Fatal` (exit 1): the applet logs it
+    as that line, level `fatal`, upstream's message and its Go error text as the `error`
+    field, so log queries written for upstream's line still match."""
+
+    def __init__(self, message: str, error: str) -> None:
+        super().__init__(message, details=error)
+        self.error = error
 
 
 class ServeElsewhere(CniboxError):

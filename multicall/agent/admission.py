@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from multicall.core import agent_protocol as proto
+from multicall.core.cni.skel import log_fields
 
 # The launcher's own deadline for sending its request (AGENT_ACCEPT_MS, counted from its
 # connect, which precedes the accept): a caller that would still be sending after it has
@@ -57,6 +58,9 @@ class Admitted:
     data: bytes  # the request's bytes as sent (header, strings, stdin)
     fds: list[int]  # the caller's descriptors, in flag order; owned until handed on
     command: str
+    # The pod's log fields (ContainerID, Namespace, Pod) for the agent's line about this
+    # request (core/agent_log.py), read now: the parent never parses the request again.
+    pod: dict[str, str] = field(default_factory=dict)
 
     def close(self) -> None:
         close_fds(self.fds)
@@ -130,6 +134,7 @@ class Pending:
             bytes(self.head + self.body),
             self.fds,
             request.command or "unknown",
+            log_fields(request.env),
         )
 
     def close(self) -> None:

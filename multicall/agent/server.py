@@ -3,7 +3,7 @@ pool of pre-forked workers and the queue in front of it, cancellation, deadlines
 HTTP endpoints, SIGTERM and the drain (docs/agent.md). A worker's own life after the fork is
 agent/worker_process.py's; what it does with a request, agent/worker.py's.
 
-It is one file (~820 lines) because it is one single-threaded poll loop whose state (the
+It is one file (~920 lines) because it is one single-threaded poll loop whose state (the
 workers, their client connections, the queue, the draining flag) every part reads and
 changes on each turn; split, each part would reach into the others' state.
 
@@ -27,7 +27,8 @@ Rules of this module:
    because each firewall change is one kernel transaction.
 3. Workers report to the parent over their control socket: "S" + JSON when a request was
    accepted, "D" + JSON when its reply was sent, "I" when it waits for another request.
-   Metrics come from those reports.
+   Metrics come from those reports. "Q" + JSON is a question to the node's pod cache, which
+   the parent holds and answers at once with "A" + JSON (agent/pod_cache.py).
 4. A worker takes another request only when its `serve` said it may (the applet knows what
    a request leaves behind: x_tables extensions, another netns) and the request left no new
    descriptor and no other thread; between requests it collects its own garbage (never the
@@ -49,6 +50,11 @@ Rules of this module:
    else serves it); taken over by another agent, /readyz turns not ready (the other one
    serves the node) until the path is free again. A failure to remove the socket at
    SIGTERM (a read-only directory) is logged; the drain goes on.
+8. Every request read whole ends in one line on the agent's stderr (`kubectl logs`), with
+   the pod's fields, the command, the outcome (ok, the CNI error code, or handed back and
+   why) and the time since its accept (core/agent_log.py): from the worker's report, its
+   death, or the parent's own hand-back. A flood of requests is cut to core/agent_log.py's
+   rate; the next line written says how many were not.
 """
 
 from __future__ import annotations
@@ -68,19 +74,29 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from multicall.agent import admission
 from multicall.agent.admission import Admitted, Pending, Refused
-from multicall.agent.worker_process import Log, Prepare, Serve, WorkerJob, become_worker
+from multicall.agent.worker_process import Prepare, Serve, WorkerJob, become_worker
+from multicall.core.agent_log import LineBudget, Outcome, request_line
 from multicall.core.agent_metrics import Metrics, render
 from multicall.core.agent_protocol import accept_frame, fallback_frame
+from multicall.core.kube.pod_cache import CacheMetrics
 
 if TYPE_CHECKING:
+    from multicall.agent.pod_cache import CacheFeed
     from multicall.effects.admin_server import AdminServer
 
 
 T = TypeVar("T")
+
+
+class FieldLog(Protocol):
+    """The agent's logger (effects/log.py `Logger.log`): a line at a level, with fields."""
+
+    def __call__(self, level: str, message: str, **fields: str) -> None: ...
+
 
 POLLRDHUP = getattr(select, "POLLRDHUP", 0x2000)
 LOOP_ANSWER = 2.0  # seconds an admin request waits for the loop to render or answer
@@ -133,11 +149,12 @@ class Worker:
     caller_gone_at: float = 0.0
     command: str = ""
     killed: str = ""
+    pod: dict[str, str] | None = None  # the request's log fields (rule 8)
 
 
 class Server:
     def __init__(
-        self, options: ServerOptions, log: Log, serve: Serve, prepare: Prepare | None = None
+        self, options: ServerOptions, log: FieldLog, serve: Serve, prepare: Prepare | None = None
     ) -> None:
         self.options = options
         self.log = log
@@ -145,6 +162,9 @@ class Server:
         self.prepare = prepare
         self.warm: object = None
         self.metrics = Metrics()
+        # The node's pod cache (agent/pod_cache.py): set before bind(); workers ask it.
+        self.pod_cache: CacheFeed | None = None
+        self.cache_metrics = CacheMetrics()
         self.workers: dict[int, Worker] = {}  # by control socket fd
         self.by_conn: dict[int, Worker] = {}  # by the parent's client-connection fd
         self.poll = select.poll()
@@ -159,6 +179,7 @@ class Server:
         self.accepting = False  # the listener is in the poll set
         self.accept_paused_until = 0.0
         self.noted: dict[str, tuple[float, int]] = {}  # key -> (last logged, not logged since)
+        self.request_lines = LineBudget()  # rule 8
         self.stop_reason = ""  # set by the signal handler, acted on by the loop
         self.draining = False
         self.terminate_at = 0.0
@@ -177,6 +198,8 @@ class Server:
             self.start_admin()
         self.listen()
         self.poll.register(self.wake_r, select.POLLIN)
+        if self.pod_cache is not None:
+            self.poll.register(self.pod_cache.fd, select.POLLIN)
 
     def listen(self) -> None:
         """Bind a new listening socket under a temporary name and rename it over the socket
@@ -276,6 +299,8 @@ class Server:
             self.accept_clients()
         elif fd in self.workers:
             self.worker_event(self.workers[fd], mask)
+        elif self.pod_cache is not None and fd == self.pod_cache.fd:
+            self.read_pod_cache()
         elif fd in self.by_conn:
             self.client_gone(self.by_conn[fd])
         elif fd in self.reading and (admitted := self.read_request(self.reading[fd])):
@@ -407,11 +432,29 @@ class Server:
         more = f" ({quiet} more like it in the last {LOG_INTERVAL:.0f} s)" if quiet else ""
         self.log(level, message + more)
 
+    def log_request(
+        self, command: str, pod: dict[str, str] | None, outcome: Outcome, accepted_at: float
+    ) -> None:
+        """Rule 8: the line for one request that ended, unless a flood spent the budget."""
+        now = time.monotonic()
+        if not self.request_lines.take(now):
+            return
+        level, message, fields = request_line(command, pod or {}, outcome, now - accepted_at)
+        if skipped := self.request_lines.said():
+            fields["not_logged_before"] = str(skipped)
+        self.log(level, message, **fields)
+
     def dispatch(self, request: Admitted, queued: bool = False) -> bool:
         """Hand a request read whole to an idle worker, or a new one, or queue it when
         --max-workers are serving (rule 5); True when that took a fork."""
         if not queued and self.in_flight() + len(self.queue) >= self.options.max_requests:
             self.metrics.fell_back("overloaded")
+            self.log_request(
+                request.command,
+                request.pod,
+                Outcome("fallback", reason="overloaded"),
+                request.accepted_at,
+            )
             request.close()
             return False
         if not self.may_serve_another():
@@ -422,6 +465,12 @@ class Server:
         worker = worker or self.spawn()
         if worker is None or not self.hand_over(worker, request):
             self.metrics.fell_back("no worker")
+            self.log_request(
+                request.command,
+                request.pod,
+                Outcome("fallback", reason="no worker"),
+                request.accepted_at,
+            )
             request.close()
             return forked
         conn = request.conn
@@ -431,6 +480,7 @@ class Server:
         worker.dispatched_at = time.monotonic()
         worker.caller_gone_at = 0.0
         worker.command = request.command
+        worker.pod = request.pod
         self.by_conn[conn.fileno()] = worker
         self.poll.register(conn, POLLRDHUP)
         worker.watching = True
@@ -549,6 +599,8 @@ class Server:
         """Every descriptor the parent owns, detached from its Python object (a later
         collection of that object must not close a reused number)."""
         fds = [self.wake_r, self.wake_w]  # (the admin server's sockets: closed at fork)
+        if self.pod_cache is not None and self.pod_cache.open:
+            fds.append(self.pod_cache.fd)
         socks = [self.listener]
         socks += [w.ctl for w in self.workers.values()]
         socks += [w.conn for w in self.workers.values()]
@@ -581,6 +633,9 @@ class Server:
         if msg[:1] == b"I":
             self.worker_idle(worker)
             return
+        if msg[:1] == b"Q":  # a question to the pod cache (agent/pod_cache.py rule 1)
+            self.answer_pod_cache(worker, msg[1:])
+            return
         if msg[:1] != b"D" or worker.state != "busy":
             return
         worker.state = "done"
@@ -594,16 +649,20 @@ class Server:
             if merged != self.warm:
                 self.warm = merged
                 self.recycle_idle()
+        from multicall.agent.pod_cache import count_add
+
+        count_add(self.cache_metrics, data)
         if isinstance(loads := data.get("xt_loads"), int) and loads > 0:
             self.metrics.extension_loads += loads
         if fallback:
             self.metrics.fell_back(fallback)
-            self.log("info", f"handed a {command} back to the caller: {fallback}")
+            outcome = Outcome("fallback", reason=fallback)
         else:
             result = "ok" if data.get("exit") == 0 else "error"
             code = str(data.get("cni_code", ""))
             self.metrics.served(command, result, code, seconds)
-            self.log("debug", f"served {command} ({result}) in {seconds * 1000:.1f} ms")
+            outcome = Outcome(result, cni_code=code)
+        self.log_request(worker.command or command, worker.pod, outcome, worker.accepted_at)
         self.release_conn(worker)
 
     def worker_idle(self, worker: Worker) -> None:
@@ -635,7 +694,13 @@ class Server:
         if worker.state == "busy":  # died without a report, and nobody killed it
             self.metrics.worker_crashes += 1
             self.metrics.fell_back("worker died")
-            self.log("error", f"worker {worker.pid} died serving {worker.command or 'a request'}")
+            self.log("error", f"worker {worker.pid} died serving a request")
+            self.log_request(
+                worker.command,
+                worker.pod,
+                Outcome("fallback", reason="worker died"),
+                worker.accepted_at,
+            )
         worker.state = "done"
         self.release_conn(worker)
         self.fill_pool()
@@ -655,6 +720,9 @@ class Server:
         worker.state = "done"
         worker.killed = why
         self.metrics.fell_back(why)
+        self.log_request(
+            worker.command, worker.pod, Outcome("fallback", reason=why), worker.accepted_at
+        )
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker.pid, signal.SIGKILL)
 
@@ -665,8 +733,13 @@ class Server:
             now - self.queue[0].accepted_at > self.options.request_timeout
             or (self.draining and now > self.terminate_at)
         ):
-            self.queue.popleft().close()  # the caller, if still there, runs one-shot
-            self.metrics.fell_back("shutdown" if self.draining else "deadline")
+            late = self.queue.popleft()
+            late.close()  # the caller, if still there, runs one-shot
+            why = "shutdown" if self.draining else "deadline"
+            self.metrics.fell_back(why)
+            self.log_request(
+                late.command, late.pod, Outcome("fallback", reason=why), late.accepted_at
+            )
         for pending in list(self.reading.values()):  # oldest first
             if now - pending.accepted_at <= admission.ADMISSION_DEADLINE:
                 break
@@ -792,7 +865,31 @@ class Server:
         self.metrics.idle_workers = self.idle_count()
         self.metrics.queued = len(self.queue)
         self.metrics.in_flight = self.in_flight()
-        return render(self.metrics, self.options.build).encode()
+        from multicall.core.kube.pod_cache import render_cache
+
+        cache = self.pod_cache.cache if self.pod_cache is not None else None
+        text = render(self.metrics, self.options.build) + render_cache(self.cache_metrics, cache)
+        return text.encode()
+
+    # ------------------------------------------------------------------ the pod cache
+
+    def read_pod_cache(self) -> None:
+        """The cache process's messages (agent/pod_cache.py rule 2); at its end the feed
+        leaves the poll set and the cache, hearing no beat, answers nothing more."""
+        assert self.pod_cache is not None
+        if not self.pod_cache.read(time.monotonic()):
+            self.poll.unregister(self.pod_cache.fd)
+            self.log("error", "pod cache: its process is gone; ADDs read the API")
+
+    def answer_pod_cache(self, worker: Worker, question: bytes) -> None:
+        from multicall.agent.pod_cache import no_cache_answer
+
+        if self.pod_cache is None:
+            answer = no_cache_answer(question)
+        else:
+            answer = self.pod_cache.answer(question, time.monotonic())
+        with contextlib.suppress(OSError):  # a worker that went away: its EOF comes next
+            worker.ctl.send(answer)
 
     def on_loop(self, job: Callable[[], T], timeout: float = LOOP_ANSWER) -> T | None:
         """Run `job` on the event loop's thread (from an admin thread); None when the loop

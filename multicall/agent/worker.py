@@ -24,12 +24,14 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
-from multicall.agent.worker_process import Again, Report
+from multicall.agent.worker_process import Again, Ask, Report
 
 if TYPE_CHECKING:
     from multicall.agent.authority import Authority
+    from multicall.agent.pod_cache import CachedKube
     from multicall.agent.warm import Warmth
     from multicall.core.agent_protocol import Request
+    from multicall.effects.caller import Files
     from multicall.effects.sandbox_records import RecordStore
     from multicall.plugin.recording import RecordingFirewall
 
@@ -45,27 +47,34 @@ class RequestWorker:
         own_netns: tuple[int, int],
         warmth: Warmth,
         records: RecordStore | None = None,
+        *,
+        pod_cache: bool = False,
     ) -> None:
         self.build = build  # requests of another build are handed back
         self.own_netns = own_netns  # the agent's netns: never a request's target
         self.own_userns = identity("/proc/self/ns/user")  # the only one callers may be in
         self.warmth = warmth
         self.records = records  # the keeper's record of programmed sandboxes (agent/keeper.py)
+        self.pod_cache = pod_cache  # the parent holds the node's pod cache (agent/pod_cache.py)
 
-    def serve(self, conn: socket.socket, request: Request, report: Report) -> Again | None:
+    def serve(
+        self, conn: socket.socket, request: Request, report: Report, ask: Ask | None = None
+    ) -> Again | None:
         """One request, read whole by the parent (agent/server.py rule 6), answered on
         `conn`. Returns what the worker prepares its next request with when it may serve
         another (agent/server.py rule 4): the request ran no x_tables code here (libxtables
         keeps one family's extensions per process) and left the worker in its own netns.
         None: the worker exits."""
         try:
-            return self._serve_request(conn, report, request)
+            return self._serve_request(conn, report, request, ask)
         finally:
             for fd in request.fds.values():
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    def _serve_request(self, conn: socket.socket, report: Report, request: Request) -> Again | None:
+    def _serve_request(
+        self, conn: socket.socket, report: Report, request: Request, ask: Ask | None
+    ) -> Again | None:
         from multicall.core import agent_protocol as proto
         from multicall.effects.firewall.legacy import isolation as legacy
 
@@ -77,9 +86,12 @@ class RequestWorker:
         report("S", {"command": command})
         loaded = legacy.extensions_loaded()
         firewall: list[RecordingFirewall] = []
+        reads: list[CachedKube] = []
         try:
             authority = self.caller(conn)
-            code, out, err, cni_code = self.run_request(request, authority, firewall)
+            code, out, err, cni_code = self.run_request(
+                request, authority, firewall, ask=ask if self.pod_cache else None, reads=reads
+            )
         except Fallback as exc:
             fell_back: dict[str, object] = {"command": command, "fallback": exc.reason}
             if exc.reason == legacy.OTHER_FAMILY:  # the requests changed: stop preloading
@@ -90,6 +102,8 @@ class RequestWorker:
         # Reported first: whoever asks /metrics once the caller has its result sees it counted.
         done: dict[str, object] = {"command": command, "exit": code, "cni_code": cni_code}
         done["xt_loads"] = legacy.extensions_loaded() - loaded
+        if request.command == "ADD" and reads:
+            done.update(reads[0].stats.report())  # the pod cache's metrics
         warm = self.warmth.report(bool(firewall) and firewall[0].programmed is not None)
         if code == 0:
             done["warm"] = warm
@@ -124,17 +138,21 @@ class RequestWorker:
         request: Request,
         authority: Authority,
         watched: list[RecordingFirewall] | None = None,
+        *,
+        ask: Ask | None = None,
+        reads: list[CachedKube] | None = None,
     ) -> tuple[int, bytes, bytes, str]:
         """The plugin, in this process, in the caller's context: (exit code, stdout, log
         lines, CNI error code or ""). `authority`: what the caller may have this worker do
-        with its privileges. `watched` receives the firewall it used. Fallback when the
+        with its privileges. `watched` receives the firewall it used, `reads` the `Kube`
+        port (the pod cache's, asked through `ask`; agent/pod_cache.py). Fallback when the
         caller must run it itself."""
         from multicall.core import agent_protocol as proto
         from multicall.effects import ns
         from multicall.effects.caller import RootedFiles
         from multicall.effects.firewall.locks import XtablesLock
         from multicall.errors import NetnsError
-        from multicall.plugin.ports import PluginDeps, RealFirewall, RealKube
+        from multicall.plugin.ports import PluginDeps, RealFirewall
         from multicall.plugin.recording import RecordingFirewall
         from multicall.plugin.run import PluginRequest, run_plugin
 
@@ -189,10 +207,8 @@ class RequestWorker:
         firewall = RecordingFirewall(RealFirewall(lock, single_use=self.warmth.single_use()))
         if watched is not None:
             watched.append(firewall)
-        outcome = run_plugin(
-            plugin_request,
-            PluginDeps(RealKube(files, warm=self.warmth.connections), firewall, files),
-        )
+        kube = self.kube(files, ask, reads)
+        outcome = run_plugin(plugin_request, PluginDeps(kube, firewall, files))
         if outcome.served_elsewhere:
             raise Fallback(outcome.served_elsewhere)
         stdout, stderr = outcome.stdout, err.getvalue()
@@ -200,6 +216,17 @@ class RequestWorker:
             raise Fallback("output too large")
         cni_code = str(outcome.error.code) if outcome.error is not None else ""
         return outcome.exit_code, stdout, stderr, cni_code
+
+    def kube(self, files: Files, ask: Ask | None, reads: list[CachedKube] | None) -> CachedKube:
+        """The request's `Kube` port: its caller's kubeconfig through `files`, this worker's
+        warm connection, the parent's pod cache through `ask` (None: no cache)."""
+        from multicall.agent.pod_cache import CachedKube
+        from multicall.plugin.ports import RealKube
+
+        kube = CachedKube(RealKube(files, warm=self.warmth.connections), ask)
+        if reads is not None:
+            reads.append(kube)
+        return kube
 
 
 def check_descriptors(home: int, target: int | None, netlink: int | None) -> None:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import json
 import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -21,6 +22,8 @@ from multicall.core import agent_protocol as proto
 
 Log = Callable[[str, str], None]  # (level, message)
 Report = Callable[[str, dict[str, object]], None]  # (kind, data): "S", "D", "I" (rule 3)
+# A question to the parent's pod cache and its answer, or None (agent/pod_cache.py rule 3).
+Ask = Callable[[dict[str, object]], dict[str, object] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +37,7 @@ class Again:
 # A worker's job: serve one request the parent read whole (agent/server.py rule 6), answering
 # on its connection and reporting through the callable; `Again` when this process may serve
 # another request (rule 4), None when it must exit.
-Serve = Callable[[socket.socket, proto.Request, Report], Again | None]
+Serve = Callable[[socket.socket, proto.Request, Report, Ask], Again | None]
 # What a new worker does before it waits for its request, with the "warm" values of the
 # latest reports, merged by key (agent/warm.py: dial the API server the previous request
 # used, load the x_tables extensions of its family).
@@ -70,13 +73,16 @@ def become_worker(
         gc.freeze()
         warm: object = job.warm
         ctl.setblocking(True)
+        # Questions to the parent are numbered across this worker's requests: a late answer
+        # to an earlier request's question is never taken for a later one's.
+        asked = itertools.count(1)
         for served in range(job.requests):
             if job.prepare is not None and warm is not None:
                 with contextlib.suppress(Exception):
                     job.prepare(warm)
             if served:
                 _report(ctl, "I", {})  # prepared: ready for the next request
-            again = _serve_one(ctl, job.serve, log)
+            again = _serve_one(ctl, job.serve, log, asked)
             if again is None:
                 break
             gc.collect()
@@ -90,7 +96,7 @@ def become_worker(
 
 
 def _serve_one(
-    ctl: socket.socket, serve: Serve, log: Log
+    ctl: socket.socket, serve: Serve, log: Log, asked: Iterator[int]
 ) -> Again | None:  # pragma: no cover - in the child
     """Wait for a request and serve it; `Again` when this process may serve another (rule
     4), with what to prepare it with. The parent sends "R" with the caller's connection, a
@@ -112,7 +118,13 @@ def _serve_one(
                 os.close(fd)
             _report(ctl, "D", {"fallback": "bad request"})
             return None
-        again = serve(conn, request, lambda kind, data: _report(ctl, kind, data))
+
+        def ask(question: dict[str, object]) -> dict[str, object] | None:
+            from multicall.agent.pod_cache import ask_parent
+
+            return ask_parent(ctl, question, next(asked))
+
+        again = serve(conn, request, lambda kind, data: _report(ctl, kind, data), ask)
     finally:
         conn.close()
     if again is None:

@@ -98,8 +98,8 @@ def _options(values: Mapping[str, str]) -> Options:
     if "--pod" in values and "--namespace" not in values:
         _pod_file(values["--pod"])
     pid = values.get("--pid")
-    if pid is not None and not (pid.isascii() and pid.isdigit() and 0 < int(pid[:12]) < 2**22):
-        raise UsageError(f"--pid: {pid!r} is not a process id")
+    if pid is not None and not 0 < _pid_number(pid) < 2**22:
+        raise UsageError(f"--pid: {pid[:40]!r} is not a process id")
     return Options(
         config=values["--config"],
         pod=values.get("--pod"),
@@ -116,6 +116,14 @@ def _options(values: Mapping[str, str]) -> Options:
         json="--json" in values,
         quiet="--quiet" in values,
     )
+
+
+def _pid_number(text: str) -> int:
+    """A pid as ASCII digits, any length (leading zeros free); 0 when it is not one."""
+    from multicall.core.go.strconv import leading_uint64
+
+    number = leading_uint64(text) if text else None
+    return number[0] if number is not None and number[1] == len(text) else 0
 
 
 def _pod_file(value: str) -> None:
@@ -157,7 +165,9 @@ def run(opts: Options, env: Mapping[str, str], stdin: BinaryIO, stdout: BinaryIO
     want = want.against(got.table)
     # A streamed --input keeps no other chain's rules unless --strict (plugin/verify.py).
     streamed = opts.input is not None and not opts.strict
-    diff = diff_tables(want.table, got.table, strict=opts.strict, chains_known=not streamed)
+    diff = diff_tables(
+        want.table, got.table, strict=opts.strict, chains_known=not streamed, raw=got.raw
+    )
     if not opts.quiet:
         render = format_json if opts.json else format_text
         write_text(stdout, render(diff, opts, want, got))

@@ -30,8 +30,13 @@ serve a request, the plugin runs as a one-shot process (docs/agent.md).
                            through linkerd-cni (default "": not looked for)
   --host-root DIR          where the node's / is mounted, for netns paths and the xtables
                            lock (default "": this is the node's /)
-  --kubeconfig PATH        the keeper's API identity, for Events and the pod's GET before a
-                           repair (default the service account when mounted, else none)
+  --kubeconfig PATH        the agent's API identity: the keeper's Events and its pod GET
+                           before a repair, the pod cache's list and watch (default the
+                           service account when mounted, else none)
+  --pod-cache MODE         on (default) or off: list and watch this node's pods and the
+                           namespaces, and answer an ADD's GETs from them when they may
+                           (docs/pod-cache.md); needs the API identity and the node name
+  --node-name NAME         this node (default $NODE_NAME)
   --log-level LEVEL        debug, info (default), warn, error
   --log-format FORMAT      plain (logrus text, the default) or json
   -h, --help               this text
@@ -40,14 +45,18 @@ serve a request, the plugin runs as a one-shot process (docs/agent.md).
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
+from multicall.core.go.strconv import NumError, go_atoi
 from multicall.core.keeper import KeeperMode
 from multicall.errors import UsageError
 
 if TYPE_CHECKING:
     from multicall.agent.keeper_process import KeeperSettings
+    from multicall.agent.pod_cache_process import PodCacheProcess
     from multicall.agent.server import Server
     from multicall.agent.worker_process import Log
 
@@ -92,17 +101,27 @@ def main(
         from multicall.effects.sandbox_records import RecordStore
 
         records = RecordStore(settings.records)
-    worker = RequestWorker(build, identity("/proc/self/ns/net"), warmth, records)
+    cache = start_pod_cache(opts, env, log)  # forked before any thread or socket, as the keeper
+    worker = RequestWorker(
+        build, identity("/proc/self/ns/net"), warmth, records, pod_cache=cache is not None
+    )
     keeper = None
     if settings.mode is not KeeperMode.OFF:  # forked before any thread or socket of the server
         from multicall.agent.keeper_process import KeeperProcess
 
         keeper = KeeperProcess.start(settings, env, log)
+    server = Server(options, log, worker.serve, prepare=warmth.prepare)
+    if cache is not None:
+        from multicall.agent.pod_cache import CacheFeed
+
+        server.pod_cache = CacheFeed(cache.feed_r)
     try:
-        return serve(Server(options, log, worker.serve, prepare=warmth.prepare), opts, log)
+        return serve(server, opts, log)
     finally:
         if keeper is not None:
             keeper.stop(log)  # after the workers, which hold the pipe's write end too
+        if cache is not None:
+            cache.stop(log)
 
 
 def serve(server: Server, opts: Mapping[str, str], log: Log) -> int:
@@ -116,6 +135,27 @@ def serve(server: Server, opts: Mapping[str, str], log: Log) -> int:
     if server.admin_port is not None:
         log("info", f"admin endpoints on {opts['admin-addr']} (port {server.admin_port})")
     return server.run()
+
+
+def start_pod_cache(
+    opts: Mapping[str, str], env: Mapping[str, str], log: Log
+) -> PodCacheProcess | None:
+    """The pod cache's process (agent/pod_cache_process.py), or None (logged) when it is off
+    or cannot run: no node name, no API identity."""
+    if opts["pod-cache"] not in ("on", "off"):
+        raise UsageError(f"--pod-cache {opts['pod-cache']}: expected on or off")
+    if opts["pod-cache"] == "off":
+        return None
+    from multicall.agent.keeper_process import api_config
+    from multicall.agent.pod_cache_process import PodCacheProcess
+
+    node = opts["node-name"] or env.get("NODE_NAME", "")
+    config = api_config(opts["kubeconfig"], env)
+    if not node or config is None:
+        missing = "no node name (--node-name, $NODE_NAME)" if not node else "no API identity"
+        log("info", f"pod cache: off: {missing}; every ADD reads the API")
+        return None
+    return PodCacheProcess.start(config, node, env, log)
 
 
 def keeper_settings(opts: Mapping[str, str], env: Mapping[str, str]) -> KeeperSettings:
@@ -157,6 +197,8 @@ FLAGS = {
     "cni-cache-dir": "",
     "host-root": "",
     "kubeconfig": "",
+    "pod-cache": "on",
+    "node-name": "",
     "log-level": "info",
     "log-format": "plain",
 }
@@ -173,24 +215,43 @@ def parse_args(args: list[str]) -> dict[str, str]:
     opts["log-level"], opts["log-format"] = logs.parse_log_options(
         opts["log-level"], opts["log-format"]
     )
+    # Every value is judged here, before anything starts (a keeper, the warm preload).
+    for name in ("workers", "max-requests", "worker-requests"):
+        _int(opts, name, 1)
+    if opts["max-workers"]:
+        _int(opts, "max-workers", 1)
+    for name in ("request-timeout", "shutdown-grace"):
+        _float(opts, name)
+    if opts["admin-addr"]:
+        from multicall.effects.admin_server import parse_address
+
+        parse_address(opts["admin-addr"])
     return opts
 
 
 def _int(opts: Mapping[str, str], name: str, minimum: int) -> int:
+    """An integer as Go's Atoi reads it (any length, leading zeros free; no spaces, `_` or
+    non-ASCII digits, which Python's int() would take)."""
     try:
-        value = int(opts[name])
-    except ValueError:
+        value = go_atoi(opts[name])
+    except NumError:
         value = minimum - 1
     if value < minimum:
-        raise UsageError(f"--{name} {opts[name]}: expected an integer >= {minimum}")
+        raise UsageError(f"--{name} {_shown(opts[name])}: expected an integer >= {minimum}")
     return value
+
+
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
 
 
 def _float(opts: Mapping[str, str], name: str) -> float:
-    try:
-        value = float(opts[name])
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise UsageError(f"--{name} {opts[name]}: expected a positive number of seconds")
+    """Seconds: ASCII decimal digits only (float() would also take `inf`, `1e400`, `1_0`)."""
+    text = opts[name]
+    value = float(text) if _DECIMAL.fullmatch(text) else -1.0
+    if not 0 < value < math.inf:
+        raise UsageError(f"--{name} {_shown(text)}: expected a positive number of seconds")
     return value
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"

@@ -44,6 +44,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from multicall.core.go.strconv import leading_uint64
 from multicall.errors import CniboxError, UsageError
 
 HEAD_TIMEOUT = 2.0
@@ -81,17 +82,23 @@ def parse_address(text: str) -> tuple[str, int]:
         host = host[1:-1]
     elif ":" in host:
         host = ""  # an unbracketed IPv6 address is not a SocketAddr
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise UsageError(
-            f"invalid value {text!r} for '--admin-addr <ADMIN_ADDR>': invalid socket address syntax"
-        )
+    # Rust's port: ASCII digits, leading zeros free, any length, at most 65535 (read without
+    # handing long text to int(): CPython refuses more than 4,300 digits).
+    number = leading_uint64(port) if port else None
+    if not sep or not host or number is None or number[1] != len(port) or number[0] > 65535:
+        raise _bad_address(text)
     try:
         socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
-    except OSError:
-        raise UsageError(
-            f"invalid value {text!r} for '--admin-addr <ADMIN_ADDR>': invalid socket address syntax"
-        ) from None
-    return host, int(port)
+    except (OSError, ValueError):  # ValueError: a NUL or a lone surrogate in the text
+        raise _bad_address(text) from None
+    return host, number[0]
+
+
+def _bad_address(text: str) -> UsageError:
+    shown = text if len(text) <= 200 else f"{text[:200]}..."
+    return UsageError(
+        f"invalid value {shown!r} for '--admin-addr <ADMIN_ADDR>': invalid socket address syntax"
+    )
 
 
 Handler = Callable[[Mapping[str, str]], Reply]  # the request's headers (lower-case names)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
+from multicall.core.go.chunked import ChunkError, chunk_size
 from multicall.core.go.strconv import go_quote, go_quote_list
 from multicall.core.limits import API_HEAD, describe_size
 
@@ -61,6 +62,9 @@ class Endpoint:
     host: str
     port: int
     prefix: str
+    # The name TLS sends (SNI) and verifies the certificate against: a kubeconfig's
+    # `tls-server-name` (client-go's TLSClientConfig.ServerName), else the host.
+    server_name: str = ""
 
     @property
     def hostport(self) -> str:
@@ -167,7 +171,8 @@ class Connection:
             raw.settimeout(_remaining(deadline))
             context = tls() if callable(tls) else tls
             assert context is not None, "an https endpoint needs a TLS context"
-            self.sock = context.wrap_socket(raw, server_hostname=host)
+            name = _wire_host(self.endpoint.server_name) if self.endpoint.server_name else host
+            self.sock = context.wrap_socket(raw, server_hostname=name)
         self.reader = io.BufferedReader(_DeadlineReader(self), READ_SIZE)
         self.stage = "request"
 
@@ -512,18 +517,16 @@ def read_body(reader: BinaryIO, head: Head, limit: int = MAX_BODY) -> bytes:
 
 
 def _read_chunked(reader: BinaryIO, limit: int) -> bytes:
-    """Go's chunked reader: a hex size (extensions after `;` ignored), the data, then CRLF
+    """Go's chunked reader: a hex size line (core/go/chunked.py), the data, then CRLF
     exactly; trailers after the last chunk are read and dropped."""
     chunks: list[bytes] = []
     total = 0
     budget = [API_HEAD]  # chunk-size lines and trailers: framing, charged like a head
     while True:
-        size_text = _line(reader, budget, "chunked framing").split(b";")[0].rstrip(b" \t\r\n")
-        if not size_text or not all(c in _HEX for c in size_text):
-            raise HttpProtocolError("invalid byte in chunk length")
-        if len(size_text) > 16:
-            raise HttpProtocolError("http chunk length too large")
-        size = int(size_text, 16)
+        try:
+            size = chunk_size(_line(reader, budget, "chunked framing"))
+        except ChunkError as exc:
+            raise HttpProtocolError(str(exc)) from None
         if size == 0:
             while _line(reader, budget, "chunked framing").strip():
                 pass  # trailers
@@ -534,9 +537,6 @@ def _read_chunked(reader: BinaryIO, limit: int) -> bytes:
         chunks.append(_exactly(reader, size))
         if _exactly(reader, 2) != b"\r\n":
             raise HttpProtocolError("malformed chunked encoding")
-
-
-_HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
 def _exactly(reader: BinaryIO, size: int) -> bytes:

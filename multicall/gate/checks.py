@@ -79,6 +79,13 @@ def primary_config_name(names: list[str]) -> str:
     return candidates[0] if candidates else ""
 
 
+def installed(config: InstallerConfig) -> CheckResult:
+    """The plugin file and the chain read back: what install-cni's readiness is (its admin
+    server's /readyz, `install-cni --ready`), without the API, agent and self-test."""
+    plugin, _ = check_plugin(config)
+    return plugin if not plugin.ok else read_chain(config)[0]
+
+
 def read_chain(config: InstallerConfig) -> tuple[CheckResult, Chain | None]:
     net_dir = config.host_net_dir
     try:

@@ -12,8 +12,9 @@ Rules of this module:
    MAX_ATTEMPTS times a round; the condition by a strategic merge patch on status.
 3. Nothing here raises into the installer: an API failure is logged once per kind of
    failure and the next round tries again. The installer's own behaviour never changes.
-4. Durations (pod start to chain ready, to taint removed, each self-test) are log lines:
-   the installer has no metrics endpoint.
+4. Durations (installer start to chain ready, to taint removed, each self-test) and the
+   self-tests' results are log lines and go into `metrics` (core/installer/metrics.py), which
+   install-cni's admin server serves on `/metrics` (its applet wires the two).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from datetime import UTC, datetime
 
 from multicall.core import node_gate
 from multicall.core.installer.config import InstallerConfig
+from multicall.core.installer.metrics import GateMetrics
 from multicall.core.kube import paths
 from multicall.core.node_gate import CheckResult, GateConfig, Verdict
 from multicall.effects.kube.stream import (
@@ -53,8 +55,11 @@ class Gate:
         installer: InstallerConfig,
         env: Mapping[str, str],
         log: Logger,
+        metrics: GateMetrics | None = None,
     ) -> None:
         self.config = config
+        self.metrics = metrics if metrics is not None else GateMetrics()
+        self.metrics.enabled = True
         self.installer = installer
         self.env = env
         self.log = log
@@ -120,6 +125,7 @@ class Gate:
             results.append(checks.check_agent(self.config.agent_socket))
         if all(r.ok for r in results) and self.chain_ready_at is None:
             self.chain_ready_at = time.monotonic()
+            self.metrics.chain_ready_seconds = self.chain_ready_at - self.started
             self.log.info(
                 f"node gate: chain ready {self.chain_ready_at - self.started:.3f}s after start"
             )
@@ -131,6 +137,7 @@ class Gate:
         key = (_identity(plugin), chain.digest, self.config.agent_socket)
         if key != self.selftest_key:
             outcome = run_selftest(plugin, self.installer.host_bin_dir, chain.linkerd, self.env)
+            self.metrics.selftest(outcome.ok, outcome.seconds)
             self.log.info(
                 f"node gate: self-test {'passed' if outcome.ok else 'failed'} in "
                 f"{outcome.seconds:.3f}s" + (f": {outcome.detail}" if outcome.detail else "")
@@ -143,11 +150,13 @@ class Gate:
 
     def round(self) -> Verdict:
         verdict = self.verdict()
+        self.metrics.ready = verdict.ready
         node = self.read_node()
         self.write_condition(verdict, node)
         if verdict.ready:
             if self.change_taint(remove=True) and self.untainted_at is None:
                 self.untainted_at = time.monotonic()
+                self.metrics.taint_removed_seconds = self.untainted_at - self.started
                 self.log.info(
                     f"node gate: taint {self.config.taint.key} removed "
                     f"{self.untainted_at - self.started:.3f}s after start"

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from multicall.core import mountinfo
 from multicall.core.installer import conflist, journal
 from multicall.core.installer.config import (
     InstallerConfig,
@@ -44,6 +45,7 @@ JOURNAL_LIMIT = UNDO_JOURNAL
 # took 68 s to install there, one batch 21-29 s: each syncfs waits on the whole disk).
 BATCH_FILES = 10_000
 BATCH_BYTES = 32 * MIB
+MOUNTINFO_LIMIT = 1 << 20  # a node with thousands of mounts (pods' volumes) stays under it
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,8 @@ class Installer:
                 return errors
         except ConfigError as exc:
             return [exc.message]
+        with contextlib.suppress(CniboxError, OSError):  # unknown: the records stay
+            self._forget_records_of_a_gone_config_dir()
         self._resume_records(errors)
         path = self.config.journal_path
         try:
@@ -95,6 +99,38 @@ class Installer:
             count = len(self.state.records)
             self.log.info(f"resumed the undo journal of an earlier run ({count} configs)")
         return errors
+
+    def _forget_records_of_a_gone_config_dir(self) -> None:
+        """The config records of an earlier boot describe files that no longer exist when the
+        config dir is a tmpfs (Talos' /etc/cni): restoring them would bring back a config
+        the primary CNI wrote last boot. The state dir (in the bin dir) outlives the reboot,
+        so those records go; the journal (binary, kubeconfig) stays. A config dir on disk
+        keeps its files over a reboot, and its records stay valid."""
+        recorded = fs.read_file(self.config.boot_file, 64, what="boot id", follow=False)
+        current = _boot_id()
+        if (
+            recorded is None
+            or not current
+            or recorded.decode("ascii", "replace").strip()
+            in (
+                current,
+                "",
+            )
+        ):
+            return
+        mounts = fs.read_file("/proc/self/mountinfo", MOUNTINFO_LIMIT, what="mountinfo")
+        if mountinfo.fs_type(self.config.host_net_dir, (mounts or b"").decode()) != "tmpfs":
+            return
+        directory = self.config.records_dir
+        with contextlib.suppress(FileNotFoundError):
+            for name in sorted(os.listdir(directory)):
+                fs.remove_durably(os.path.join(directory, name))
+            os.rmdir(directory)
+        fs.remove_durably(self.config.boot_file)
+        self.log.info(
+            f"forgot the config records of an earlier boot: {self.config.host_net_dir} is a "
+            "tmpfs, so the configs they describe are gone"
+        )
 
     def _resume_records(self, errors: list[str]) -> None:
         directory = self.config.records_dir
@@ -141,6 +177,8 @@ class Installer:
         if not self.records_ready:
             fs.private_dir(self.config.state_dir, create=True)
             fs.private_dir(records_dir, create=True)
+            if fs.read_file(self.config.boot_file, 64, what="boot id", follow=False) is None:
+                fs.write_atomic(self.config.boot_file, _boot_id().encode() + b"\n", 0o600)
             self.records_ready = True
         path = os.path.join(records_dir, os.path.basename(record.path))
         write = fs.write_atomic if durable else fs.write_unsynced
@@ -163,6 +201,8 @@ class Installer:
         self.journaled = b""
         with contextlib.suppress(OSError):
             os.rmdir(self.config.records_dir)
+        if not os.path.isdir(self.config.records_dir):
+            fs.remove_durably(self.config.boot_file)
         self.records_ready = False
 
     # --- setup -----------------------------------------------------------------------------
@@ -459,6 +499,15 @@ class Patch:
         """The bytes it holds in memory (what bounds a batch)."""
         shared = self.original is self.data
         return len(self.data) + len(self.merged) + (0 if shared else len(self.original))
+
+
+def _boot_id() -> str:
+    """This boot's id (the kernel's random boot_id); "" where /proc does not say."""
+    try:
+        data = fs.read_file("/proc/sys/kernel/random/boot_id", 64, what="boot id")
+    except CniboxError:
+        return ""
+    return (data or b"").decode("ascii", "replace").strip()
 
 
 def _naming(path: str, message: str) -> str:

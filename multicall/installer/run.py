@@ -9,13 +9,17 @@ makes the logger and turns a `CniboxError` into the last log line and the exit c
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
+import stat
 from collections.abc import Mapping
 
 from multicall.core.installer.config import InstallerConfig, parse_environment
 from multicall.effects import fs, pidfile
 from multicall.effects.log import Logger
-from multicall.errors import EXIT_OK, CniboxError, ConfigError
+from multicall.errors import EXIT_OK, CniboxError, ConfigError, UpstreamFatal
 from multicall.installer.install import Installer, Options, install
+from multicall.installer.legacy import take_over
 from multicall.installer.lock import host_lock
 from multicall.installer.undo import undo
 from multicall.installer.watch import Stop, watch
@@ -48,10 +52,13 @@ def run(options: Options, env: Mapping[str, str], log: Logger) -> int:
     try:
         if options.mode == "uninstall":
             return uninstall(config, options, log)
+        check_host_dirs(config)
+        check_node_binary(config)
         installer = Installer(config, options, log, binary="")
         installer.load_network_config()  # first: without a config nothing is written
         installer.binary = resolve_binary(env)
         with host_lock(config.state_dir, log):
+            take_over(installer)
             if options.mode == "once":
                 install(installer)
                 return EXIT_OK
@@ -61,10 +68,57 @@ def run(options: Options, env: Mapping[str, str], log: Logger) -> int:
         raise CniboxError(fs.os_error_text(exc), path=exc.filename) from exc
 
 
+def check_host_dirs(config: InstallerConfig) -> None:
+    """Upstream's Go installer stats the host bin dir, then the host CNI config dir, and a
+    missing one ends it with `cannot run cni install` (log.Fatal, exit 1): neither is ever
+    created. Here the check comes before the first change (upstream has already copied its
+    binaries when the config dir turns out missing), so a failed start changes nothing."""
+    for path, wrong_kind in (
+        (config.host_bin_dir, f"dst={config.host_bin_dir} is not a directory"),
+        (config.host_net_dir, f"readdirent {config.host_net_dir}: not a directory"),
+    ):
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            reason = os.strerror(exc.errno or 0)
+            raise UpstreamFatal(
+                "cannot run cni install", f"stat {path}: {reason[:1].lower()}{reason[1:]}"
+            ) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise UpstreamFatal("cannot run cni install", wrong_kind)
+
+
+def check_node_binary(config: InstallerConfig) -> None:
+    """With CNIBOX_HOST_BINARY set (the chart's talos.extension), the node's own cnibox must
+    be there. The chart mounts its directory's parent, which every Talos node has, without a
+    hostPath type (the kubelet cannot see /usr/local/lib/cnibox on Talos), so this is where a
+    node without the extension is told so, before any change; nothing is copied instead
+    (that node would silently run another plugin version)."""
+    if not config.host_binary_required:
+        return
+    seen = config.host_binary_in_container
+    if os.path.isfile(seen) and os.access(seen, os.X_OK):
+        return
+    raise ConfigError(
+        f"the cnibox Talos system extension is not on this node: {config.host_binary} is "
+        f"missing or not an executable file (looked for it at {seen})",
+        hint="install this node from a Talos installer image built with the cnibox extension "
+        "(docs/talos.md, route B), or run the chart without talos.extension on node pools "
+        "without it",
+        path=seen,
+    )
+
+
 def uninstall(config: InstallerConfig, options: Options, log: Logger) -> int:
     stop_running_installer(config.pid_file, log)
+    if not os.path.isdir(os.path.dirname(config.state_dir.rstrip("/")) or "/") and (
+        os.path.isdir(config.legacy_state_dir)
+    ):
+        # no bin dir to move an older cnibox's state into: undo from where it is
+        config = dataclasses.replace(config, state_dir_env=config.legacy_state_dir)
     with host_lock(config.state_dir, log, create_parents=False):
         installer = Installer(config, options, log, binary="")
+        take_over(installer)
         errors = undo(installer, installer.resume())
     for error in errors:
         log.error(f"undo: {error}")

@@ -328,8 +328,9 @@ def drifted_families(
             reasons = native_reasons(wanted, None if live is None else render(live, family))
         else:
             actual = firewall.dump_nat(netns, mode=mode, family=family, log=log)
+            raw = firewall.dump_raw(netns, mode=mode, family=family, log=log)
             expected = expected_for_pod(options, family, present=actual)
-            diff = diff_tables(expected, actual)
+            diff = diff_tables(expected, actual, raw=raw)
             text = "" if diff.ok else format_diff(diff)
             reasons = diff_reasons(diff)
         if text:

@@ -69,6 +69,13 @@ class Firewall(Protocol):
         """The nat table of one family as iptables-save would print it."""
         ...
 
+    def dump_raw(
+        self, netns: NetnsRef, *, mode: Mode, family: Family, log: MessageLog
+    ) -> Table | None:
+        """The raw table of one family (CHECK judges untracking there: diff.untracked);
+        None when it holds a rule the backend cannot read (logged)."""
+        ...
+
     def dump_native(
         self, netns: NetnsRef, *, family: Family, log: MessageLog
     ) -> NativeTable | None:
@@ -153,6 +160,20 @@ class RealFirewall:
         from multicall.effects.firewall.engine import dump_nat
 
         return dump_nat(netns, mode=mode, family=family, log=log, single_use=self.single_use)
+
+    def dump_raw(
+        self, netns: NetnsRef, *, mode: Mode, family: Family, log: MessageLog
+    ) -> Table | None:
+        from multicall.effects.firewall.engine import dump_nat
+        from multicall.errors import FirewallError
+
+        try:
+            return dump_nat(
+                netns, mode=mode, family=family, log=log, single_use=self.single_use, table="raw"
+            )
+        except FirewallError as exc:  # nat is judged all the same
+            log(f"the {family.value} raw table was not judged: {exc.message}")
+            return None
 
     def dump_native(
         self, netns: NetnsRef, *, family: Family, log: MessageLog

@@ -54,6 +54,11 @@ class RecordingFirewall:
     def dump_nat(self, netns: NetnsRef, *, mode: Mode, family: Family, log: MessageLog) -> Table:
         return self.inner.dump_nat(netns, mode=mode, family=family, log=log)
 
+    def dump_raw(
+        self, netns: NetnsRef, *, mode: Mode, family: Family, log: MessageLog
+    ) -> Table | None:
+        return self.inner.dump_raw(netns, mode=mode, family=family, log=log)
+
     def dump_native(
         self, netns: NetnsRef, *, family: Family, log: MessageLog
     ) -> NativeTable | None:

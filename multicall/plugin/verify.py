@@ -217,6 +217,7 @@ class Actual:
     table: Table
     source: str  # the file, <stdin>, or the netns path
     warnings: tuple[str, ...] = ()  # iptables-nft-save's "# Warning: ..." lines
+    raw: Table | None = None  # the raw table, judged for untracking (diff.untracked)
 
 
 def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> Actual:
@@ -227,10 +228,16 @@ def actual(opts: Options, mode: Mode, stdin: BinaryIO) -> Actual:
     from multicall.core.firewall.model import Family
     from multicall.effects.firewall.engine import dump_nat
     from multicall.effects.ns import NetnsRef
+    from multicall.errors import FirewallError
 
     # Reading is harmless, so the verifier's own namespace may be inspected too.
-    table = dump_nat(NetnsRef(path, allow_own=True), mode=mode, family=Family(opts.family))
-    return Actual(table, path)
+    netns = NetnsRef(path, allow_own=True)
+    table = dump_nat(netns, mode=mode, family=Family(opts.family))
+    try:
+        raw = dump_nat(netns, mode=mode, family=Family(opts.family), table="raw")
+    except FirewallError as exc:  # a raw rule the nft codec cannot read: nat is still judged
+        return Actual(table, path, (f"# Warning: the raw table was not judged: {exc.message}",))
+    return Actual(table, path, raw=raw)
 
 
 def read_save_input(path: str, stdin: BinaryIO, *, strict: bool) -> Actual:
@@ -238,8 +245,8 @@ def read_save_input(path: str, stdin: BinaryIO, *, strict: bool) -> Actual:
     table only what the comparison looks at (all of it with --strict)."""
     from functools import partial
 
-    from multicall.core.firewall.diff import may_matter
-    from multicall.core.firewall.iptables_save import read_last_table
+    from multicall.core.firewall.diff import may_matter, may_matter_raw
+    from multicall.core.firewall.iptables_save import read_last_tables
     from multicall.core.firewall.proxy_init import empty_table
     from multicall.core.limits import SAVE_LINE, SAVE_TOTAL
     from multicall.effects.inputs import lines, open_input
@@ -249,17 +256,16 @@ def read_save_input(path: str, stdin: BinaryIO, *, strict: bool) -> Actual:
     stream = stdin if path == "-" else open_input(path, "--input")
     try:
         numbered = lines(stream, max_line=SAVE_LINE, max_total=SAVE_TOTAL, what=what)
-        found, warnings = read_last_table(
+        found, warnings = read_last_tables(
             ((n, line.decode("utf-8", "surrogateescape")) for n, line in numbered),
-            "nat",
+            {"nat": partial(may_matter, strict=strict), "raw": None if strict else may_matter_raw},
             source=source,
-            keep_rule=partial(may_matter, strict=strict),
         )
     finally:
         if stream is not stdin:
             stream.close()
     # iptables-save prints no *nat block when the table was never instantiated.
-    return Actual(found or empty_table(), source, warnings)
+    return Actual(found.get("nat") or empty_table(), source, warnings, found.get("raw"))
 
 
 def native_actual(opts: Options, stdin: BinaryIO) -> tuple[list[str], str]:

@@ -292,6 +292,33 @@ def test_fallback_when_the_agent_was_killed(node: Node, agent: AgentProcess) -> 
     _fallback_add(node, via(agent))
 
 
+def test_a_rolling_update_of_the_agent_keeps_every_add_working(node: Node, tmp_path: Path) -> None:
+    """Issue 24 "on by default": the chart's rolling update stops a node's old agent
+    (SIGTERM: it drains and removes its socket) before the new pod binds the same path
+    (one admin port per node: never both). The ADDs before, in the gap (no socket: the
+    launcher's one-shot path at once) and after all succeed, each served by whom it should."""
+    socket_path = tmp_path / "run" / "agent.sock"
+    old = built_agent(tmp_path, socket_path)
+    with old:
+        pod_ns = node.rig.pod().netns
+        result = node.run(node.env(pod_ns, MESHED, **via(old)), node.stdin())
+        assert result.returncode == 0, result.stdout + result.stderr
+        _wait(lambda: old.served("ADD") == 1, "the old agent served it")
+        assert_meshed(pod_ns, "nft")
+    assert old.proc is not None
+    assert old.proc.returncode == 0
+    assert not socket_path.exists(), "a drained agent leaves no socket behind"
+    assert not unpacked(node), "an ADD before the gap ran one-shot"
+    _fallback_add(node, via(str(socket_path)))  # the gap: one-shot, meshed
+    new = built_agent(tmp_path, socket_path)
+    with new:
+        pod_ns = node.rig.pod().netns
+        result = node.run(node.env(pod_ns, MESHED, **via(new)), node.stdin())
+        assert result.returncode == 0, result.stdout + result.stderr
+        _wait(lambda: new.served("ADD") == 1, "the new agent served it")
+        assert_meshed(pod_ns, "nft")
+
+
 def test_fallback_when_the_agent_does_not_answer(node: Node, agent: AgentProcess) -> None:
     """A stopped agent accepts connections (the kernel's backlog) but never answers."""
     os.kill(agent.pid, signal.SIGSTOP)
@@ -377,8 +404,9 @@ def test_least_privilege_nft_served_legacy_handed_back(node: Node, tmp_path: Pat
         assert unpacked(node)
         assert_meshed(legacy_pod, "legacy")
     log = "".join(weak.log)
-    assert "served ADD (ok)" in log
-    assert "handed a ADD back to the caller: no CAP_SYS_ADMIN to enter the pod netns" in log
+    assert 'msg="ADD ok"' in log
+    assert 'msg="ADD handed back to the caller"' in log
+    assert 'reason="no CAP_SYS_ADMIN to enter the pod netns"' in log
 
 
 def test_agent_in_the_callers_netns_uses_warm_api_connections(node: Node, tmp_path: Path) -> None:

@@ -550,3 +550,66 @@ def test_a_netlink_socket_that_is_not_the_pods_is_handed_back(
     assert agent.fallbacks(reason) == 1
     for netns in (pod_ns, other, node):
         assert "PROXY_INIT" not in save_text(netns, SAVE["nft"]), netns.name
+
+
+def _request_lines(agent: AgentProcess, container_id: str) -> list[str]:
+    return [line for line in agent.log if f"ContainerID={container_id}" in line]
+
+
+def test_each_request_is_one_line_on_the_agents_stderr(
+    setup: tuple[Rig, Netns, Path, AgentProcess],
+) -> None:
+    """Issue 24 "visible": what `kubectl logs` of the agent shows per request: one line with
+    the pod's fields (upstream's names), the command, the outcome and the duration. A
+    caller's line breaks are escaped and its long names cut: it cannot forge a line."""
+    rig, node, kubeconfig, agent = setup
+    client = [sys.executable, "-m", "tests.support.agent_client", agent.socket]
+    meta = MESHED["metadata"]
+    env = {**env_for(rig.pod().netns, MESHED), "CNI_CONTAINERID": "cbxlogok"}
+    code, out, err = invoke(node, client, env, conf(kubeconfig, "nft"))
+    assert code == 0, (out, err)
+    _wait_for(lambda: _request_lines(agent, "cbxlogok"), "the ADD's line")
+    [line] = _request_lines(agent, "cbxlogok")
+    assert "level=info" in line
+    assert 'msg="ADD ok"' in line
+    assert f"Namespace={meta['namespace']} " in line
+    assert f"Pod={meta['name']} " in line
+    assert " command=ADD " in line
+    assert " result=ok" in line
+    assert re.search(r" duration_ms=\d+\.\d\b", line), line
+
+    forged = 'time="2000-01-01T00:00:00Z" level=info msg="forged"'
+    hostile = {
+        **env_for(rig.pod().netns, MESHED),
+        "CNI_CONTAINERID": "cbxlogbad",
+        "CNI_ARGS": f"K8S_POD_NAMESPACE=x\n{forged};K8S_POD_NAME={'p' * 100_000}",
+    }
+    code, out, err = invoke(node, client, hostile, conf(kubeconfig, "nft"))
+    assert code != 0, (out, err)  # no such pod: a CNI error, served
+    _wait_for(lambda: _request_lines(agent, "cbxlogbad"), "the failed ADD's line")
+    [line] = _request_lines(agent, "cbxlogbad")
+    assert "level=warning" in line
+    assert "failed with CNI error" in line
+    assert " result=error" in line
+    assert re.search(r" cni_code=\d+ ", line), line
+    assert "\\n" in line, line[:300]
+    assert len(line) < 2000, line[:300]
+    assert f"Pod={'p' * 256} " in line  # cut (skel.log_fields)
+    assert not any(entry.startswith(forged) for entry in agent.log)
+
+    other = {**env_for(rig.pod().netns, MESHED), "CNI_CONTAINERID": "cbxlogback",
+             "CNIBOX_TEST_BUILD": "0000000000000000"}  # fmt: skip
+    code, _out, err = invoke(node, client, other, conf(kubeconfig, "nft"))
+    assert (code, err) == (99, ["fallback: other build"])
+    _wait_for(lambda: _request_lines(agent, "cbxlogback"), "the handed-back ADD's line")
+    [line] = _request_lines(agent, "cbxlogback")
+    assert 'msg="ADD handed back to the caller"' in line
+    assert ' reason="other build" result=fallback' in line
+    assert all(entry.startswith("time=") for entry in agent.log), agent.log[-3:]
+
+
+def _wait_for(found: Any, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not found():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)

@@ -50,6 +50,15 @@ MODULES = (
     "xt_tcpudp", "xt_multiport", "xt_owner", "xt_comment", "xt_REDIRECT", "xt_nat",
     "xt_conntrack", "xt_mark", "virtio_net", "virtio_pci",
 )  # fmt: skip
+# The x_tables-free kernel (tests/arm64/test_vm_no_xtables.py): what `iptables-mode: nftables`
+# needs and nothing of x_tables. x_tables, nft_compat, ip(6)_tables and every xt_* are not in
+# that initramfs at all (and it has no modprobe for the kernel's request_module to run), so
+# they cannot be loaded, as on a kernel built without them; veth for its traffic.
+NATIVE_MODULES = (
+    "crc32c_generic", "nf_tables", "nft_chain_nat", "nft_nat", "nft_redir", "nfnetlink",
+    "veth", "virtio_net", "virtio_pci",
+)  # fmt: skip
+XTABLES_MODULE = re.compile(r"^(x_tables|nft_compat|ip6?_tables|ip6?table_\w+|xt_\w+)$")
 # Programs of the root copied into the VM (paths inside the root); links name applets of them.
 PROGRAMS = ("bin/busybox", "bin/ip", "usr/sbin/xtables-legacy-multi", "usr/sbin/xtables-nft-multi")
 XTABLES_LINKS = {
@@ -59,7 +68,7 @@ XTABLES_LINKS = {
     for suffix in ("", "-save")
 }
 BUSYBOX_APPLETS = ("sh", "mount", "mkdir", "insmod", "cat", "echo", "poweroff", "sleep", "ls",
-                   "grep", "base64", "sync", "ln", "rm", "env", "true", "stat")  # fmt: skip
+                   "grep", "base64", "sync", "ln", "rm", "env", "true", "stat", "nc")  # fmt: skip
 INIT = """#!/bin/sh
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 mount -t proc proc /proc
@@ -89,6 +98,11 @@ class Kernel:
     image: Path
     release: str
     modules: Path  # lib/modules/<release> of the unpacked package
+
+    def config(self) -> dict[str, str]:
+        """The kernel's build configuration (boot/config-<release>): CONFIG_X -> y/m/..."""
+        text = (self.image.parent / f"config-{self.release}").read_text()
+        return dict(line.split("=", 1) for line in text.splitlines() if line.startswith("CONFIG_"))
 
 
 def kernel() -> Kernel:
@@ -223,12 +237,14 @@ def _with_parents(entries: list[tuple[str, int, bytes]]) -> list[tuple[str, int,
     return sorted([*(_dir(d) for d in dirs), *entries], key=lambda e: e[0])
 
 
-def base_initramfs() -> tuple[Kernel, Path]:
-    """The kernel and the cached base cpio (rebuilt when the root or this file changes)."""
+def base_initramfs(modules: tuple[str, ...] = MODULES) -> tuple[Kernel, Path]:
+    """The kernel and the cached base cpio with `modules` (and their dependencies) loaded at
+    boot; one cache entry per module set, rebuilt when the root or this file changes."""
     kern = kernel()
     stamp = (ROOT / ".cnibox-ready").read_text() if (ROOT / ".cnibox-ready").exists() else ""
     key = hashlib.sha256((stamp + Path(__file__).read_text() + kern.release).encode())
-    archive = CACHE / f"base-{key.hexdigest()[:16]}.cpio"
+    variant = hashlib.sha256(",".join(modules).encode()).hexdigest()[:8]
+    archive = CACHE / f"base-{variant}-{key.hexdigest()[:16]}.cpio"
     if archive.exists():
         return kern, archive
     entries: list[tuple[str, int, bytes]] = [
@@ -247,12 +263,12 @@ def base_initramfs() -> tuple[Kernel, Path]:
         entries.append(_file(str(ext.relative_to(ROOT)), ext.read_bytes()))
     for rel, source in library_closure([*programs, *extensions]).items():
         entries.append(_file(rel, source.read_bytes()))
-    order = module_closure(kern, MODULES)
+    order = module_closure(kern, modules)
     for rel in order:
         entries.append(_file(f"mod/{rel}", (kern.modules / rel).read_bytes(), 0o644))
     entries.append(_file("modules.order", "".join(f"/mod/{r}\n" for r in order).encode(), 0o644))
     CACHE.mkdir(parents=True, exist_ok=True)
-    for old in CACHE.glob("base-*.cpio"):
+    for old in CACHE.glob(f"base-{variant}-*.cpio"):
         old.unlink()
     tmp = archive.with_suffix(".tmp")
     tmp.write_bytes(cpio(_with_parents(entries)))
@@ -300,11 +316,12 @@ def step(name: str, command: str) -> str:
 
 def boot(
     artifact: Path, inputs: Mapping[str, bytes], script: str, *, workdir: Path, netns: str,
-    timeout: float,
+    timeout: float, modules: tuple[str, ...] = MODULES,
 ) -> Boot:  # fmt: skip
     """Boot the VM inside `netns` (its test API server on 127.0.0.1 is the guest's
-    10.0.2.2) with the run's inputs, wait for it to power off; returns the console."""
-    kern, base = base_initramfs()
+    10.0.2.2) with the run's inputs and `modules` loaded, wait for it to power off; returns
+    the console."""
+    kern, base = base_initramfs(modules)
     initrd = workdir / "initrd.cpio"
     initrd.write_bytes(base.read_bytes() + run_initramfs(artifact, inputs, script))
     console = workdir / "console.log"

@@ -163,9 +163,16 @@ def netns_inodes(pids: list[int] | None = None) -> set[str]:
 
 def test_ready_removes_only_our_taint(node: Node, api: KubeApi) -> None:
     node.install()
-    verdict = node.gate().round()
+    gate = node.gate()
+    verdict = gate.round()
     assert verdict.ready, verdict.message
     assert taints(api) == [OTHER]
+    # issue 25's metrics (install-cni's /metrics): both durations, one self-test passed
+    chain_ready, untainted = gate.metrics.chain_ready_seconds, gate.metrics.taint_removed_seconds
+    assert chain_ready is not None
+    assert untainted is not None
+    assert 0 < chain_ready <= untainted < 30
+    assert (gate.metrics.ready, gate.metrics.passed, gate.metrics.failed) == (True, 1, 0)
     cond = condition(api)
     assert cond is not None
     assert cond["status"] == "True"
@@ -202,8 +209,11 @@ def test_taint_stays_while_a_check_fails(
         broken.write_text('#!/bin/sh\necho \'{"code":999,"msg":"broken on purpose"}\'\nexit 1\n')
         broken.chmod(0o755)
         (node.bin_dir / "linkerd-cni").symlink_to(broken)
-    verdict = node.gate(extra=env).round()
+    gate = node.gate(extra=env)
+    verdict = gate.round()
     assert not verdict.ready
+    assert gate.metrics.ready is False
+    assert gate.metrics.taint_removed_seconds is None
     assert OURS in taints(api)
     assert OTHER in taints(api)
     cond = condition(api)
@@ -212,6 +222,7 @@ def test_taint_stays_while_a_check_fails(
     assert cond["reason"] == reason
     if breakage == "self-test fails":
         assert "broken on purpose" in cond["message"]
+        assert (gate.metrics.passed, gate.metrics.failed) == (0, 1)
 
 
 def test_agent_accepting_passes(node: Node, api: KubeApi, tmp_path: Path) -> None:

@@ -45,7 +45,8 @@ def test_a_loop_without_progress_never_waits_less_than_before(
     """Failures only (rule 2): after the first, every wait is at least the base before it,
     within the cap, whatever the jitter; so such a loop makes a bounded number of attempts."""
     backoff = Backoff()
-    now, bases = 0.0, []
+    now = 0.0
+    bases: list[float] = []
     for _, draw in steps:
         wait = backoff.failed(now, draw)
         now += wait

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from multicall.core.firewall.diff import RuleProblem, bypasses, diff_tables
+from multicall.core.firewall.diff import RuleProblem, bypasses, diff_tables, untracked
 from multicall.core.firewall.iptables_save import parse_save
 from multicall.core.firewall.model import Family
 from multicall.core.firewall.ruleset import Chain, Rule, Table
@@ -132,3 +132,87 @@ def test_iptables_verify_reports_a_bypass(tmp_path: Path) -> None:
         assert code == 1, out
         assert "bypass: ends the walk before the jump" in out
         assert f"+ {inserted_rule}" in out
+
+
+RAW_HEAD = "*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n"
+
+# Each raw table with whether the judgement finds untracking of a pod's TCP.
+RAW_CASES = [
+    ("-A PREROUTING -j NOTRACK", True),
+    ("-A PREROUTING -p tcp -j NOTRACK", True),
+    ("-A OUTPUT -j CT --notrack", True),
+    ("-A OUTPUT -p tcp -m tcp --dport 80 -j CT --notrack", True),
+    ("-A PREROUTING -s 10.0.0.0/8 -j NOTRACK", True),  # may match the pod's traffic
+    (":mine - [0:0]\n-A PREROUTING -j mine\n-A mine -j NOTRACK", True),
+    (":mine - [0:0]\n-A OUTPUT -g mine\n-A mine -p tcp -j CT --notrack", True),
+    (":a - [0:0]\n:b - [0:0]\n-A PREROUTING -j a\n-A a -j b\n-A b -j NOTRACK", True),
+    ("-A PREROUTING -p udp -j NOTRACK", False),  # never a TCP packet
+    ("-A PREROUTING ! -p tcp -j NOTRACK", False),
+    ("-A OUTPUT -o lo -j NOTRACK", False),  # PROXY_INIT_OUTPUT returns loopback anyway
+    ("-A PREROUTING -p tcp -j CT --zone 1", False),  # tracked, in another zone
+    ("-A PREROUTING -p tcp -j ACCEPT", False),  # ends raw only: nat still runs
+    ("-A PREROUTING -p tcp -j DROP", False),  # the packet is dropped, not let past the proxy
+    ("-A PREROUTING -p tcp -j MARK --set-xmark 0x1/0xffffffff", False),
+    (":mine - [0:0]\n-A PREROUTING -j mine\n-A mine -j RETURN", False),
+    (":mine - [0:0]\n-A PREROUTING -p udp -j mine\n-A mine -j NOTRACK", False),
+    (":mine - [0:0]\n-A mine -j NOTRACK", False),  # a chain nothing jumps to
+    ("-A PREROUTING -j cali-PREROUTING", False),  # a chain whose rules are not here
+    ("", False),
+]
+
+
+@pytest.mark.parametrize(("rules", "untracks"), RAW_CASES, ids=lambda v: str(v)[:40])
+def test_raw_untracking_is_a_bypass(rules: str, untracks: bool) -> None:
+    """Issue 29 class 5's other tables: a packet made untracked in raw (NOTRACK, CT
+    --notrack) skips nat, so the redirect never happens whatever nat holds; mangle and
+    filter cannot make it skip nat (their ACCEPT ends their own chain; a DROP drops)."""
+    raw = last_table(parse_save(RAW_HEAD + (rules + "\n" if rules else "") + "COMMIT\n"), "raw")
+    assert raw is not None
+    found = untracked(raw)
+    assert bool(found) is untracks, found
+    nat = fixture_table("default-nft")
+    diff = diff_tables(nat, nat, raw=raw)
+    assert diff.ok is not untracks
+    assert diff_tables(nat, nat).ok  # without the raw table, nothing is judged
+
+
+def test_raw_chains_nested_deeper_than_judged_are_bounded() -> None:
+    chains = [f"c{i}" for i in range(5000)]
+    lines = [f":{c} - [0:0]" for c in chains] + ["-A PREROUTING -j c0"]
+    lines += [f"-A {a} -j {b}" for a, b in itertools.pairwise(chains)] + ["-A c4999 -j ACCEPT"]
+    raw = last_table(parse_save(RAW_HEAD + "\n".join(lines) + "\nCOMMIT\n"), "raw")
+    assert raw is not None
+    assert "PREROUTING" in untracked(raw)  # deeper than MAX_DEPTH counts as untracking
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_iptables_verify_reads_the_raw_table_of_a_save(tmp_path: Path, strict: bool) -> None:
+    """iptables-verify --input: the save's raw table is judged with its nat table (streamed:
+    only the raw rules `may_matter_raw` keeps)."""
+    text = (LINKERD / "default-nft.iptables-save.txt").read_text()
+    config = write_json(tmp_path, "conf.json", netconf("default-nft"))
+    args = ["--config", config, "--input", "-", *(["--strict"] if strict else [])]
+    clean = RAW_HEAD + ":mine - [0:0]\n-A PREROUTING -p udp -j NOTRACK\nCOMMIT\n"
+    expected_clean = 0 if not strict else run_inproc(args, text.encode())[0]
+    assert run_inproc(args, (clean + text).encode())[0] == expected_clean
+    bad = RAW_HEAD + ":mine - [0:0]\n-A OUTPUT -j mine\n-A mine -j CT --notrack\nCOMMIT\n"
+    for save in (bad + text, text + bad):  # before or after nat in the file
+        code, out, _ = run_inproc(args, save.encode())
+        assert code == 1, out
+        assert "untracked in the raw table" in out
+        assert "+ -A OUTPUT -j mine" in out
+
+
+@pytest.mark.parametrize(("rules", "untracks"), RAW_CASES[:3] + RAW_CASES[8:14])
+def test_check_judges_the_raw_table(rules: str, untracks: bool) -> None:
+    """CHECK reads the pod's raw table through the Firewall port (`dump_raw`) and fails
+    when it untracks the pod's TCP (the live backends: tests/netns/test_raw_bypass.py)."""
+    node = Node()
+    assert node.run("ADD").exit_code == 0
+    raw = last_table(parse_save(RAW_HEAD + rules + "\nCOMMIT\n"), "raw")
+    assert raw is not None
+    node.firewall.raw[(NETNS, Family.IPV4)] = raw
+    result = node.run("CHECK")
+    assert result.exit_code == (1 if untracks else 0), result.stdout
+    if untracks:
+        assert "untracked in the raw table" in json.loads(result.stdout)["details"]

@@ -10,6 +10,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.support import FIXTURES
 from tests.support.installer_host import (
     TESTDATA,
@@ -102,6 +104,26 @@ class TestOnce:
         assert os.readlink(host.bin_dir / "linkerd-cni") == "/usr/local/lib/cnibox/cnibox"
         assert not (host.bin_dir / "cnibox").exists()
 
+    @pytest.mark.parametrize("mode", [("--once",), ()])
+    def test_a_required_node_binary_that_is_missing_is_named_and_nothing_changes(
+        self, mode: tuple[str, ...], tmp_path: Path
+    ) -> None:
+        """Issue 27 item 1: the chart's talos.extension sets CNIBOX_HOST_BINARY and mounts the
+        extension dir's parent without a type; on a node without the extension install-cni
+        says so in one line, exit 1, and copies nothing in its place."""
+        host = make_host(tmp_path)
+        (host.prefix / "usr" / "local" / "lib").mkdir(parents=True)
+        put_config(host, "10-calico.conflist")
+        before = snapshot(host.prefix)
+        proc = host.run(*mode, CNIBOX_HOST_BINARY="/usr/local/lib/cnibox/cnibox")
+        assert proc.returncode == 1, proc.stderr
+        last = proc.stderr.strip().splitlines()[-1]
+        assert "the cnibox Talos system extension is not on this node: " in last
+        assert "/usr/local/lib/cnibox/cnibox is missing or not an executable file" in last
+        assert "docs/talos.md, route B" in last
+        assert "Traceback" not in proc.stderr
+        assert snapshot(host.prefix) == before
+
     def test_cni_conf_name_restricts_patching(self, tmp_path: Path) -> None:
         """CNI_CONF_NAME=x patches only x."""
         host = make_host(tmp_path)
@@ -110,6 +132,137 @@ class TestOnce:
         assert host.run("--once", CNI_CONF_NAME="20-b.conflist").returncode == 0
         assert linkerd_count(host.net_dir / "10-a.conflist") == 0
         assert linkerd_count(host.net_dir / "20-b.conflist") == 1
+
+
+class TestStateDir:
+    """Issue 27 item 8: the installer's state lives outside the CNI config dir."""
+
+    def test_the_config_dir_holds_only_configs_and_the_kubeconfig(self, tmp_path: Path) -> None:
+        """What upstream's `CheckCNIPluginIsLast` integration check expects of the config
+        dir: the primary conflist and linkerd's kubeconfig, nothing else, while installed
+        (watching, too); the undo journal is in the bin dir's hidden state dir."""
+        host = make_host(tmp_path)
+        put_config(host, "10-calico.conf", "10-calico.conf")
+        assert host.run("--once").returncode == 0
+        assert sorted(os.listdir(host.net_dir)) == ["10-calico.conflist", host.kubeconfig.name]
+        assert (host.bin_dir / ".cnibox-install-cni" / "patched").is_dir()
+        put_config(host, "20-calico.conflist")
+        proc = host.start()
+        try:
+            wait_for(lambda: linkerd_count(host.net_dir / "20-calico.conflist") == 1, "patch")
+            assert sorted(os.listdir(host.net_dir)) == [
+                "10-calico.conflist",
+                "20-calico.conflist",
+                host.kubeconfig.name,
+            ]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+
+    @pytest.mark.parametrize("then", ["--uninstall", "--once"])
+    def test_an_older_cniboxs_state_dir_is_taken_over_losing_nothing(
+        self, then: str, tmp_path: Path
+    ) -> None:
+        """A node an older cnibox installed (its state in `<net dir>/.cnibox-install-cni`,
+        a `.conf` converted, so its original exists only in that journal): the new installer
+        moves the journal to the bin dir and its undo still restores the node exactly."""
+        host = make_host(tmp_path)
+        put_config(host, "10-calico.conf", "10-calico.conf")
+        put_config(host, "20-calico.conflist")
+        before = snapshot(host.prefix)
+        legacy = host.net_dir / ".cnibox-install-cni"
+        assert host.run("--once", CNIBOX_STATE_DIR=str(legacy)).returncode == 0
+        assert (legacy / "patched" / "10-calico.conf").is_file()
+        proc = host.run(then)
+        assert proc.returncode == 0, proc.stderr
+        assert not legacy.exists()
+        if then == "--once":
+            assert "took over the undo journal of an earlier cnibox" in proc.stderr
+            assert (host.bin_dir / ".cnibox-install-cni" / "patched" / "10-calico.conf").is_file()
+            proc = host.run("--uninstall")
+            assert proc.returncode == 0, proc.stderr
+        assert snapshot(host.prefix) == before
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+class TestReadiness:
+    """Issue 27 item 7: install-cni's readiness (`--ready`, the chart's probe) and its admin
+    server (/healthz, /readyz, /metrics on loopback; issue 25's gate metrics go there)."""
+
+    def test_ready_exits_1_until_installed_and_chained(self, tmp_path: Path) -> None:
+        host = make_host(tmp_path)
+        proc = host.run("--ready")
+        assert proc.returncode == 1
+        assert "not ready: PluginInstalled:" in proc.stderr
+        assert host.run("--once").returncode == 0
+        proc = host.run("--ready")
+        assert proc.returncode == 1  # linkerd-cni is there, but no CNI config chains it yet
+        assert "not ready: ChainConfigured: no CNI config in" in proc.stderr
+        put_config(host, "10-calico.conflist")
+        assert host.run("--once").returncode == 0
+        proc = host.run("--ready")
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr == ""
+
+    def test_the_admin_server_follows_the_install(self, tmp_path: Path) -> None:
+        host = make_host(tmp_path)
+        port = _free_port()
+        proc = host.start("--admin-addr", f"127.0.0.1:{port}")
+        try:
+            wait_for(lambda: _reachable(port), "the admin server")
+            assert _get(port, "/healthz") == (200, "ok\n")
+            assert _get(port, "/readyz") == (500, "not ready\n")  # no CNI config yet
+            status, text = _get(port, "/metrics")
+            assert status == 200
+            assert "cnibox_install_cni_installed 0\n" in text
+            assert "cnibox_node_gate_" not in text  # the gate is off
+            put_config(host, "10-calico.conflist")
+            wait_for(lambda: _get(port, "/readyz")[0] == 200, "ready")
+            assert "cnibox_install_cni_installed 1\n" in _get(port, "/metrics")[1]
+            assert _get(port, "/nothing")[0] == 404
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert f"admin server on 127.0.0.1:{port}" in err
+        assert not _reachable(port)
+
+    def test_a_bad_admin_address_is_a_usage_error_changing_nothing(self, tmp_path: Path) -> None:
+        host = make_host(tmp_path)
+        put_config(host, "10-calico.conflist")
+        before = snapshot(host.prefix)
+        proc = host.run("--admin-addr", "localhost:99999")
+        assert proc.returncode == 2
+        assert "invalid socket address syntax" in proc.stderr
+        assert snapshot(host.prefix) == before
+
+
+def _reachable(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
 
 
 class TestFailures:
@@ -137,6 +290,25 @@ class TestFailures:
         assert proc.returncode == 1
         assert "nowhere/token: no such file or directory" in proc.stderr
 
+    @pytest.mark.parametrize("mode", [("--once",), ()])
+    @pytest.mark.parametrize("missing", ["net_dir", "bin_dir"])
+    def test_a_missing_host_dir_is_fatal_as_upstream(
+        self, mode: tuple[str, ...], missing: str, tmp_path: Path
+    ) -> None:
+        """Issue 27 item 9: a missing DEST_CNI_NET_DIR (or bin dir) ends the installer with
+        upstream's Go installer's last line and exit 1 (`log.Fatal("cannot run cni install")`
+        with the os.Stat error), and nothing is created: no net dir, no state, no binary."""
+        host = make_host(tmp_path)
+        gone = getattr(host, missing)
+        gone.rmdir()
+        before = snapshot(host.prefix)
+        proc = host.run(*mode)
+        assert proc.returncode == 1, proc.stderr
+        last = proc.stderr.strip().splitlines()[-1]
+        assert 'level=fatal msg="cannot run cni install" ' in last
+        assert last.endswith(f'error="stat {gone}: no such file or directory"')
+        assert snapshot(host.prefix) == before
+
     def test_bad_argument_is_usage_error(self, tmp_path: Path) -> None:
         """Unknown arguments exit 2."""
         host = make_host(tmp_path)
@@ -162,7 +334,7 @@ class TestUndo:
         host = make_host(tmp_path)
         put_config(host, "10-calico.conflist")
         assert host.run("--once", "--link-nsenter").returncode == 0
-        shutil.rmtree(host.net_dir / ".cnibox-install-cni")
+        shutil.rmtree(host.bin_dir / ".cnibox-install-cni")
         proc = host.run("--uninstall")
         assert proc.returncode == 0, proc.stderr
         assert sorted(p.name for p in host.bin_dir.iterdir()) == []

@@ -109,13 +109,13 @@ def test_a_large_journal_is_bounded_per_record_and_fully_undone(tmp_path: Path) 
         (host.net_dir / name).write_bytes(data)
     code, err = run(host, "--once")
     assert code == 0, err
-    records = list((host.net_dir / STATE / "patched").iterdir())
+    records = list((host.bin_dir / STATE / "patched").iterdir())
     assert len(records) == 40  # each .conf (removed) and each .conflist (created)
     assert max(r.stat().st_size for r in records) < RECORD_LIMIT
     code, err = run(host, "--uninstall")
     assert code == 0, err
     assert configs(host) == originals
-    assert not (host.net_dir / STATE).exists()
+    assert not (host.bin_dir / STATE).exists()
 
 
 def test_an_unreadable_record_fails_install_and_uninstall_clearly(tmp_path: Path) -> None:
@@ -125,7 +125,7 @@ def test_an_unreadable_record_fails_install_and_uninstall_clearly(tmp_path: Path
     (host.net_dir / "10-a.conf").write_bytes(CONF)
     put_config(host, "20-b.conflist")
     assert run(host, "--once")[0] == 0
-    record = host.net_dir / STATE / "patched" / "10-a.conf"
+    record = host.bin_dir / STATE / "patched" / "10-a.conf"
     record.write_bytes(b"x" * (RECORD_LIMIT + 1))
     (host.net_dir / "20-b.conflist").write_bytes(CONFLIST)  # the primary CNI rewrites it
     code, err = run(host, "--once")
@@ -149,7 +149,7 @@ def test_a_second_installer_waits_bounded_and_changes_nothing(
     host = make_host(tmp_path)
     put_config(host, "10-calico.conflist")
     monkeypatch.setattr(lock, "WAIT_SECONDS", 0.5)
-    state = host.net_dir / STATE
+    state = host.bin_dir / STATE
     state.mkdir(mode=0o700)
     holder = os.open(state / lock.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
     import fcntl
@@ -166,7 +166,8 @@ def test_a_second_installer_waits_bounded_and_changes_nothing(
     assert "stopped waiting after 0.5s" in err
     assert 0.4 < took < 10
     assert configs(host) == {"10-calico.conflist": CONFLIST}
-    assert list(host.bin_dir.iterdir()) == []
+    assert [p.name for p in host.bin_dir.iterdir()] == [STATE]  # the holder's, as it made it
+    assert os.listdir(state) == [lock.LOCK_NAME]
     code, err = run(host, "--once")  # the holder is gone: its lock went with it
     assert code == 0, err
 
@@ -211,7 +212,7 @@ def test_journal_writes_grow_linearly_with_the_configs(
         (host.net_dir / f"{i:04d}.conflist").write_bytes(CONFLIST)
     written = {"journal": 0}
     real = fs.write_atomic
-    state = str(host.net_dir / STATE)
+    state = str(host.bin_dir / STATE)
 
     def counting(path: str, data: bytes, mode: int = 0o644) -> None:
         if path.startswith(state):

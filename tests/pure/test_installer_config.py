@@ -147,3 +147,25 @@ class TestKubeconfig:
         """An IPv6 service host makes a valid URL (upstream pastes it bare)."""
         out = render_kubeconfig(TOKEN, b"ca", "fd00::1", "443").decode()
         assert "    server: https://[fd00::1]:443\n" in out
+
+
+def test_mountinfo_finds_the_type_of_a_path() -> None:
+    """core/mountinfo.py: the longest mount point by whole components, the later of equal
+    ones, escapes undone, malformed lines skipped (issue 27 item 8: a config dir on tmpfs)."""
+    from multicall.core.mountinfo import fs_type
+
+    text = "\n".join(
+        [
+            "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw",
+            "30 22 0:40 / /host/etc/cni rw - tmpfs tmpfs rw",
+            "31 22 0:41 / /host/etc/cni2 rw - xfs /dev/x rw",
+            "32 22 0:42 / /with\\040space rw - tmpfs tmpfs rw",
+            "garbage line",
+            "33 30 8:1 /x /host/etc/cni rw - ext4 /dev/sda1 rw",
+        ]
+    )
+    assert fs_type("/host/etc/cni/net.d", text) == "ext4"  # mounted over the tmpfs
+    assert fs_type("/host/etc/cni2/net.d", text) == "xfs"
+    assert fs_type("/host/etc/cnix", text) == "ext4"  # not under /host/etc/cni
+    assert fs_type("/with space/a", text) == "tmpfs"
+    assert fs_type("/x", "nothing here") == ""

@@ -24,6 +24,7 @@ from multicall.core.firewall.ruleset import render_rule
 from multicall.errors import UsageError
 from tests.support import FIXTURES, cnibox_argv
 from tests.support.cnibox import run_applet_inproc
+from tests.support.plain import assert_plain
 from tests.support.rulesets import last_table
 from tests.support.scenarios import OK_NAMES, netconf, scenario_family, scenario_options
 
@@ -388,3 +389,50 @@ def test_parse_args_raises_only_usage_errors(args: list[str]) -> None:
     with contextlib.suppress(UsageError):
         opts = iptables_verify.parse_args(args)
         assert opts.config
+
+
+class TestLongNumbers:
+    """Issue 30 item 10: a 5,000-digit proxy-uid made `iptables-verify --pod` exit 70
+    "internal error" with Python's text. Go's answer now, whatever the length."""
+
+    def pod(self, tmp_path: Path, uid: str) -> str:
+        meta = {"name": "p", "namespace": "n", "annotations": {"config.linkerd.io/proxy-uid": uid}}
+        doc = {"kind": "Pod", "metadata": meta, "spec": {"containers": [{"name": "linkerd-proxy"}]}}
+        return write_json(tmp_path, "pod.json", doc)
+
+    def test_a_zero_padded_annotation_is_gos_number(self, tmp_path: Path) -> None:
+        """`'0'*5000 + '2102'` is 2102 for Go's Atoi: the default scenario's rules verify."""
+        config = write_json(tmp_path, "c.json", netconf("default-nft"))
+        save = str(LINKERD / "default-nft.iptables-save.txt")
+        args = ["--config", config, "--input", save]
+        rc, out, err = run_inproc([*args, "--pod", self.pod(tmp_path, "0" * 5000 + "2102")])
+        assert rc == 0, out + err
+        rc, out, err = run_inproc([*args, "--pod", self.pod(tmp_path, "0" * 5000 + "2103")])
+        assert rc == 1, out + err  # another uid: drift, named plainly
+        assert_plain(out + err)
+
+    @pytest.mark.parametrize("uid", ["9" * 5000, "-" + "9" * 5000, "1" * 5000 + "x"])
+    def test_an_unreadable_annotation_is_refused_plainly(self, tmp_path: Path, uid: str) -> None:
+        config = write_json(tmp_path, "c.json", netconf("default-nft"))
+        save = str(LINKERD / "default-nft.iptables-save.txt")
+        rc, out, err = run_inproc(
+            ["--config", config, "--input", save, "--pod", self.pod(tmp_path, uid)]
+        )
+        assert rc not in (0, 70), out + err
+        assert_plain(out + err)
+        assert len(out + err) < 20_000
+
+    def test_a_long_proxy_uid_in_the_config(self, tmp_path: Path) -> None:
+        """A 5,000-digit `proxy-uid` number in the config: refused, the number cut short."""
+        text = json.dumps(netconf("default-nft")).replace(
+            '"proxy-uid": 2102', '"proxy-uid": ' + "9" * 5000
+        )
+        assert "9" * 5000 in text
+        config = tmp_path / "c.json"
+        config.write_text(text)
+        save = str(LINKERD / "default-nft.iptables-save.txt")
+        rc, out, err = run_inproc(["--config", str(config), "--input", save])
+        assert rc not in (0, 70), out + err
+        assert "out of range" in out + err
+        assert len(out + err) < 1000
+        assert_plain(out + err)

@@ -108,7 +108,12 @@ def test_hint_carries_no_token(warm: WarmConnections) -> None:
     assert warm.warm_hint() is None  # no request yet
     warm.remember(KubeConfig(server="https://h:1", token="secret", ca_data=b"PEM"))
     hint = warm.warm_hint()
-    assert hint == {"server": "https://h:1", "ca_data": "PEM", "insecure": False}
+    assert hint == {
+        "server": "https://h:1",
+        "ca_data": "PEM",
+        "insecure": False,
+        "tls_server_name": "",
+    }
     warm.remember(KubeConfig(server="https://h:1", ca_file="/ca.crt"))
     assert warm.warm_hint() is None  # a file is read per request, through the caller's root
 
@@ -121,7 +126,12 @@ def test_a_client_remembers_its_config_only_with_warm_connections(
     KubeClient(config).close()
     assert warm.warm_hint() is None
     KubeClient(config, warm=warm).close()
-    assert warm.warm_hint() == {"server": "https://h:1", "ca_data": "", "insecure": True}
+    assert warm.warm_hint() == {
+        "server": "https://h:1",
+        "ca_data": "",
+        "insecure": True,
+        "tls_server_name": "",
+    }
 
 
 def test_a_request_on_a_warm_connection_that_times_out_is_not_retried(

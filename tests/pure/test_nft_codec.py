@@ -292,6 +292,8 @@ class TestProperties:
             assert key.verdict == ""
         elif isinstance(target, xt.Redirect):
             assert (key.verdict, key.target) == ("-j", "REDIRECT")
+        elif isinstance(target, xt.Notrack):
+            assert (key.verdict, key.target) == ("-j", "CT")
         else:
             assert (key.verdict, key.target) == ("-g" if target.goto else "-j", target.name)
 
@@ -447,3 +449,23 @@ class TestAddressText:
         """::4:0/110 prints (and parses back) as ::0.4.0.0/110, as ip6tables-save has it."""
         spec = ("-s", "::0.4.0.0/110", "-j", "RETURN")
         assert nft_rule.decode_rule_tokens(nft_rule.encode_rule_tokens(spec, V6).exprs, V6) == spec
+
+
+@pytest.mark.parametrize("rev", [1, 2])
+def test_ct_notrack_is_read_never_written(rev: int) -> None:
+    """CT with XT_CT_NOTRACK (iptables-nft's form of `-j NOTRACK` and `-j CT --notrack`,
+    xt_ct_target_info_v1: flags, zone, events, helper, timeout) reads as `-j CT --notrack`
+    for the raw table's judgement; CT without it (a zone, a helper) stays undecodable, and
+    the codec never writes it."""
+    info = struct.pack("<HHII16s32sQ", 1, 0, 0, 0, b"", b"", 0)
+    target = xt.decode_target(nft_expr.XtTarget("CT", rev, info), Family.IPV4)
+    assert nft_spec.render_spec_tokens(nft_spec.RuleSpec(target=target)) == (
+        "-j",
+        "CT",
+        "--notrack",
+    )
+    zone = struct.pack("<HHII16s32sQ", 0, 1, 0, 0, b"", b"", 0)
+    with pytest.raises(FirewallError, match="unsupported target CT"):
+        xt.decode_target(nft_expr.XtTarget("CT", rev, zone), Family.IPV4)
+    with pytest.raises(FirewallError, match="never writes"):
+        nft_rule._target_expr(target, Family.IPV4)

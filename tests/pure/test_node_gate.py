@@ -102,3 +102,38 @@ def test_environment() -> None:
     ):
         with pytest.raises(g.GateInputError):
             g.parse_gate_env(bad)
+
+
+def test_gate_metrics_exposition() -> None:
+    """Issue 25's metrics as install-cni's /metrics shows them (Prometheus text 0.0.4)."""
+    from multicall.core.installer.metrics import GateMetrics, render
+
+    off = render(GateMetrics(), installed=True)
+    assert off == (
+        "# HELP cnibox_install_cni_installed 1 when linkerd-cni is in the CNI bin dir and "
+        "chained in the primary CNI config.\n"
+        "# TYPE cnibox_install_cni_installed gauge\ncnibox_install_cni_installed 1\n"
+    )
+    metrics = GateMetrics(enabled=True)
+    text = render(metrics, installed=False)
+    assert "cnibox_node_gate_enabled 1\n" in text
+    assert "\ncnibox_node_gate_ready " not in text  # no round yet
+    assert "\ncnibox_node_gate_chain_ready_seconds " not in text
+    metrics.chain_ready_seconds = 1.5
+    metrics.ready = True
+    metrics.taint_removed_seconds = 2.25
+    metrics.selftest(True, 0.2)
+    metrics.selftest(False, 40.0)
+    text = render(metrics, installed=True)
+    for line in (
+        "cnibox_node_gate_ready 1",
+        "cnibox_node_gate_chain_ready_seconds 1.5",
+        "cnibox_node_gate_taint_removed_seconds 2.25",
+        'cnibox_node_gate_selftests_total{result="passed"} 1',
+        'cnibox_node_gate_selftests_total{result="failed"} 1',
+        'cnibox_node_gate_selftest_duration_seconds_bucket{le="0.25"} 1',
+        'cnibox_node_gate_selftest_duration_seconds_bucket{le="+Inf"} 2',
+        "cnibox_node_gate_selftest_duration_seconds_count 2",
+        "cnibox_node_gate_selftest_duration_seconds_sum 40.2",
+    ):
+        assert f"\n{line}\n" in text, line

@@ -37,4 +37,5 @@ def run_applet_inproc(name: str, args: Sequence[str], stdin: bytes = b"") -> tup
     assert applet is not None, name
     out, err = io.BytesIO(), io.BytesIO()
     rc = run_applet(applet, [name, *args], {}, (io.BytesIO(stdin), out, err))
-    return rc, out.getvalue().decode(), err.getvalue().decode()
+    # An applet may echo input bytes that are not UTF-8 (a save's comment): shown replaced.
+    return rc, out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace")

@@ -100,6 +100,7 @@ class MemoryFirewall:
     applied: list[Programmed] = field(default_factory=list)
     refusal: str | None = None  # the kernel's message when it refuses every rule set
     native: dict[tuple[str, Family], NativeTable] = field(default_factory=dict)  # nftables
+    raw: dict[tuple[str, Family], Table] = field(default_factory=dict)  # raw tables, if set
 
     def table(self, path: str, family: Family) -> Table:
         return self.tables.get((path, family), empty_table())
@@ -135,6 +136,11 @@ class MemoryFirewall:
         self, netns: NetnsRef, *, mode: Mode, family: Family, log: Callable[[str], None]
     ) -> Table:
         return self.table(netns.path, family)
+
+    def dump_raw(
+        self, netns: NetnsRef, *, mode: Mode, family: Family, log: Callable[[str], None]
+    ) -> Table | None:
+        return self.raw.get((netns.path, family))
 
     def dump_native(
         self, netns: NetnsRef, *, family: Family, log: Callable[[str], None]

@@ -42,6 +42,9 @@ class Framing:
     outcome: Ok | Err
     connections: int
     close: bool = False  # the server closes the connection after `raw`
+    # Where Go 1.19 (the oracle this machine builds) differs from later Go, which the
+    # table follows: 1.19's outcome, for tests/tools/test_http_framing_oracle.py.
+    go119: Ok | Err | None = None
 
 
 def _r(status_line: str, *headers: str, body: bytes = b"") -> bytes:
@@ -56,6 +59,9 @@ HELLO = b"hello"
 CHUNKED_HELLO = b"5\r\nhello\r\n0\r\n\r\n"
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 OK_HELLO = _r(f"{H} 200 OK", CL5, body=HELLO)
+# An empty chunk size: Go 1.19's parseHexUint reads it as 0, the last chunk, and the data
+# after it as trailers; later Go refuses it ("empty hex number for chunk length"), as cnibox.
+EMPTY_SIZE_119 = Err('malformed MIME header: missing colon: "hello"')
 
 
 def _status(code: int, reason: str) -> Framing:
@@ -298,6 +304,55 @@ FRAMINGS: tuple[Framing, ...] = (
         Err("unexpected EOF"),
         2,
         close=True,
+    ),
+    # Chunk-size lines as Go's chunked reader reads them (core/go/chunked.py): the same
+    # table runs through the watch stream's decoder (tests/pure/test_kube_watch.py).
+    *(
+        Framing(
+            f"chunk-{name}",
+            _r(f"{H} 200 OK", TE, body=body),
+            outcome,
+            1 if ok else 2,
+            go119=EMPTY_SIZE_119 if b"empty hex" in str(outcome).encode() else None,
+        )
+        for name, body, outcome, ok in (
+            ("plus-sign", b"+5\r\nhello\r\n0\r\n\r\n", Err("invalid byte in chunk length"), 0),
+            ("minus-sign", b"-5\r\nhello\r\n0\r\n\r\n", Err("invalid byte in chunk length"), 0),
+            ("0X-upper", b"0X5\r\nhello\r\n0\r\n\r\n", Err("invalid byte in chunk length"), 0),
+            ("0x10", b"0x10\r\n" + b"h" * 16 + b"\r\n0\r\n\r\n", Err("invalid byte"), 0),
+            ("underscore", b"1_0\r\n" + b"h" * 16 + b"\r\n0\r\n\r\n", Err("invalid byte"), 0),
+            ("leading-space", b" 5\r\nhello\r\n0\r\n\r\n", Err("invalid byte in chunk length"), 0),
+            ("space-before-ext", b"5 ;a\r\nhello\r\n0\r\n\r\n", Err("invalid byte"), 0),
+            ("non-ascii-digit", b"\xd9\xa5\r\nhello\r\n0\r\n\r\n", Err("invalid byte"), 0),
+            ("empty", b"\r\nhello\r\n0\r\n\r\n", Err("empty hex number for chunk length"), 0),
+            ("only-ext", b";a=b\r\nhello\r\n0\r\n\r\n", Err("empty hex number"), 0),
+            ("trailing-tab", b"5\t\r\nhello\r\n0\r\n\r\n", Ok(200, HELLO), 1),
+            ("extra-cr", b"5\r\r\nhello\r\n0\r\n\r\n", Ok(200, HELLO), 1),
+            ("bare-lf-size-line", b"5\nhello\r\n0\r\n\r\n", Ok(200, HELLO), 1),
+            ("quoted-ext", b'5;a="b;c"\r\nhello\r\n0\r\n\r\n', Ok(200, HELLO), 1),
+            ("ext-on-last", b"5\r\nhello\r\n0;x=y\r\n\r\n", Ok(200, HELLO), 1),
+            ("last-000", b"5\r\nhello\r\n000\r\n\r\n", Ok(200, HELLO), 1),
+            ("16-digits", b"0" * 15 + b"5\r\nhello\r\n0\r\n\r\n", Ok(200, HELLO), 1),
+            ("17-digits", b"0" * 16 + b"5\r\nhello\r\n0\r\n\r\n", Err("too large"), 0),
+            ("17th-bad", b"0" * 16 + b"z\r\nhello\r\n0\r\n\r\n", Err("invalid byte"), 0),
+            ("4000-zeros", b"0" * 4000 + b"5\r\nhello\r\n0\r\n\r\n", Err("too large"), 0),
+            ("5000-zeros", b"0" * 5000 + b"5\r\nhello\r\n0\r\n\r\n", Err("too long"), 0),
+            (
+                "one-byte-each",
+                b"".join(b"1\r\n%c\r\n" % c for c in HELLO) + b"0\r\n\r\n",
+                Ok(200, HELLO),
+                1,
+            ),
+            (
+                "mixed-case",
+                b"a\r\n0123456789\r\nA\r\n0123456789\r\n0\r\n\r\n",
+                Ok(200, b"0123456789" * 2),
+                1,
+            ),
+            ("data-bare-lf", b"5\r\nhello\n0\r\n\r\n", Err("malformed chunked encoding"), 0),
+            ("data-longer", b"3\r\nhello\r\n0\r\n\r\n", Err("malformed chunked encoding"), 0),
+            ("data-cr-only", b"5\r\nhello\r0\r\n\r\n", Err("malformed chunked encoding"), 0),
+        )
     ),
     # Status line and header lines.
     Framing("no-reason", _r(f"{H} 200", CL5, body=HELLO), Ok(200, HELLO), 1),

@@ -146,6 +146,7 @@ class WatchApi:
     port: int = 0
     requests: list[Request] = field(default_factory=list)
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    namespaces: dict[str, dict[str, Any]] = field(default_factory=dict)  # listed and watched too
     events: list[dict[str, Any]] = field(default_factory=list)
     watches_served: int = 0
     events_sent: int = 0
@@ -163,22 +164,28 @@ class WatchApi:
     # -- data
 
     def apply(self, pod: Mapping[str, Any]) -> dict[str, Any]:
-        """Create or update a pod (ADDED or MODIFIED), returning the stored copy."""
+        """Create or update a pod, or a namespace (`kind: Namespace`) (ADDED or MODIFIED),
+        returning the stored copy."""
         with self._cond:
             doc = copy.deepcopy(dict(pod))
             meta = doc.setdefault("metadata", {})
-            key = (meta["namespace"], meta["name"])
-            old = self.pods.get(key)
+            store: dict[Any, dict[str, Any]] = (
+                self.namespaces if doc.get("kind") == "Namespace" else self.pods
+            )
+            key = meta["name"] if store is self.namespaces else (meta["namespace"], meta["name"])
+            old = store.get(key)
             meta["uid"] = old["metadata"]["uid"] if old else meta.get("uid") or str(uuid.uuid4())
             self._rv += 1
             meta["resourceVersion"] = str(self._rv)
-            self.pods[key] = doc
+            store[key] = doc
             self._record("MODIFIED" if old else "ADDED", doc, old)
             return doc
 
     def delete(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Delete a pod, or (`namespace` "") a namespace."""
         with self._cond:
-            old = self.pods.pop((namespace, name), None)
+            store: dict[Any, dict[str, Any]] = self.namespaces if not namespace else self.pods
+            old = store.pop(name if not namespace else (namespace, name), None)
             if old is None:
                 return None
             self._rv += 1
@@ -258,8 +265,11 @@ class WatchApi:
 
     # -- request handling (called from the handler threads)
 
-    def list_pods(self, query: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+    def list_pods(
+        self, query: Mapping[str, str], resource: str = "Pod"
+    ) -> tuple[int, dict[str, Any]]:
         labels, fields = query.get("labelSelector", ""), query.get("fieldSelector", "")
+        objects = self.namespaces if resource == "Namespace" else self.pods
         limit = int(query.get("limit", "0") or 0)
         with self._cond:
             if "continue" in query:
@@ -272,8 +282,8 @@ class WatchApi:
             else:
                 start_rv, offset = self._rv, 0
             matching = sorted(
-                (p for p in self.pods.values() if _selected(p, labels, fields)),
-                key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]),
+                (p for p in objects.values() if _selected(p, labels, fields)),
+                key=lambda p: (p["metadata"].get("namespace", ""), p["metadata"]["name"]),
             )
             page = matching[offset : offset + limit] if limit else matching[offset:]
             meta: dict[str, Any] = {"resourceVersion": str(start_rv)}
@@ -281,14 +291,21 @@ class WatchApi:
                 token = json.dumps([start_rv, offset + limit]).encode()
                 meta["continue"] = base64.b64encode(token).decode()
             return 200, {
-                "kind": "PodList",
+                "kind": f"{resource}List",
                 "apiVersion": "v1",
                 "metadata": meta,
                 "items": copy.deepcopy(page),
             }
 
     def watch_events(
-        self, since: int, labels: str, fields: str, timeout: float, bookmarks: bool
+        self,
+        since: int,
+        labels: str,
+        fields: str,
+        timeout: float,
+        bookmarks: bool,
+        *,
+        resource: str = "Pod",
     ) -> Iterator[dict[str, Any]]:
         """Events after `since` as the apiserver sends them: a 410 ERROR when `since` is
         compacted away, ADDED/DELETED where a change crosses the selector, bookmarks."""
@@ -315,6 +332,8 @@ class WatchApi:
                 return
             for rv, kind, doc, old in pending:
                 position = rv
+                if doc.get("kind", "Pod") != resource:
+                    continue
                 out = _crossing(kind, doc, old, labels, fields)
                 if out is not None:
                     yield {"type": out, "object": doc}
@@ -384,11 +403,12 @@ class _Handler(JsonHandler):
             return
         parts = urlsplit(self.path)
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
-        if parts.path != "/api/v1/pods":
+        resource = {"/api/v1/pods": "Pod", "/api/v1/namespaces": "Namespace"}.get(parts.path)
+        if resource is None:
             self._get_one(parts.path.strip("/").split("/"))
             return
         if query.get("watch") == "true":
-            self._watch(query)
+            self._watch(query, resource)
             return
         if api.list_status:
             message = (
@@ -397,14 +417,20 @@ class _Handler(JsonHandler):
             )
             self._send(api.list_status, status_body(api.list_status, message, "Forbidden", {}))
             return
-        status, doc = api.list_pods(query)
+        status, doc = api.list_pods(query, resource)
         self._send(status, json.dumps(doc).encode())
 
     def _get_one(self, parts: list[str]) -> None:
         """The plugin's GETs: one pod, or its namespace (no annotations)."""
         api = self.server.api
         if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 4:
-            doc = {"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": parts[3]}}
+            with api._cond:
+                stored = copy.deepcopy(api.namespaces.get(parts[3]))
+            doc = stored or {
+                "kind": "Namespace",
+                "apiVersion": "v1",
+                "metadata": {"name": parts[3]},
+            }
             self._send(200, json.dumps(doc).encode())
             return
         if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 6 and parts[4] == "pods":
@@ -449,7 +475,7 @@ class _Handler(JsonHandler):
         created["metadata"]["uid"] = str(uuid.uuid4())
         self._send(201, json.dumps(created).encode())
 
-    def _watch(self, query: Mapping[str, str]) -> None:
+    def _watch(self, query: Mapping[str, str], resource: str = "Pod") -> None:
         api = self.server.api
         api.watches_served += 1
         self.send_response(200)
@@ -486,6 +512,7 @@ class _Handler(JsonHandler):
                 query.get("fieldSelector", ""),
                 float(query.get("timeoutSeconds") or 290),
                 query.get("allowWatchBookmarks") == "true",
+                resource=resource,
             ),
             start=1,
         ):

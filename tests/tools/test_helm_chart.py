@@ -296,12 +296,13 @@ def documented_differences() -> list[str]:
     """The first column of docs/helm.md's table "Differences from Linkerd's rendering"."""
     text = DOC.read_text()
     section = text.split("## Differences from Linkerd's rendering", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"^\| `([A-Za-z]+:[^`]+)` \|", section, re.MULTILINE)
+    # `Kind:field`, or `Kind/name` for a whole object of cnibox's own (the agent's DaemonSet)
+    return re.findall(r"^\| `([A-Za-z]+(?::[^`]+|/[a-z0-9-]+))` \|", section, re.MULTILINE)
 
 
 def covered(path: str, documented: list[str]) -> str | None:
     for entry in documented:
-        if path == entry or path.startswith((entry + ".", entry + "[")):
+        if path == entry or path.startswith((entry + ".", entry + "[", entry + ":")):
             return entry
     return None
 
@@ -336,8 +337,11 @@ class TestAgainstLinkerd:
         unlisted = {p: v for p, v in found.items() if covered(p, documented) is None}
         assert unlisted == {}, "differences not listed in docs/helm.md"
 
-    def test_every_documented_difference_occurs(self, rendered: dict[str, str]) -> None:
-        """No stale row: each listed difference is produced by at least one case."""
+    def test_every_documented_difference_occurs(
+        self, rendered: dict[str, str], tmp_path: Path
+    ) -> None:
+        """No stale row: each listed difference is produced by at least one case, or by the
+        key-by-key comparison below (PodSecurityPolicy rows: no golden of Linkerd's has one)."""
         documented = documented_differences()
         assert len(documented) >= 4
         used = {
@@ -345,6 +349,9 @@ class TestAgainstLinkerd:
             for case in CASES
             for path in differences(upstream_objects(case), objects(rendered[case.name]))
         }
+        theirs = objects(render_upstream(DISTINCT, tmp_path))
+        ours = objects(render(copy.deepcopy(DISTINCT), tmp=tmp_path))
+        used |= {covered(path, documented) for path in differences(theirs, ours)}
         assert set(documented) - used == set()
 
     def test_object_names_are_what_linkerd_check_looks_up(self, rendered: dict[str, str]) -> None:
@@ -352,6 +359,7 @@ class TestAgainstLinkerd:
         ours = objects(rendered["our-defaults"])
         names = {kind: doc["metadata"]["name"] for kind, doc in ours.items()}
         assert names == {
+            AGENT: "linkerd-cni-agent",  # cnibox's own (on by default): not looked up
             "ServiceAccount": "linkerd-cni",
             "ClusterRole": "linkerd-cni",
             "ClusterRoleBinding": "linkerd-cni",
@@ -745,7 +753,9 @@ def exec_argvs(pod: Mapping[str, Any]) -> Iterator[tuple[str, list[str]]]:
     for container in [*pod.get("initContainers", []), *pod["containers"]]:
         name = container["name"]
         if "command" in container or "args" in container:
-            yield name, [*container.get("command", []), *container.get("args", [])]
+            # args without a command go to the image's entrypoint (`cnibox install-cni`)
+            command = container.get("command", IMAGE_LAYOUT["entrypoint"])
+            yield name, [*command, *container.get("args", [])]
         for hook in container.get("lifecycle", {}).values():
             if "exec" in hook:
                 yield name, hook["exec"]["command"]
@@ -828,13 +838,10 @@ class TestRendering:
                 assert applet in APPLET_NAMES, (container, argv)
             assert {c for c, _ in argvs} == {c["name"] for c in pod["containers"]}
         containers = {name: {c["name"] for c in pod["containers"]} for name, pod in every.items()}
-        if values:
-            assert containers == {
-                "linkerd-cni": {"install-cni", "repair-controller"},
-                "linkerd-cni-agent": {"agent"},
-            }
+        if values:  # the Talos extension's service is the agent: no DaemonSet for it
+            assert containers == {"linkerd-cni": {"install-cni", "repair-controller"}}
         else:
-            assert containers == {"linkerd-cni": {"install-cni"}}
+            assert containers == {"linkerd-cni": {"install-cni"}, "linkerd-cni-agent": {"agent"}}
 
     @pytest.mark.parametrize(
         "values",
@@ -884,18 +891,16 @@ class TestRendering:
         assert env["CNIBOX_CACHE"] == "/var/lib/cnibox"
         mounts = {m["name"]: m for m in install["volumeMounts"]}
         assert mounts["cnibox-extension"] == {
-            "mountPath": "/host/usr/local/lib/cnibox",
+            "mountPath": "/host/usr/local/lib",
             "name": "cnibox-extension",
             "readOnly": True,
         }
-        assert volumes["cnibox-extension"]["hostPath"] == {
-            "path": "/usr/local/lib/cnibox",
-            "type": "Directory",
-        }
+        assert volumes["cnibox-extension"]["hostPath"] == {"path": "/usr/local/lib"}
         assert mounts["cnibox-cache"]["mountPath"] == "/var/lib/cnibox"
-        assert volumes["cnibox-cache"]["hostPath"]["type"] == "DirectoryOrCreate"
-        agent = ours[AGENT]["spec"]["template"]["spec"]["containers"][0]
-        assert install["image"] == agent["image"] == containers["repair-controller"]["image"]
+        assert volumes["cnibox-cache"]["hostPath"] == {"path": "/var/lib/cnibox"}
+        assert AGENT not in ours  # the extension's service is the node's agent
+        assert env["CNIBOX_HOST_CACHE"] == "/host/var/lib/cnibox"  # it serves that one too
+        assert install["image"] == containers["repair-controller"]["image"]
         assert install["image"] == f"ghcr.io/cnibox/cnibox-installer:{__version__}"
 
     @pytest.mark.parametrize(
@@ -916,7 +921,7 @@ class TestRendering:
         pod = ds["spec"]["template"]["spec"]
         assert pod["hostNetwork"] is True
         assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
-        assert pod["automountServiceAccountToken"] is False
+        assert pod["automountServiceAccountToken"] is True  # the pod cache's identity
         assert pod["terminationGracePeriodSeconds"] > 25  # the agent's --shutdown-grace
         [agent] = pod["containers"]
         assert agent["command"] == [INSTALLER, "agent"]
@@ -954,9 +959,12 @@ class TestRendering:
         mounts = {m["mountPath"]: volumes[m["name"]] for m in agent["volumeMounts"]}
         assert mounts == {
             "/var/run/linkerd-cni": {"path": "/var/run/linkerd-cni", "type": "DirectoryOrCreate"},
-            "/var/lib/cnibox": {"path": "/var/lib/cnibox", "type": "DirectoryOrCreate"},
+            "/var/lib/cnibox": {"path": "/var/lib/cnibox"},
         }
-        assert {e["name"]: e["value"] for e in agent["env"]} == {"CNIBOX_CACHE": "/var/lib/cnibox"}
+        assert {e["name"]: e.get("value", e.get("valueFrom")) for e in agent["env"]} == {
+            "CNIBOX_CACHE": "/var/lib/cnibox",
+            "NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}},  # the pod cache's node
+        }
 
         installer_pod = ours["DaemonSet"]["spec"]["template"]["spec"]
         assert "hostNetwork" not in installer_pod
@@ -966,10 +974,7 @@ class TestRendering:
         assert env["CNIBOX_HOST_CACHE"] == "/host/var/lib/cnibox"
         volumes = {v["name"]: v for v in installer_pod["volumes"]}
         [cache] = [m for m in install["volumeMounts"] if m["mountPath"] == "/host/var/lib/cnibox"]
-        assert volumes[cache["name"]]["hostPath"] == {
-            "path": "/var/lib/cnibox",
-            "type": "DirectoryOrCreate",
-        }
+        assert volumes[cache["name"]]["hostPath"] == {"path": "/var/lib/cnibox"}
 
     @pytest.mark.parametrize(
         ("address", "listen", "host"),
@@ -992,13 +997,47 @@ class TestRendering:
         for probe in ("livenessProbe", "readinessProbe"):
             assert agent[probe]["httpGet"].get("host") == host
 
-    def test_the_agent_only_when_enabled(self, tmp_path: Path) -> None:
-        """By default nothing of the agent is rendered: the objects are the ones compared with
-        Linkerd's above (install-cni without CNIBOX_HOST_CACHE)."""
-        ours = objects(render(tmp=tmp_path))
+    def test_the_agent_is_on_by_default(self, tmp_path: Path) -> None:
+        """Issue 24: the defaults run the agent (its DaemonSet, install-cni's unpack into the
+        node's cache), as `agent.enabled=true` does; the committed plain manifest too."""
+        defaults = objects(render(tmp=tmp_path))
+        assert defaults == objects(render({"agent": {"enabled": True}}, tmp=tmp_path))
+        assert AGENT in defaults
+        install = defaults["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]
+        assert "CNIBOX_HOST_CACHE" in {e["name"] for e in install["env"]}
+        assert AGENT in objects(manifests.render(pinned_helm(), "linkerd-cni.yaml"))
+        # The launcher on the node looks at its default path (a runtime sets no
+        # CNIBOX_AGENT_SOCKET): the DaemonSet's and the Talos service's socket are that one.
+        launcher = (REPO / "build" / "agent_client.c").read_text()
+        [default] = re.findall(r'#define AGENT_DEFAULT_SOCKET "([^"]+)"', launcher)
+        [agent] = defaults[AGENT]["spec"]["template"]["spec"]["containers"]
+        assert agent["args"][agent["args"].index("--socket") + 1] == default
+        service = yaml.safe_load((REPO / "packaging" / "talos" / "cnibox-agent.yaml").read_text())
+        args = service["container"]["args"]
+        assert args[args.index("--socket") + 1] == default
+
+    def test_nothing_of_the_agent_when_disabled(self, tmp_path: Path) -> None:
+        """agent.enabled=false: no DaemonSet, install-cni as Linkerd's (no CNIBOX_HOST_CACHE,
+        no host cache mount), no PSP allowance: the one-shot plugin alone."""
+        text = render({"agent": {"enabled": False}, "enablePSP": True}, tmp=tmp_path)
+        ours = objects(text)
         assert AGENT not in ours
-        install = ours["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]
+        assert "linkerd-cni-agent" not in text
+        pod = ours["DaemonSet"]["spec"]["template"]["spec"]
+        install = pod["containers"][0]
         assert "CNIBOX_HOST_CACHE" not in {e["name"] for e in install["env"]}
+        assert "cnibox-host-cache" not in {v["name"] for v in pod["volumes"]}
+        assert "hostNetwork" not in ours["PodSecurityPolicy"]["spec"]
+
+    def test_talos_extension_runs_no_agent_daemonset(self, tmp_path: Path) -> None:
+        """With the extension its service ext-cnibox-agent is the node's agent (same socket,
+        same admin port): the chart adds no second one, by default or when asked."""
+        for agent in ({}, {"agent": {"enabled": True}}):
+            ours = objects(render({"talos": {"extension": True}, **agent}, tmp=tmp_path))
+            assert AGENT not in ours
+            install = ours["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]
+            assert "CNIBOX_HOST_CACHE" in {e["name"] for e in install["env"]}
+        assert AGENT not in objects(manifests.render(pinned_helm(), "linkerd-cni-talos.yaml"))
 
     def test_psp_admits_the_agent(self, tmp_path: Path) -> None:
         """enablePSP with the agent: the policy allows what the agent's pod asks for."""
@@ -1090,3 +1129,161 @@ class TestNodeReadinessGate:
     def test_bad_gate_values_fail(self, values: dict[str, Any], key: str, tmp_path: Path) -> None:
         with pytest.raises(manifests.RenderError, match=key):
             render({"nodeReadinessGate": {"enabled": True, **values}}, tmp=tmp_path)
+
+
+# The kubelet's own mounts on Talos (siderolabs/talos ad88231,
+# internal/app/machined/pkg/system/services/kubelet.go `Runner`): destination in the kubelet's
+# mount namespace -> (source on the node, read-write). docs/talos.md "Host paths" lists them.
+TALOS_KUBELET_MOUNTS: dict[str, tuple[str, bool]] = {
+    "/dev": ("/dev", True),
+    "/sys": ("/sys", False),
+    "/sys/fs/cgroup": ("/sys/fs/cgroup", True),
+    "/lib/modules": ("/usr/lib/modules", False),
+    "/etc/kubernetes": ("/etc/kubernetes", True),
+    "/usr/local/lib/kubelet/credentialproviders": (
+        "/usr/local/lib/kubelet/credentialproviders",
+        False,
+    ),
+    "/etc/nfsmount.conf": ("/etc/nfsmount.conf", False),
+    "/etc/machine-id": ("/etc/machine-id", False),
+    "/etc/os-release": ("/etc/os-release", False),
+    "/system/resolved/resolv.conf": ("/system/resolved/resolv.conf", False),
+    "/etc/cni": ("/etc/cni", False),
+    "/var/run": ("/run", True),  # the node's /var/run is a symlink to /run
+    "/var/lib/containerd": ("/var/lib/containerd", True),
+    "/var/lib/kubelet": ("/var/lib/kubelet", True),
+    "/var/log/containers": ("/var/log/containers", True),
+    "/var/log/pods": ("/var/log/pods", True),
+    "/var/mnt": ("/var/mnt", False),
+}
+# hostPath types the kubelet checks (or creates) in its own mount namespace before the
+# runtime mounts the node's path; an untyped one it leaves to the runtime (which creates a
+# missing directory on the node).
+KUBELET_CHECKED = {"Directory", "File", "Socket", "CharDevice", "BlockDevice"}
+KUBELET_CREATES = {"DirectoryOrCreate", "FileOrCreate"}
+TALOS_ROUTES: dict[str, dict[str, Any]] = {
+    "A": {},
+    "A+agent+gate": {"agent": {"enabled": True}, "nodeReadinessGate": {"enabled": True}},
+    "B": {"talos": {"extension": True}},
+    "B+cache+gate": {
+        "talos": {"extension": True},
+        "cacheDir": "/var/lib/cnibox",
+        "nodeReadinessGate": {"enabled": True},
+        "repairController": {"enabled": True},
+    },
+    "C": {"talos": {"extension": True}, "agent": {"enabled": False}},
+}
+
+
+def kubelet_view(path: str) -> tuple[str, bool] | None:
+    """The kubelet mount `path` lies in on Talos (its node path, writable), or None."""
+    for destination, (source, writable) in TALOS_KUBELET_MOUNTS.items():
+        if path == destination or path.startswith(destination.rstrip("/") + "/"):
+            return source + path[len(destination) :], writable
+    return None
+
+
+class TestTalosRoute:
+    """Issue 27 item 1: every hostPath of the Talos routes' objects works with a kubelet that
+    runs in its own mount namespace (Talos): a typed one must lie in one of the kubelet's
+    mounts (writable when the kubelet is to create it), else it carries no type."""
+
+    @pytest.mark.parametrize("route", sorted(TALOS_ROUTES))
+    def test_every_host_path_against_the_kubelets_mounts(self, route: str, tmp_path: Path) -> None:
+        ours = objects(render(TALOS_ROUTES[route], tmp=tmp_path))
+        seen = 0
+        for name, pod in pods(ours).items():
+            for volume in pod.get("volumes", []):
+                host_path = volume.get("hostPath")
+                if host_path is None:
+                    continue
+                seen += 1
+                kind = host_path.get("type", "")
+                where = f"{name}: volume {volume['name']} ({host_path['path']}, type {kind!r})"
+                if kind in KUBELET_CHECKED | KUBELET_CREATES:
+                    view = kubelet_view(host_path["path"])
+                    assert view is not None, f"{where}: the kubelet on Talos cannot see it"
+                    assert kind not in KUBELET_CREATES or view[1], f"{where}: read-only there"
+                else:
+                    assert kind == "", where
+        assert seen >= 2  # at least the CNI bin and config dirs
+
+    def test_the_extension_mount_is_a_directory_every_talos_node_has(self, tmp_path: Path) -> None:
+        """The extension's directory's parent, read-only: /usr/local/lib, which Talos' rootfs
+        always holds (its Dockerfile makes /usr/local/lib/kubelet/credentialproviders, the
+        kubelet mounts it), so a node without the extension starts the pod and install-cni
+        names what is missing (tests/pure/test_install_cni.py)."""
+        ours = objects(render({"talos": {"extension": True}}, tmp=tmp_path))
+        pod = ours["DaemonSet"]["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["cnibox-extension"]["hostPath"] == {"path": "/usr/local/lib"}
+        assert kubelet_view("/usr/local/lib/kubelet/credentialproviders") is not None
+        install = pod["containers"][0]
+        env = {e["name"]: e.get("value") for e in install["env"]}
+        mount = next(m for m in install["volumeMounts"] if m["name"] == "cnibox-extension")
+        assert mount["readOnly"] is True
+        assert env["CNIBOX_HOST_BINARY"].startswith(mount["mountPath"].removeprefix("/host"))
+
+    def test_the_documented_mount_list_is_the_tested_one(self) -> None:
+        text = (REPO / "docs" / "talos.md").read_text()
+        for destination in TALOS_KUBELET_MOUNTS:
+            assert f"`{destination}`" in text, destination
+
+    def test_the_rule_catches_the_old_typed_extension_mount(self) -> None:
+        """The check fails for what the chart rendered before: /usr/local/lib/cnibox of type
+        Directory is outside every kubelet mount on Talos."""
+        assert kubelet_view("/usr/local/lib/cnibox") is None
+        assert kubelet_view("/var/lib/cnibox") is None
+        assert kubelet_view("/var/run/linkerd-cni") == ("/run/linkerd-cni", True)
+
+
+class TestInstallerProbeMetricsAnnotations:
+    """Issue 27 item 7: what operators of Istio's chart expect, as far as it fits: a readiness
+    probe, a metrics endpoint (loopback by default), podAnnotations; priorityClassName keeps
+    Linkerd's default (empty) so a values file from Linkerd's chart renders the same pod."""
+
+    def test_defaults(self, tmp_path: Path) -> None:
+        pod = objects(render(tmp=tmp_path))["DaemonSet"]["spec"]["template"]["spec"]
+        install = pod["containers"][0]
+        assert install["args"] == ["--admin-addr", "127.0.0.1:9992"]
+        assert install["readinessProbe"]["exec"]["command"] == [INSTALLER, "install-cni", "--ready"]
+        assert "ports" not in install  # loopback: nothing to declare
+        assert "priorityClassName" not in pod  # Linkerd's default, ""
+
+    def test_a_wildcard_address_declares_the_port(self, tmp_path: Path) -> None:
+        values = {"installer": {"adminAddress": "::", "adminPort": 9000, "readinessProbe": False}}
+        pod = objects(render(values, tmp=tmp_path))["DaemonSet"]["spec"]["template"]["spec"]
+        install = pod["containers"][0]
+        assert install["args"] == ["--admin-addr", "[::]:9000"]
+        assert install["ports"] == [{"containerPort": 9000, "name": "install-admin"}]
+        assert "readinessProbe" not in install
+
+    def test_pod_annotations_on_both_daemonsets(self, tmp_path: Path) -> None:
+        values = {
+            "podAnnotations": {"prometheus.io/scrape": "true", "example.com/x": "some-value"},
+            "agent": {"enabled": True},
+            "priorityClassName": "system-node-critical",
+        }
+        ours = objects(render(values, tmp=tmp_path))
+        for name in ("DaemonSet", AGENT):
+            template = ours[name]["spec"]["template"]
+            annotations = template["metadata"]["annotations"]
+            assert annotations["prometheus.io/scrape"] == "true"
+            assert annotations["example.com/x"] == "some-value"
+            assert annotations["linkerd.io/inject"] == "disabled"  # the chart's own stay
+            assert template["spec"]["priorityClassName"] == "system-node-critical"
+
+    @pytest.mark.parametrize(
+        ("values", "key"),
+        [
+            ({"installer": {"adminAddress": "localhost"}}, "adminAddress"),
+            ({"installer": {"adminPort": 0}}, "adminPort"),
+            ({"installer": {"readinesProbe": True}}, "readinesProbe"),
+            ({"podAnnotations": {"a": 1}}, "podAnnotations"),
+        ],
+    )
+    def test_bad_values_fail_naming_the_key(
+        self, values: dict[str, Any], key: str, tmp_path: Path
+    ) -> None:
+        with pytest.raises(manifests.RenderError, match=re.escape(key)):
+            render(values, tmp=tmp_path)

@@ -109,7 +109,33 @@ class TestClient:
         wrong = replace(config, ca_data=other.ca_cert.read_bytes())
         with pytest.raises(KubeError, match="x509: certificate signed by unknown authority"):
             KubeClient(wrong, timeout=2).get_pod("emojivoto", POD_NAME)
-        insecure = replace(wrong, insecure_skip_tls_verify=True)
+        with pytest.raises(KubeError, match="root certificates file with the insecure flag"):
+            KubeClient(replace(wrong, insecure_skip_tls_verify=True), timeout=2)
+        insecure = replace(wrong, insecure_skip_tls_verify=True, ca_data=b"")
         with closing(KubeClient(insecure, timeout=2)) as c:
             assert c.get_pod("emojivoto", POD_NAME).name == POD_NAME
         assert "certificate-authority-data" in text
+
+    @pytest.mark.parametrize("insecure", [False, True])
+    def test_tls_server_name(self, api: KubeApi, tmp_path: Path, insecure: bool) -> None:
+        """`tls-server-name` is the name TLS sends (SNI) and verifies, as client-go's
+        TLSClientConfig.ServerName: the certificate (127.0.0.1 and localhost) is refused for
+        another name although the URL's IP is in it, and accepted for `localhost`; with
+        insecure-skip-tls-verify the name is still sent. cnibox ignored the field."""
+        from dataclasses import replace
+
+        seen: list[str | None] = []
+        server_tls = api._server.tls  # type: ignore[union-attr]
+        server_tls.sni_callback = lambda _sock, name, _ctx: seen.append(name)
+        config = read_kubeconfig(str(api.kubeconfig(tmp_path / "kc")))
+        if insecure:
+            config = replace(config, ca_data=b"", insecure_skip_tls_verify=True)
+        for name in ("localhost", "api.internal"):
+            named = replace(config, tls_server_name=name)
+            with closing(KubeClient(named, timeout=2)) as c:
+                if insecure or name == "localhost":
+                    assert c.get_pod("emojivoto", POD_NAME).name == POD_NAME
+                else:
+                    with pytest.raises(KubeError, match="x509: Hostname mismatch"):
+                        c.get_pod("emojivoto", POD_NAME)
+        assert seen == ["localhost", "api.internal"]

@@ -173,6 +173,39 @@ class TestImages:
         assert "ro" in sources["/usr/local/lib/cnibox"]
         assert "rw" in sources["/var/run/linkerd-cni"]
 
+    def test_talos_agent_service_is_a_talos_service_spec(self) -> None:
+        """The service file against Talos' own definition (siderolabs/talos
+        pkg/machinery/extensions/services/services.go, `Spec`, `Container`, `Security`,
+        `Dependency` and their `Validate`, ported): only fields Talos knows, a valid name and
+        restart kind, an entrypoint, exactly one condition per dependency, absolute paths;
+        mounts as OCI's specs.Mount."""
+        import re
+
+        service = yaml.safe_load((PACKAGING / "talos" / "cnibox-agent.yaml").read_text())
+        assert set(service) <= {"name", "container", "depends", "restart"}
+        assert re.fullmatch(r"[-_a-z0-9]+", service["name"])
+        assert service["restart"] in {"never", "always", "untilSuccess"}
+        container = service["container"]
+        assert set(container) <= {
+            "entrypoint", "environment", "environmentFile", "args", "mounts", "security"
+        }  # fmt: skip
+        assert container["entrypoint"]
+        assert all(isinstance(arg, str) for arg in container["args"])
+        assert set(container.get("security", {})) <= {
+            "writeableSysfs", "maskedPaths", "readonlyPaths", "writeableRootfs",
+            "rootfsPropagation",
+        }  # fmt: skip
+        for mount in container["mounts"]:
+            assert set(mount) <= {"destination", "type", "source", "options"}, mount
+            assert mount["destination"].startswith("/"), mount
+            assert all(isinstance(o, str) for o in mount.get("options", [])), mount
+        for dependency in service["depends"]:
+            assert len(dependency) == 1, dependency  # "more than a single dependency is set"
+            [(kind, value)] = dependency.items()
+            assert kind in {"service", "path", "network", "time"}, dependency
+            if kind == "path":
+                assert value.startswith("/"), dependency
+
     def test_talos_manifest_fields(self) -> None:
         """manifest.yaml carries the fields Talos reads, at this version of cnibox."""
         manifest = yaml.safe_load((PACKAGING / "talos" / "manifest.yaml").read_text())

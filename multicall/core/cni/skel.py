@@ -263,6 +263,17 @@ def parse_cni_args(raw: str) -> PodIdentity:
     return PodIdentity(values.get("K8sPodNamespace", ""), values.get("K8sPodName", ""))
 
 
+def pod_uid(raw: str) -> str:
+    """K8S_POD_UID of CNI_ARGS (containerd and CRI-O pass it; upstream's K8sArgs ignores it
+    under IgnoreUnknown): which pod object the runtime is creating the sandbox for. Read
+    after `parse_cni_args` accepted `raw`; "" when absent."""
+    for pair in raw.split(";"):
+        key, _, value = pair.partition("=")
+        if key == "K8S_POD_UID":
+            return value
+    return ""
+
+
 def log_fields(env: Mapping[str, str]) -> dict[str, str]:
     """The pod identity fields of upstream's log entries (ContainerID, Namespace, Pod),
     read leniently from the raw environment so that even a failure to parse CNI_ARGS or

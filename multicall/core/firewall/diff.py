@@ -11,7 +11,10 @@ Rules of this module:
    ahead of the jump into the owned chains that can end a TCP packet's walk (ACCEPT,
    RETURN, DROP, REJECT, DNAT, a goto, a jump into another chain...) bypasses the redirect
    and is reported (`bypasses`), whatever the mode. CHECK, iptables-verify and the agent's
-   drift detection judge with this one function.
+   drift detection judge with this one function. The raw table, when given, is judged too
+   (`untracked`): a packet made untracked there (NOTRACK, CT --notrack) never reaches nat.
+   Other tables are not: mangle and filter cannot make a packet skip nat's chains (their
+   ACCEPT ends their own chain only; a DROP stops the packet, which then reaches no one).
 """
 
 from __future__ import annotations
@@ -128,9 +131,11 @@ def diff_tables(
     strict: bool = False,
     prefix: str = OWNED_PREFIX,
     chains_known: bool = True,
+    raw: Table | None = None,
 ) -> RulesetDiff:
     """Compare two dumps of one table (see the module rules for what counts).
-    `chains_known=False`: `actual` holds only what `may_matter` kept (see `bypasses`)."""
+    `chains_known=False`: `actual` holds only what `may_matter` kept (see `bypasses`).
+    `raw`: the same netns's raw table, judged by `untracked` (None: not read)."""
     chains: list[ChainDelta] = []
     rules: list[RuleDelta] = []
     hunks: list[ChainHunk] = []
@@ -159,6 +164,13 @@ def diff_tables(
         rules += found
         notes = [DiffLine("+", d.rule, "bypass: ends the walk before the jump") for d in found]
         hunks.append(ChainHunk(chain, tuple(notes)))
+    if raw is not None and prefix == OWNED_PREFIX and expected.name == "nat":
+        for chain, found in untracked(raw).items():
+            rules += found
+            note = "bypass: untracked in the raw table, the packet skips nat"
+            hunks.append(
+                ChainHunk(f"{chain} (raw)", tuple(DiffLine("+", d.rule, note) for d in found))
+            )
     return RulesetDiff(
         expected.name, strict, prefix, tuple(chains), tuple(rules), tuple(hunks), compared
     )
@@ -387,6 +399,62 @@ class _ChainEnds:
 
 
 VERDICT_TARGETS = frozenset({"ACCEPT", "DROP", "QUEUE", "NFQUEUE", "REJECT", "DNAT", "REDIRECT"})
+
+
+def untracked(raw: Table) -> dict[str, list[RuleDelta]]:
+    """Per chain of the raw table's PREROUTING and OUTPUT, the rules that can make a TCP
+    packet untracked: `-j NOTRACK`, `-j CT --notrack`, or a jump or goto into a chain whose
+    rules (as the table holds them) can. An untracked packet is not seen by the nat table,
+    so the jump into PROXY_INIT_* is never reached whatever nat holds. A chain whose rules
+    are not in `raw` is judged as not untracking (a node's own raw chains, Calico's, are
+    common and rarely untrack a pod's TCP): only untracking that can be seen is reported."""
+    if raw.name != "raw":
+        return {}
+    rules = _by_chain(raw)
+    memo: dict[str, bool] = {}
+
+    def untracks(key: CanonicalRule, depth: int) -> bool:
+        if not key.verdict:
+            return False
+        if key.target == "NOTRACK" or (
+            key.target == "CT" and any(o.name == "--notrack" for o in key.target_options)
+        ):
+            return True
+        if key.target not in rules:
+            return False
+        if depth > MAX_DEPTH:
+            return True  # bounded stack: deeper than judged counts as untracking
+        if key.target not in memo:
+            memo[key.target] = False  # a loop adds nothing (the kernel refuses loops)
+            memo[key.target] = any(
+                untracks(canonical(r.spec), depth + 1) for r in rules[key.target]
+            )
+        return memo[key.target]
+
+    out: dict[str, list[RuleDelta]] = {}
+    for chain in JUMP_CHAINS:
+        found = [
+            RuleDelta(RuleProblem.BYPASS, chain, rule, None, position)
+            for position, rule in enumerate(rules.get(chain, []), 1)
+            if _may_match_tcp(key := canonical(rule.spec), chain) and untracks(key, 0)
+        ]
+        if found:
+            out[chain] = found
+    return out
+
+
+def may_matter_raw(rule: Rule) -> bool:
+    """What `untracked` may look at, for a streaming reader of a large raw table: the rules
+    of PREROUTING and OUTPUT, and elsewhere those naming NOTRACK or CT or jumping into a
+    chain whose name is not all capitals (iptables' own targets are)."""
+    if rule.chain in JUMP_CHAINS:
+        return True
+    spec = rule.spec
+    for i, token in enumerate(spec[:-1]):
+        if token in ("-j", "--jump", "-g", "--goto"):
+            target = spec[i + 1]
+            return target in ("NOTRACK", "CT") or not target.isupper()
+    return False
 
 
 def _may_match_tcp(key: CanonicalRule, chain: str) -> bool:

@@ -20,7 +20,7 @@ Rules of this module:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from multicall.core.firewall.ruleset import (
@@ -85,11 +85,16 @@ class _OpenTable:
 
 class _Parser:
     def __init__(
-        self, source: str | None, *, only: str | None = None, keep_rule: KeepRule | None = None
+        self,
+        source: str | None,
+        *,
+        only: Mapping[str, KeepRule | None] | None = None,
     ) -> None:
         self.source = source
-        self.only = only  # keep only the last table of this name
-        self.keep_rule = keep_rule
+        # Keep only the last table of each of these names, and of it the rules its
+        # predicate wants (None: all).
+        self.only = only
+        self.keep_rule: KeepRule | None = None
         self.tables: list[Table] = []
         self.warnings: list[str] = []
         self.open: _OpenTable | None = None
@@ -120,7 +125,9 @@ class _Parser:
         elif stripped == "COMMIT":
             if self.open.kept:
                 table = self.open.close()
-                self.tables = [table] if self.only is not None else [*self.tables, table]
+                if self.only is not None:  # the last of each name only
+                    self.tables = [t for t in self.tables if t.name != table.name]
+                self.tables = [*self.tables, table]
             self.open = None
         elif not self.quick_command(number, text):
             self.command(number, tokenize(text, line_number=number, fail=self.fail))
@@ -138,7 +145,8 @@ class _Parser:
             raise self.fail(number, column + 1, "expected a table name after '*'")
         if len(words) > 1:
             raise self.fail(number, column, f"expected end of line after '*{words[0]}'")
-        self.open = _OpenTable(words[0], number, self.only in (None, words[0]))
+        self.open = _OpenTable(words[0], number, self.only is None or words[0] in self.only)
+        self.keep_rule = None if self.only is None else self.only.get(words[0])
 
     def declare_chain(self, number: int, column: int, stripped: str) -> None:
         assert self.open is not None
@@ -396,8 +404,20 @@ def read_last_table(
     """The last `name` table of numbered save lines (without their newlines), and the
     warning lines: every line is checked as `parse_save` checks it, but only that table,
     and of it only the rules `keep_rule` wants, stay in memory (rule 5)."""
-    ruleset = _parse(lines, _Parser(source, only=name, keep_rule=keep_rule))
-    return (ruleset.tables[-1] if ruleset.tables else None), ruleset.warnings
+    found, warnings = read_last_tables(lines, {name: keep_rule}, source=source)
+    return found.get(name), warnings
+
+
+def read_last_tables(
+    lines: Iterable[tuple[int, str]],
+    wanted: Mapping[str, KeepRule | None],
+    *,
+    source: str | None = None,
+) -> tuple[dict[str, Table], tuple[str, ...]]:
+    """`read_last_table` for several tables in one pass: the last table of each name in
+    `wanted`, each keeping the rules its predicate wants (None: all)."""
+    ruleset = _parse(lines, _Parser(source, only=wanted))
+    return {t.name: t for t in ruleset.tables}, ruleset.warnings
 
 
 def _parse(lines: Iterable[tuple[int, str]], parser: _Parser) -> Ruleset:

@@ -7,8 +7,12 @@ Rules of this module:
 2. cnibox additions: `SERVICE_ACCOUNT_DIR` (the token's directory, fixed in upstream),
    `CNI_CONF_NAME` (patch only that file name), `CNIBOX_HOST_BINARY` (where a Talos
    extension puts cnibox on the host), `CNIBOX_STATE_DIR` (the installer's own state: the
-   undo journal and the pid file; default a hidden directory in the host CNI config dir, the
-   one host volume every installer has, so it outlives the container) and
+   undo journal and the pid file; default a hidden directory in the host CNI *bin* dir, a host
+   volume every installer has, so it outlives the container, and one libcni only ever looks
+   up plugins in by name. Not the config dir: upstream keeps nothing there but configs and
+   kubeconfigs, its `linkerd check` integration test (`CheckCNIPluginIsLast`) says so, and
+   other tools scan it; a state dir an older cnibox left there is taken over,
+   installer/legacy.py) and
    `INSTALL_CNI_PID_FILE` (how `--uninstall` finds the running installer; default in the
    state dir) and `CNIBOX_HOST_CACHE` (where the node's launcher cache is mounted in the
    container; unset: nothing is unpacked at install time).
@@ -50,10 +54,11 @@ DEFAULTS: dict[str, str] = {
     "INSTALL_CNI_PID_FILE": "",
     "CNIBOX_HOST_CACHE": "",
 }
-STATE_DIR_NAME = ".cnibox-install-cni"  # in the host CNI config dir; libcni ignores directories
+STATE_DIR_NAME = ".cnibox-install-cni"  # in the host CNI bin dir (rule 2)
 PID_FILE_NAME = "install-cni.pid"
 JOURNAL_NAME = "undo.json"
 RECORDS_NAME = "patched"  # one undo record per changed config (core/installer/journal.py)
+BOOT_NAME = "boot"  # the boot the records were written in (installer/install.py `resume`)
 # The extensions libcni loads from the config dir (libcni ConfFiles): no kubeconfig there.
 LIBCNI_EXTENSIONS = (".conf", ".conflist", ".json")
 
@@ -114,6 +119,9 @@ class InstallerConfig:
     state_dir_env: str
     pid_file_env: str
     host_cache: str  # container view of the node's launcher cache; "" = no install-time unpack
+    # CNIBOX_HOST_BINARY was set (the chart's talos.extension): the node's own cnibox is
+    # required, never replaced by a copy; unset, the default path is used when it is there
+    host_binary_required: bool = False
 
     @property
     def host_net_dir(self) -> str:
@@ -149,7 +157,12 @@ class InstallerConfig:
     @property
     def state_dir(self) -> str:
         """The installer's own state (container view): undo journal, pid file."""
-        return self.state_dir_env or go_path_join(self.host_net_dir, STATE_DIR_NAME)
+        return self.state_dir_env or go_path_join(self.host_bin_dir, STATE_DIR_NAME)
+
+    @property
+    def legacy_state_dir(self) -> str:
+        """Where cnibox before issue 27 kept it (the host CNI config dir): taken over once."""
+        return go_path_join(self.host_net_dir, STATE_DIR_NAME)
 
     @property
     def journal_path(self) -> str:
@@ -158,6 +171,10 @@ class InstallerConfig:
     @property
     def records_dir(self) -> str:
         return go_path_join(self.state_dir, RECORDS_NAME)
+
+    @property
+    def boot_file(self) -> str:
+        return go_path_join(self.state_dir, BOOT_NAME)
 
     @property
     def pid_file(self) -> str:
@@ -186,6 +203,7 @@ def parse_environment(env: Mapping[str, str]) -> InstallerConfig:
         state_dir_env=get("CNIBOX_STATE_DIR"),
         pid_file_env=get("INSTALL_CNI_PID_FILE"),
         host_cache=get("CNIBOX_HOST_CACHE"),
+        host_binary_required=bool(env.get("CNIBOX_HOST_BINARY")),
     )
     check_paths(config)
     return config

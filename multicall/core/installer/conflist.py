@@ -48,7 +48,8 @@ def _reject_constant(token: str) -> float:
 def _parse_float(token: str) -> float:
     value = float(token)
     if value in (float("inf"), float("-inf")):
-        raise _Rejected(f"number {token} out of range")
+        shown = token if len(token) <= 40 else f"{token[:20]}...({len(token)} characters)"
+        raise _Rejected(f"number {shown} out of range")  # a 5,000-digit number is not echoed
     return value
 
 

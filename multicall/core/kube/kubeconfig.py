@@ -29,6 +29,7 @@ class KubeConfig:
     ca_data: bytes = b""  # PEM bundle from certificate-authority-data
     ca_file: str = ""
     insecure_skip_tls_verify: bool = False
+    tls_server_name: str = ""  # TLS's SNI and the name verified, instead of the server's host
 
 
 # What install-cni writes (core/installer/config.py KUBECONFIG_TEMPLATE), with values restricted to
@@ -57,14 +58,94 @@ def _installer_form(text: str, context: str) -> KubeConfig | None:
     return KubeConfig(server=match["server"], token=match["token"], ca_data=ca)
 
 
+LOAD_ERROR = "error loading config: "  # client-go's is `error loading config file "PATH": `
+
+
 def _load(text: str) -> object:
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        return yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader, chosen above
+        doc = yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader, chosen above
     except yaml.YAMLError as exc:
-        raise ConfigError(f"error loading config: {exc}") from None
+        raise ConfigError(f"{LOAD_ERROR}{exc}") from None
+    if isinstance(doc, Mapping):
+        _refuse_duplicates(doc)
+    return doc
+
+
+# client-go converts each named list into a map and refuses a name seen twice, in this
+# order (api/v1 conversion.go). Its message ends with the whole list in Go syntax (`%#v`),
+# tokens included; cnibox stops after the name so no credential reaches a log.
+_NAMED_LISTS = (
+    ("clusters", "*[]NamedCluster into *map[string]*api.Cluster"),
+    ("users", "*[]NamedAuthInfo into *map[string]*api.AuthInfo"),
+    ("contexts", "*[]NamedContext into *map[string]*api.Context"),
+    ("extensions", "*[]NamedExtension into *map[string]runtime.Object"),
+)
+
+
+def _refuse_duplicates(doc: Mapping[str, object]) -> None:
+    for section, conversion in _NAMED_LISTS:
+        entries = doc.get(section)
+        if not isinstance(entries, list):
+            continue
+        seen: set[str] = set()
+        for entry in entries:
+            name = entry.get("name") if isinstance(entry, Mapping) else None
+            key = name if isinstance(name, str) else ""
+            if key in seen:
+                raise ConfigError(
+                    f"{LOAD_ERROR}error converting {conversion}: duplicate name "
+                    f'"{key[:200]}" in list'
+                )
+            seen.add(key)
+
+
+def decode_yaml_text(data: bytes) -> str:
+    """A kubeconfig's bytes as text, refused as the YAML reader client-go uses (go-yaml's
+    reader.go, via sigs.k8s.io/yaml) refuses them: invalid UTF-8 and control characters are
+    `yaml: ...` errors (client-go does not replace them with U+FFFD). A UTF-8 BOM is
+    skipped; UTF-16 (which go-yaml decodes after its BOM) is refused as invalid UTF-8."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        _refuse_control_characters(data[: exc.start].decode("utf-8"))  # read first, as go-yaml
+        problem = _utf8_problem(data[exc.start : exc.start + 4])
+        raise ConfigError(f"{LOAD_ERROR}yaml: {problem}") from None
+    _refuse_control_characters(text)
+    return text.removeprefix("\ufeff")
+
+
+def _refuse_control_characters(text: str) -> None:
+    if _NOT_PRINTABLE.search(text) is not None:
+        raise ConfigError(f"{LOAD_ERROR}yaml: control characters are not allowed")
+
+
+# go-yaml's printable set: TAB, LF, CR, 0x20-0x7E, 0x85, 0xA0-0xD7FF, 0xE000-0xFFFD and above
+# 0xFFFF (UTF-8 decoding already refused surrogates).
+_NOT_PRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f\ufffe\uffff]")
+
+
+_UTF8_LEADS = ((0xE0, 0xC0, 2), (0xF0, 0xE0, 3), (0xF8, 0xF0, 4))  # mask, value, width
+
+
+def _utf8_problem(seq: bytes) -> str:
+    """go-yaml's words for the invalid UTF-8 sequence that starts `seq`."""
+    lead = seq[0]
+    width = next((w for mask, top, w in _UTF8_LEADS if lead & mask == top), 0)
+    if width == 0:
+        return "invalid leading UTF-8 octet"
+    if len(seq) < width:  # the file ends inside the sequence
+        return "incomplete UTF-8 octet sequence"
+    if any(b >> 6 != 2 for b in seq[1:width]):
+        return "invalid trailing UTF-8 octet"
+    value = lead & (0x1F, 0x0F, 0x07)[width - 2]
+    for b in seq[1:width]:
+        value = value << 6 | (b & 0x3F)
+    if value < (0x80, 0x800, 0x10000)[width - 2]:
+        return "invalid length of a UTF-8 sequence"
+    return "invalid Unicode character"
 
 
 def _named(doc: Mapping[str, object], section: str, name: str, inner: str) -> Mapping[str, object]:
@@ -115,6 +196,7 @@ def parse_kubeconfig(
         ca_data=_ca(cluster),
         ca_file=_text(cluster, "certificate-authority"),
         insecure_skip_tls_verify=cluster.get("insecure-skip-tls-verify") is True,
+        tls_server_name=_text(cluster, "tls-server-name"),
     )
 
 

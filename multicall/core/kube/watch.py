@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from enum import Enum
 from urllib.parse import urlencode
 
+from multicall.core.go.chunked import MAX_LINE, ChunkError, chunk_size
 from multicall.core.limits import API_JSON_VALUES, too_many_json_values
 from multicall.errors import KubeError
 
 MAX_EVENT_BYTES = 4 * 1024 * 1024  # kube-apiserver refuses objects above ~1.5 MiB (etcd)
-MAX_CHUNK_SIZE_LINE = 1024  # "<hex>[;ext]\r\n"
 DEFAULT_PAGE_SIZE = 500  # kube-rs's (and client-go's pager's) default
 DEFAULT_WATCH_TIMEOUT = 290  # kube-rs's timeoutSeconds for a watch (kubernetes#6513)
 GONE = 410
@@ -66,8 +66,8 @@ class BodyLines:
             stop = size if end < 0 else end + 1
             self._head += data[pos:stop]
             pos = stop
-            if len(self._head) > MAX_CHUNK_SIZE_LINE:
-                raise KubeError("malformed chunked encoding: chunk header line too long")
+            if len(self._head) >= MAX_LINE:
+                raise KubeError("header line too long")
             if end >= 0:
                 self._framing_line(bytes(self._head))
                 self._head.clear()
@@ -83,17 +83,14 @@ class BodyLines:
 
     def _framing_line(self, line: bytes) -> None:
         if self._state == "crlf":
-            if line not in (b"\r\n", b"\n"):
-                raise KubeError("malformed chunked encoding: no CRLF after chunk data")
+            if line != b"\r\n":  # Go reads two bytes and wants CRLF: a bare LF is refused
+                raise KubeError("malformed chunked encoding")
             self._state = "size"
         elif self._state == "size":
-            size_text = line.split(b";", 1)[0].strip()
             try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise KubeError(f"malformed chunked encoding: chunk size {size_text!r}") from None
-            if size < 0:
-                raise KubeError("malformed chunked encoding: negative chunk size")
+                size = chunk_size(line)
+            except ChunkError as exc:
+                raise KubeError(str(exc)) from None
             if size == 0:
                 self._state = "trailer"
             else:
@@ -137,12 +134,16 @@ class WatchEvent:
 
 
 def parse_watch_event(line: bytes) -> WatchEvent:
+    """One line of a watch body as kube-rs reads it with serde_json: UTF-8 JSON only (no
+    UTF-16 or BOM, which `json.loads` of bytes would detect and take; no encoded
+    surrogates), no NaN or Infinity, nesting bounded (a RecursionError would have ended the
+    controller's watcher thread); KubeError otherwise."""
     refused = too_many_json_values(line, API_JSON_VALUES)
     if refused:
         raise KubeError(f"the watch stream carried an event that {refused.removeprefix('it ')}")
     try:
-        doc = json.loads(line)
-    except ValueError:
+        doc = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError):  # UnicodeDecodeError, JSONDecodeError, 4,300 digits
         raise KubeError("the watch stream carried a line that is not JSON") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("object"), dict):
         raise KubeError("the watch stream carried an event without an object")
@@ -150,6 +151,10 @@ def parse_watch_event(line: bytes) -> WatchEvent:
     if kind not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"):
         raise KubeError(f"the watch stream carried an unknown event type {kind!r}")
     return WatchEvent(str(kind), doc["object"])
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
 
 
 def resource_version(obj: Json) -> str:

@@ -80,24 +80,31 @@ _UNITS = {
     "h": 3600.0,
     "d": 86400.0,
 }
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h|d)")
+# ASCII digits only: `\d` would take any script's digits, which Go's ParseDuration refuses.
+_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h|d)")
 
 
 def parse_duration(text: str) -> float:
     """Seconds of a Go/kube-rs duration (`9s`, `1m30s`, `250ms`, `2h3m4s5ms`); a bare number
     is seconds (Go accepts only `0` bare)."""
-    if re.fullmatch(r"\d+(?:\.\d+)?", text):
-        return float(text)
-    if not text:
+    if re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", text):
+        total = float(text)
+    elif not text:
         raise ValueError("invalid duration ''")
-    pos, total = 0, 0.0
-    while pos < len(text):
-        match = _PART.match(text, pos)
-        if match is None:
-            raise ValueError(f"invalid duration {text!r}")
-        total += float(match[1]) * _UNITS[match[2]]
-        pos = match.end()
+    else:
+        pos, total = 0, 0.0
+        while pos < len(text):
+            match = _PART.match(text, pos)
+            if match is None:
+                raise ValueError(f"invalid duration {text[:100]!r}")
+            total += float(match[1]) * _UNITS[match[2]]
+            pos = match.end()
+    if total > MAX_DURATION:  # float() of 400 digits is inf, not an error
+        raise ValueError(f"invalid duration {text[:100]!r}")
     return total
+
+
+MAX_DURATION = (2**63 - 1) / 1e9  # Go's time.Duration: int64 nanoseconds
 
 
 def parse_args(args: Sequence[str], env: Mapping[str, str]) -> Options | Show:

@@ -306,11 +306,13 @@ def dump_nat(
     family: Family,
     log: MessageLog = quiet,
     single_use: SingleUse | None = None,
+    table: str = "nat",
 ) -> Table:
-    """The nat table of `family` in the netns, read through `mode`'s backend."""
+    """The nat table (or `table`: CHECK and iptables-verify read raw too) of `family` in
+    the netns, read through `mode`'s backend."""
     backends = Backends.for_netns(netns, single_use)
     with ns.entered_netns(netns, netlink_only=mode is Mode.NFT):
-        return backend_for(mode, family, log, backends=backends).dump(family, "nat")
+        return backend_for(mode, family, log, backends=backends).dump(family, table)
 
 
 def dump_native(

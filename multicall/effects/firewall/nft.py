@@ -215,10 +215,12 @@ def _genid(sock: _Socket) -> int:
                 genid = found
 
 
-def _dump(sock: _Socket, msg: int, family: Family, table: str | None) -> list[netlink.Message]:
+def _dump(
+    sock: _Socket, msg: int, family: Family, table: str | None, set_name: str | None = None
+) -> list[netlink.Message]:
     """All messages of one dump; FirewallError on error, _Interrupted if it raced a change."""
     seq = sock.next_seq()
-    sock.send(netlink.dump_request(msg, family, seq, table))
+    sock.send(netlink.dump_request(msg, family, seq, table, set_name))
     out: list[netlink.Message] = []
     interrupted = False
     while True:
@@ -294,7 +296,8 @@ COMPAT_HINT = (
 
 def _refusal(batch: Batch, errors: tuple[netlink.NetlinkError, ...]) -> FirewallError:
     """The first error the kernel gave (the batch was aborted as a whole). An iptables rule
-    (`-A ...`) refused as missing points at the native mode (a kernel without x_tables)."""
+    (`-A ...`) refused as missing points at the native mode (a kernel without x_tables), in
+    the hint an applet prints and in the details of the plugin's CNI error."""
     if any(e.errno == errno_mod.ERESTART for e in errors):
         return FirewallConflict(
             "nf_tables: the ruleset changed since it was read; nothing was changed"
@@ -303,7 +306,10 @@ def _refusal(batch: Batch, errors: tuple[netlink.NetlinkError, ...]) -> Firewall
     what = batch.requests.get(first.seq, f"message {first.seq}")
     error = _error(what, first)
     if first.errno in COMPAT_MISSING and what.startswith("-A "):
-        return FirewallError(error.message, errno=first.errno, hint=COMPAT_HINT)
+        # details too: the CNI error JSON (what a runtime shows) carries details, not hints
+        return FirewallError(
+            error.message, errno=first.errno, hint=COMPAT_HINT, details=COMPAT_HINT
+        )
     return error
 
 
@@ -352,10 +358,23 @@ def read_native(family: Family, handed: HandedSocket | None = None) -> NativeTab
         before = _genid(sock)
         chains = _dump(sock, netlink.NFT_MSG_GETCHAIN, family, NATIVE_TABLE)
         rules = _dump(sock, netlink.NFT_MSG_GETRULE, family, NATIVE_TABLE)
+        sets = [
+            dump.parse_set(m) for m in _dump(sock, netlink.NFT_MSG_GETSET, family, NATIVE_TABLE)
+        ]
+        elements = [
+            dump.parse_set_elements(m)
+            for info in sets
+            if info.table == NATIVE_TABLE
+            for m in _dump(sock, netlink.NFT_MSG_GETSETELEM, family, NATIVE_TABLE, info.name)
+        ]
         if _genid(sock) != before:
             raise _Interrupted
         return from_dump(
-            family, [dump.parse_chain(m) for m in chains], [dump.parse_rule(m) for m in rules]
+            family,
+            [dump.parse_chain(m) for m in chains],
+            [dump.parse_rule(m) for m in rules],
+            sets,
+            elements,
         )
 
     return _read_consistent(read, f"the {NATIVE_TABLE} table", NATIVE_TABLE, handed)

@@ -64,7 +64,7 @@ class KubeClient:
         self.config = config
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
-        self.endpoint = endpoint(config.server)
+        self.endpoint = endpoint(config.server, config.tls_server_name)
         self.warm = warm
         self._token = read_token(config, files)  # `files`: whose filesystem the files are in
         # The CA is read now: a file that cannot be one fails before any connection.

@@ -14,9 +14,11 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from multicall.core.kube.kubeconfig import (
+    LOAD_ERROR,
     TOKEN_FIELD,
     KubeConfig,
     check_token,
+    decode_yaml_text,
     parse_kubeconfig,
     parse_server,
     resolve_paths,
@@ -69,36 +71,24 @@ def read_kubeconfig(path: str, *, files: Files = OWN_FILES) -> KubeConfig:
             "KUBERNETES_MASTER environment variable"
         )
     # client-go stats an explicit kubeconfig path before opening it.
-    text = read_text_file(
+    data = read_client_file(
         path, limit=KUBECONFIG, what="kubeconfig", missing_verb="stat", files=files
     )
     try:
-        return resolve_paths(parse_kubeconfig(text), path)
+        return resolve_paths(parse_kubeconfig(decode_yaml_text(data)), path)
     except ConfigError as exc:
-        raise KubeError(exc.message, path=path) from None
+        message = exc.message
+        if message.startswith(LOAD_ERROR):  # client-go's loader names the file
+            message = f'error loading config file "{path}": {message[len(LOAD_ERROR) :]}'
+        raise KubeError(message, path=path) from None
 
 
 def read_text_file(
     path: str, *, limit: int, what: str, missing_verb: str = "open", files: Files = OWN_FILES
 ) -> str:
-    """A UTF-8 file the client reads (kubeconfig, token), bounded and checked to be a regular
+    """A UTF-8 file the client reads (a token, a CA), bounded and checked to be a regular
     file (effects/inputs.py); KubeError with client-go's wording of open failures."""
-    import errno
-    import os
-
-    from multicall.effects.inputs import read_file
-
-    try:
-        data = read_file(path, limit=limit, what=what, files=files)
-    except UnreadableInput as exc:
-        if exc.errno == errno.ENOENT:
-            raise KubeError(
-                f"{missing_verb} {path}: no such file or directory", path=path
-            ) from None
-        if exc.errno is not None:
-            reason = os.strerror(exc.errno).lower()
-            raise KubeError(f"open {path}: {reason}", path=path) from None
-        raise KubeError(exc.message, path=path) from None
+    data = read_client_file(path, limit=limit, what=what, missing_verb=missing_verb, files=files)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -108,13 +98,37 @@ def read_text_file(
         ) from None
 
 
-def endpoint(server: str) -> Endpoint:
-    """The server URL's endpoint; KubeError when it is not one client-go would use."""
+def read_client_file(
+    path: str, *, limit: int, what: str, missing_verb: str = "open", files: Files = OWN_FILES
+) -> bytes:
+    """A file the client reads, bounded and a regular file only (effects/inputs.py); KubeError
+    with client-go's wording of open failures."""
+    import errno
+    import os
+
+    from multicall.effects.inputs import read_file
+
+    try:
+        return read_file(path, limit=limit, what=what, files=files)
+    except UnreadableInput as exc:
+        if exc.errno == errno.ENOENT:
+            raise KubeError(
+                f"{missing_verb} {path}: no such file or directory", path=path
+            ) from None
+        if exc.errno is not None:
+            reason = os.strerror(exc.errno).lower()
+            raise KubeError(f"open {path}: {reason}", path=path) from None
+        raise KubeError(exc.message, path=path) from None
+
+
+def endpoint(server: str, server_name: str = "") -> Endpoint:
+    """The server URL's endpoint, TLS naming `server_name` when given (`tls-server-name`);
+    KubeError when it is not one client-go would use."""
     try:
         url = parse_server(server)
     except ConfigError as exc:
         raise KubeError(exc.message) from None
-    return Endpoint(url.scheme, url.host, url.port, url.prefix)
+    return Endpoint(url.scheme, url.host, url.port, url.prefix, server_name)
 
 
 def read_token(config: KubeConfig, files: Files = OWN_FILES) -> str:
@@ -151,6 +165,9 @@ def tls_context(
     effects/kube/warm.py)."""
     import ssl
 
+    if config.insecure_skip_tls_verify and (config.ca_data or config.ca_file):
+        # client-go's transport.TLSConfigFor refuses the pair rather than pick one.
+        raise KubeError("specifying a root certificates file with the insecure flag is not allowed")
     if config.insecure_skip_tls_verify:
         ctx = new_context()
         ctx.check_hostname = False

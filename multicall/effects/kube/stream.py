@@ -189,7 +189,7 @@ class Session:
 
     def __init__(self, config: KubeConfig, token: Token, options: ClientOptions) -> None:
         self.config = config
-        self.endpoint = endpoint(config.server)
+        self.endpoint = endpoint(config.server, config.tls_server_name)
         self.token = token
         self.options = options
         self._conn: Connection | None = None

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 WARM_MAX_AGE = 60.0  # older: not trusted to be alive (idle-connection reapers in between)
 MAX_HINT_CA = 16 * 1024
 
-_WarmKey = tuple[str, str, int, bytes, str, bool]
+_WarmKey = tuple[str, str, int, str, bytes, str, bool]
 
 
 @dataclass
@@ -53,8 +53,8 @@ class _Warm:
 def _warm_key(endpoint: Endpoint, config: KubeConfig) -> _WarmKey:
     # ca_file is part of the key: a warm connection (always made from CA data or the system
     # roots) must not serve a request that trusts a CA file instead.
-    return (endpoint.scheme, endpoint.host, endpoint.port, config.ca_data, config.ca_file,
-            config.insecure_skip_tls_verify)  # fmt: skip
+    return (endpoint.scheme, endpoint.host, endpoint.port, endpoint.server_name, config.ca_data,
+            config.ca_file, config.insecure_skip_tls_verify)  # fmt: skip
 
 
 class WarmConnections:
@@ -91,17 +91,20 @@ class WarmConnections:
         if config.ca_file or len(config.ca_data) > MAX_HINT_CA:
             return None
         return {"server": config.server, "ca_data": config.ca_data.decode("ascii", "replace"),
-                "insecure": config.insecure_skip_tls_verify}  # fmt: skip
+                "insecure": config.insecure_skip_tls_verify,
+                "tls_server_name": config.tls_server_name}  # fmt: skip
 
     def warm_up(self, hint: Mapping[str, object], timeout: float = 2.0) -> None:
         """Dial and handshake now, for the next request; failures are the request's to see."""
         server, ca_data = hint.get("server"), hint.get("ca_data")
         if not isinstance(server, str) or not isinstance(ca_data, str):
             return
+        name = hint.get("tls_server_name")
         config = KubeConfig(server=server, ca_data=ca_data.encode("ascii", "replace"),
-                            insecure_skip_tls_verify=hint.get("insecure") is True)  # fmt: skip
+                            insecure_skip_tls_verify=hint.get("insecure") is True,
+                            tls_server_name=name if isinstance(name, str) else "")  # fmt: skip
         try:
-            endpoint = server_endpoint(server)
+            endpoint = server_endpoint(server, config.tls_server_name)
         except (KubeError, ValueError):
             return
         warm = self._warm

@@ -1,4 +1,5 @@
-"""Chain and rule dumps from the kernel -> the canonical `Table` iptables-nft-save prints."""
+"""Chain and rule dumps from the kernel -> the canonical `Table` iptables-nft-save prints;
+set and set element dumps (the native mode's port lists) as values."""
 
 from __future__ import annotations
 
@@ -17,17 +18,30 @@ from multicall.core.firewall.nft.netlink import (
     NFTA_CHAIN_TYPE,
     NFTA_COUNTER_BYTES,
     NFTA_COUNTER_PACKETS,
+    NFTA_DATA_VALUE,
     NFTA_HOOK_HOOKNUM,
     NFTA_HOOK_PRIORITY,
+    NFTA_LIST_ELEM,
     NFTA_RULE_CHAIN,
     NFTA_RULE_EXPRESSIONS,
     NFTA_RULE_HANDLE,
     NFTA_RULE_TABLE,
     NFTA_RULE_USERDATA,
+    NFTA_SET_ELEM_FLAGS,
+    NFTA_SET_ELEM_KEY,
+    NFTA_SET_ELEM_LIST_ELEMENTS,
+    NFTA_SET_ELEM_LIST_SET,
+    NFTA_SET_ELEM_LIST_TABLE,
+    NFTA_SET_FLAGS,
+    NFTA_SET_KEY_LEN,
+    NFTA_SET_KEY_TYPE,
+    NFTA_SET_NAME,
+    NFTA_SET_TABLE,
     NFTNL_UDATA_RULE_COMMENT,
     Message,
     attr_map,
     cstr,
+    iter_attrs,
     s32,
     u32,
     u64,
@@ -57,6 +71,49 @@ class RuleInfo(NamedTuple):
     handle: int
     exprs: tuple[Expr, ...]
     comment: str | None = None
+
+
+class SetInfo(NamedTuple):
+    table: str
+    name: str
+    flags: int
+    key_type: int
+    key_len: int
+
+
+class SetElements(NamedTuple):
+    """One message of a set element dump: its set and (key, NFTA_SET_ELEM_FLAGS) pairs."""
+
+    table: str
+    set_name: str
+    elements: tuple[tuple[bytes, int], ...]
+
+
+def parse_set(msg: Message) -> SetInfo:
+    a = attr_map(msg.body)
+    return SetInfo(
+        table=cstr(a.get(NFTA_SET_TABLE, b"")),
+        name=cstr(a.get(NFTA_SET_NAME, b"")),
+        flags=u32(a[NFTA_SET_FLAGS]) if NFTA_SET_FLAGS in a else 0,
+        key_type=u32(a[NFTA_SET_KEY_TYPE]) if NFTA_SET_KEY_TYPE in a else 0,
+        key_len=u32(a[NFTA_SET_KEY_LEN]) if NFTA_SET_KEY_LEN in a else 0,
+    )
+
+
+def parse_set_elements(msg: Message) -> SetElements:
+    a = attr_map(msg.body)
+    elements = []
+    for kind, elem in iter_attrs(a.get(NFTA_SET_ELEM_LIST_ELEMENTS, b"")):
+        if kind != NFTA_LIST_ELEM:
+            continue
+        e = attr_map(elem)
+        key = attr_map(e.get(NFTA_SET_ELEM_KEY, b"")).get(NFTA_DATA_VALUE, b"")
+        elements.append((key, u32(e[NFTA_SET_ELEM_FLAGS]) if NFTA_SET_ELEM_FLAGS in e else 0))
+    return SetElements(
+        cstr(a.get(NFTA_SET_ELEM_LIST_TABLE, b"")),
+        cstr(a.get(NFTA_SET_ELEM_LIST_SET, b"")),
+        tuple(elements),
+    )
 
 
 def parse_chain(msg: Message) -> ChainInfo:

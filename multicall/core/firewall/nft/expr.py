@@ -41,6 +41,11 @@ NFTA_REDIR_REG_PROTO_MIN = 1
 NFTA_REDIR_REG_PROTO_MAX = 2
 NFTA_REDIR_FLAGS = 3
 NF_NAT_RANGE_PROTO_SPECIFIED = 2
+NFTA_LOOKUP_SET = 1
+NFTA_LOOKUP_SREG = 2
+NFTA_LOOKUP_DREG = 3
+NFTA_LOOKUP_SET_ID = 4
+NFTA_LOOKUP_FLAGS = 5
 NFT_CMP_EQ = 0
 NFT_CMP_NEQ = 1
 NFT_RANGE_EQ = 0
@@ -119,6 +124,16 @@ class Redir(NamedTuple):
     flags: int = 0
 
 
+class Lookup(NamedTuple):
+    """`reg in set`: the native mode's port lists (anonymous sets). A batch names the set
+    it creates by its transaction id (`set_id`, with the name template `__set%d`); the
+    kernel reports the name it chose (`__set0`) and no id."""
+
+    set_name: str
+    sreg: int = NFT_REG_1
+    set_id: int | None = None
+
+
 class XtMatch(NamedTuple):
     name: str
     rev: int
@@ -147,6 +162,7 @@ Expr = (
     | Immediate
     | ImmediateData
     | Redir
+    | Lookup
     | XtMatch
     | XtTarget
     | Unknown
@@ -160,7 +176,7 @@ def _data_value(kind: int, value: bytes) -> bytes:
     return nested(kind, attr(NFTA_DATA_VALUE, value))
 
 
-def _expr_data(expr: Expr) -> tuple[str, bytes]:  # noqa: PLR0911 - one arm per expression type
+def _expr_data(expr: Expr) -> tuple[str, bytes]:  # noqa: PLR0911, PLR0912 - one arm per expression type
     match expr:
         case Meta(key, dreg):
             return "meta", attr_u32(2, key) + attr_u32(1, dreg)
@@ -189,6 +205,11 @@ def _expr_data(expr: Expr) -> tuple[str, bytes]:  # noqa: PLR0911 - one arm per 
             body = b"" if reg_min is None else attr_u32(NFTA_REDIR_REG_PROTO_MIN, reg_min)
             body += b"" if reg_max is None else attr_u32(NFTA_REDIR_REG_PROTO_MAX, reg_max)
             return "redir", body + (attr_u32(NFTA_REDIR_FLAGS, flags) if flags else b"")
+        case Lookup(set_name, sreg, set_id):
+            body = attr_str(NFTA_LOOKUP_SET, set_name) + attr_u32(NFTA_LOOKUP_SREG, sreg)
+            return "lookup", body + (
+                b"" if set_id is None else attr_u32(NFTA_LOOKUP_SET_ID, set_id)
+            )
         case XtMatch(name, rev, info):
             return "match", attr_str(1, name) + attr_u32(2, rev) + attr(3, info)
         case XtTarget(name, rev, info):
@@ -236,6 +257,13 @@ def _decode_redir(a: dict[int, bytes]) -> Expr:
     return Redir(reg(NFTA_REDIR_REG_PROTO_MIN), reg(NFTA_REDIR_REG_PROTO_MAX), flags)
 
 
+def _decode_lookup(a: dict[int, bytes]) -> Expr:
+    if NFTA_LOOKUP_DREG in a or (NFTA_LOOKUP_FLAGS in a and u32(a[NFTA_LOOKUP_FLAGS])):
+        return Unknown("lookup (map or inverted)")
+    set_id = u32(a[NFTA_LOOKUP_SET_ID]) if NFTA_LOOKUP_SET_ID in a else None
+    return Lookup(cstr(a[NFTA_LOOKUP_SET]), u32(a[NFTA_LOOKUP_SREG]), set_id)
+
+
 def _decode_meta(a: dict[int, bytes]) -> Expr:
     return Meta(u32(a[2]), u32(a[1])) if 1 in a else Unknown("meta (set)")
 
@@ -262,6 +290,8 @@ def decode_expr(elem: bytes) -> Expr:  # noqa: PLR0911 - one arm per expression 
                 return _decode_immediate(a)
             case "redir":
                 return _decode_redir(a)
+            case "lookup":
+                return _decode_lookup(a)
             case "match":
                 return XtMatch(cstr(a[1]), u32(a[2]), a.get(3, b""))
             case "target":

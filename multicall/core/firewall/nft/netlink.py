@@ -41,6 +41,10 @@ NFT_MSG_GETCHAIN = 4
 NFT_MSG_NEWRULE = 6
 NFT_MSG_GETRULE = 7
 NFT_MSG_DELRULE = 8
+NFT_MSG_NEWSET = 9
+NFT_MSG_GETSET = 10
+NFT_MSG_NEWSETELEM = 12
+NFT_MSG_GETSETELEM = 13
 NFT_MSG_NEWGEN = 15
 NFT_MSG_GETGEN = 16
 NFTA_TABLE_NAME = 1
@@ -64,6 +68,24 @@ NFTNL_UDATA_RULE_COMMENT = 0
 NFTA_RULE_COMPAT_PROTO = 1
 NFTA_RULE_COMPAT_FLAGS = 2
 NFT_RULE_COMPAT_F_INV = 1 << 1
+NFTA_SET_TABLE = 1
+NFTA_SET_NAME = 2
+NFTA_SET_FLAGS = 3
+NFTA_SET_KEY_TYPE = 4
+NFTA_SET_KEY_LEN = 5
+NFTA_SET_DESC = 9
+NFTA_SET_ID = 10
+NFTA_SET_DESC_SIZE = 1
+NFT_SET_ANONYMOUS = 0x1
+NFT_SET_CONSTANT = 0x2
+NFT_SET_INTERVAL = 0x4
+NFTA_SET_ELEM_LIST_TABLE = 1
+NFTA_SET_ELEM_LIST_SET = 2
+NFTA_SET_ELEM_LIST_ELEMENTS = 3
+NFTA_SET_ELEM_LIST_SET_ID = 4
+NFTA_SET_ELEM_KEY = 1
+NFTA_SET_ELEM_FLAGS = 3
+NFT_SET_ELEM_INTERVAL_END = 0x1
 NFTA_LIST_ELEM = 1
 NFTA_EXPR_NAME = 1
 NFTA_EXPR_DATA = 2
@@ -206,6 +228,11 @@ def parse_genid(msg: Message) -> int | None:
     return u32(value) if value else None
 
 
-def dump_request(msg: int, family: Family, seq: int, table: str | None = None) -> bytes:
+def dump_request(
+    msg: int, family: Family, seq: int, table: str | None = None, set_name: str | None = None
+) -> bytes:
+    """A dump of one family (or one table; NFTA_*_TABLE is attribute 1 in every message
+    kind), or of one set's elements (`set_name`: NFTA_SET_ELEM_LIST_SET)."""
     body = attr_str(NFTA_RULE_TABLE, table) if table is not None else b""
+    body += attr_str(NFTA_SET_ELEM_LIST_SET, set_name) if set_name is not None else b""
     return build_message(nft_type(msg), NLM_F_REQUEST | NLM_F_DUMP, seq, NFPROTO[family], body)

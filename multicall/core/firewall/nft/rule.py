@@ -55,7 +55,7 @@ from multicall.core.firewall.nft.rulespec import (
     proto_name,
     render_spec_tokens,
 )
-from multicall.core.firewall.nft.xt import Comment, Multiport, Owner, Redirect
+from multicall.core.firewall.nft.xt import Comment, Multiport, Notrack, Owner, Redirect
 from multicall.core.firewall.ports import PortRange
 from multicall.errors import FirewallError
 
@@ -147,6 +147,8 @@ def _port_exprs(match: PortMatch) -> list[Expr]:
 def _target_expr(target: TargetSpec, family: Family) -> Expr:
     if isinstance(target, Redirect):
         return xt.encode_target(target, family)
+    if isinstance(target, Notrack):
+        raise FirewallError("the nft codec reads CT --notrack but never writes it")
     if target.name in VERDICT_CODES and not target.goto:
         return Immediate(VERDICT_CODES[target.name])
     return Immediate(NFT_GOTO if target.goto else NFT_JUMP, target.name)

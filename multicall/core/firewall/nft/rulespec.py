@@ -20,6 +20,7 @@ from multicall.core.firewall.nft.xt import (
     Comment,
     IdRange,
     Multiport,
+    Notrack,
     Owner,
     Redirect,
 )
@@ -71,7 +72,7 @@ class Verdict(NamedTuple):
     goto: bool = False
 
 
-TargetSpec = Verdict | Redirect
+TargetSpec = Verdict | Redirect | Notrack  # Notrack: decoded only (xt.py)
 
 
 class RuleSpec(NamedTuple):
@@ -364,6 +365,8 @@ def _render_owner(owner: Owner) -> list[str]:
 def _render_target(target: TargetSpec) -> list[str]:
     if isinstance(target, Verdict):
         return ["-g" if target.goto else "-j", target.name]
+    if isinstance(target, Notrack):
+        return ["-j", "CT", "--notrack"]  # as iptables-nft-save prints it
     out = ["-j", "REDIRECT"]
     if target.ports is not None:
         out += ["--to-ports", target.ports.render("-")]

@@ -57,6 +57,15 @@ class Redirect(NamedTuple):
     random: bool = False
 
 
+class Notrack(NamedTuple):
+    """`-j CT --notrack` (iptables-nft writes `-j NOTRACK` as this too: CT revision 1 or 2
+    with XT_CT_NOTRACK). Only read, in a raw table, to judge a bypass of nat
+    (core/firewall/diff.py `untracked`); never written."""
+
+
+XT_CT_NOTRACK = 1  # xt_ct_target_info(_v1).flags; the kernel ignores the other fields then
+
+
 # --- options -> structs ---------------------------------------------------------------------
 
 
@@ -168,7 +177,11 @@ def _decode_owner(info: bytes) -> Owner:
     )
 
 
-def decode_target(expr: XtTarget, family: Family) -> Redirect:
+def decode_target(expr: XtTarget, family: Family) -> Redirect | Notrack:
+    if expr.name == "CT" and expr.rev in (1, 2) and len(expr.info) >= 2:
+        (flags,) = struct.unpack_from("<H", expr.info)
+        if flags & XT_CT_NOTRACK:
+            return Notrack()
     if (expr.name, expr.rev) != ("REDIRECT", 0):
         raise undecodable(f"unsupported target {expr.name} revision {expr.rev}")
     if family is Family.IPV4 and len(expr.info) >= _NAT_IPV4_MULTI_RANGE.size:

@@ -97,7 +97,14 @@ class IptcBackend:
         return isolation.run_isolated(work)
 
     def dump(self, family: Family, table: str = "nat") -> Table:
-        return self._run(family, lambda: dump_table(family, table))
+        def work() -> Table:
+            # Reading must not instantiate a table the netns never had (x_tables creates one
+            # on first open, and its hooks then see every packet): CHECK reads raw too.
+            if table != "nat" and table not in tables_present(family):
+                return Table(table, ())
+            return dump_table(family, table)
+
+        return self._run(family, work)
 
     def snapshot(self, family: Family, table: str = "nat") -> Snapshot:
         dumped = self.dump(family, table)

@@ -35,6 +35,20 @@ ghcr.io/cnibox/cnibox-installer:{{ .Chart.AppVersion }}
 {{- end -}}
 {{- end -}}
 
+{{/*
+"true" when the chart runs the node agent as its DaemonSet `linkerd-cni-agent`: the agent is
+on (`agent.enabled`, the default) and the node does not run it already. With the Talos
+extension (`talos.extension`) the extension's service `ext-cnibox-agent` is the node's agent
+(packaging/talos/cnibox-agent.yaml): a DaemonSet beside it would take over its socket and
+fail on its admin port, so none is rendered. Everything else of the agent (the install-time
+unpack, the gate's socket mount) stays with `agent.enabled`: it serves either agent.
+*/}}
+{{- define "cnibox.agentDaemonSet" -}}
+{{- if and .Values.agent.enabled (not (include "cnibox.true" .Values.talos.extension)) -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/* The `linkerd.io/created-by` annotation (Linkerd's `cliVersion` value still wins). */}}
 {{- define "cnibox.createdBy" -}}
 linkerd.io/created-by: {{ .Values.cliVersion | default (printf "cnibox/helm %s" (.Values.image.version | default .Chart.AppVersion)) }}

@@ -1,0 +1,265 @@
+"""The pod cache's process: lists and watches this node's pods and the namespaces with the
+agent's own API identity, and feeds what it sees to the agent's parent through a pipe, one
+JSON line per message (core/kube/pod_cache.py `PodCache.feed`). docs/pod-cache.md.
+
+Rules of this module:
+1. It is a child of the agent forked before the server binds (as the keeper is,
+   agent/keeper_process.py), so the parent stays one thread and no decode of a LIST ever
+   holds its loop: the parent reads short lines of records already reduced here. A
+   supervisor restarts a watcher that dies (the keeper's back-off); while none runs, the
+   parent hears no beat and the cache answers nothing (core/kube/pod_cache.BEAT_MAX).
+2. Two watches, one thread each (a watch blocks in its read): pods with `spec.nodeName` of
+   this node, and namespaces. kube-rs's watcher (core/kube/watch.py `WatchCursor`) on the
+   repair controller's client (effects/kube/stream.py): paginated LIST, WATCH from its
+   resourceVersion with bookmarks, 410 Gone -> LIST again. A failed or oversized step is
+   reported as "down" and is followed by a fresh LIST (not a resumed watch): a LIST that
+   completes is what proves the cache whole again; a watch that ends cleanly (its
+   timeoutSeconds) resumes from its resourceVersion and the cache stays live.
+3. The main thread writes a beat every BEAT seconds while both watch threads run (a thread
+   that died ends the process: no beat covers a dead watch); all writes go through one lock
+   (a line may exceed PIPE_BUF). A parent that stops reading blocks the watches, never grows
+   memory.
+4. The process ends with the agent: EOF on its stop pipe, or PR_SET_PDEATHSIG.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import select
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from multicall.agent.keeper_process import (
+    RESTART_FIRST,
+    RESTART_MAX,
+    STOP_WAIT,
+    _in_child,
+    _orphan_guard,
+    _status,
+    _wait,
+)
+from multicall.agent.pod_cache import config_identity
+from multicall.core.kube.pod_cache import BEAT, MAX_RECORD, NAMESPACES, PODS, REDUCE, record_size
+
+if TYPE_CHECKING:
+    from multicall.core.kube.kubeconfig import KubeConfig
+    from multicall.core.kube.watch import WatchCursor
+    from multicall.effects.kube.stream import Session
+
+Log = Callable[[str, str], None]  # (level, message)
+Send = Callable[[Mapping[str, object]], None]
+ERROR_DELAY = 0.5  # the first retry after a failure; doubled up to MAX_ERROR_DELAY
+MAX_ERROR_DELAY = 30.0
+WATCH_TIMEOUT = 290  # kube-rs's timeoutSeconds
+
+
+@dataclass(frozen=True, slots=True)
+class CacheJob:
+    """What the cache process watches, with which identity, and where it logs."""
+
+    config: KubeConfig  # the agent's API identity (--kubeconfig, else the service account)
+    node: str
+    log: Log
+
+
+@dataclass(slots=True)
+class PodCacheProcess:
+    """The supervisor as the agent's parent sees it: its pid, the stop pipe's write end, and
+    the feed's read end (non-blocking), which the parent's loop polls."""
+
+    pid: int
+    stop_w: int
+    feed_r: int
+
+    @classmethod
+    def start(
+        cls, config: KubeConfig, node: str, env: Mapping[str, str], log: Log
+    ) -> PodCacheProcess:
+        stop_r, stop_w = os.pipe2(os.O_CLOEXEC)
+        feed_r, feed_w = os.pipe2(os.O_CLOEXEC)
+        agent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - in the child
+            os.close(stop_w)
+            os.close(feed_r)
+            job = CacheJob(config, node, log)
+            _in_child("pod cache supervisor", log, lambda: _supervise(job, stop_r, feed_w, agent))
+        os.close(stop_r)
+        os.close(feed_w)
+        os.set_blocking(feed_r, False)
+        log("info", f"pod cache: watching the pods of node {node} (pid {pid})")
+        return cls(pid, stop_w, feed_r)
+
+    def stop(self, log: Log) -> None:
+        if self.stop_w >= 0:
+            os.close(self.stop_w)
+            self.stop_w = -1
+        if not _wait(self.pid, STOP_WAIT + 5):
+            log("warning", "pod cache: did not stop in time; killed")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        if self.feed_r >= 0:
+            os.close(self.feed_r)
+            self.feed_r = -1
+
+
+def _supervise(
+    job: CacheJob, stop_r: int, feed_w: int, agent: int
+) -> None:  # pragma: no cover - in the child
+    _orphan_guard(agent)
+    me = os.getpid()
+    delay = RESTART_FIRST
+    while True:
+        started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            _in_child("pod cache", job.log, lambda: _watch(job, stop_r, feed_w, me))
+        pidfd = os.pidfd_open(pid)
+        ready, _, _ = select.select([stop_r, pidfd], [], [])
+        os.close(pidfd)
+        if stop_r in ready:
+            if not _wait(pid, STOP_WAIT):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            return
+        _pid, status = os.waitpid(pid, 0)
+        if time.monotonic() - started >= RESTART_MAX:
+            delay = RESTART_FIRST
+        job.log("error", f"pod cache exited ({_status(status)}); restarting in {delay:.0f}s")
+        if select.select([stop_r], [], [], delay)[0]:
+            return
+        delay = min(delay * 2, RESTART_MAX)
+
+
+def _watch(job: CacheJob, stop_r: int, feed_w: int, parent: int) -> None:  # pragma: no cover
+    _orphan_guard(parent)
+    lock = threading.Lock()
+    stopping = threading.Event()
+
+    def send(message: Mapping[str, object]) -> None:
+        data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        with lock:
+            view = memoryview(data)
+            while view:
+                try:
+                    view = view[os.write(feed_w, view) :]
+                except BrokenPipeError:  # the agent is gone
+                    os._exit(0)
+
+    send({"k": "cluster", "id": config_identity(job.config)})
+    threads = [
+        threading.Thread(
+            target=run_watch,
+            args=(job, watch, send, stopping),
+            name=f"pod cache {watch}",
+            daemon=True,
+        )
+        for watch in (PODS, NAMESPACES)
+    ]
+    for thread in threads:
+        thread.start()
+    while not select.select([stop_r], [], [], BEAT)[0]:
+        if not all(thread.is_alive() for thread in threads):
+            # A watch that died of a bug must not be covered by this thread's beats: the
+            # process ends, the parent hears no beat (the cache answers nothing), and the
+            # supervisor starts a new one after its back-off.
+            job.log("error", "pod cache: a watch thread died; restarting")
+            os._exit(70)
+        send({"k": "beat"})
+    stopping.set()
+    os._exit(0)  # the watch threads may be blocked in a read: nothing of theirs to finish
+
+
+def cursor_for(watch: str, node: str) -> WatchCursor:
+    from multicall.core.kube.watch import Selector, WatchCursor
+
+    if watch == PODS:
+        return WatchCursor(
+            "/api/v1/pods", Selector(fields=f"spec.nodeName={node}"), timeout_seconds=WATCH_TIMEOUT
+        )
+    return WatchCursor("/api/v1/namespaces", Selector(), timeout_seconds=WATCH_TIMEOUT)
+
+
+def run_watch(job: CacheJob, watch: str, send: Send, stopping: threading.Event) -> None:
+    """One watch until `stopping` (rule 2), on a connection of its own."""
+    from multicall.effects.kube.stream import ClientOptions, Session, Token
+    from multicall.errors import KubeError
+
+    session = Session(job.config, Token(job.config), ClientOptions())
+    cursor = cursor_for(watch, job.node)
+    failures = 0
+    while not stopping.is_set():
+        try:
+            step(session, cursor, watch, send)
+            failures = 0
+        except KubeError as exc:
+            if stopping.is_set():
+                return
+            send({"k": "down", "w": watch})
+            failures += 1
+            if failures == 1 or failures % 10 == 0:
+                job.log("warning", f"pod cache: {watch}: {exc.message}; listing again")
+            cursor.relist()  # rule 2: only a completed LIST makes the cache live again
+            delay = min(ERROR_DELAY * 2.0 ** (failures - 1), MAX_ERROR_DELAY)
+            stopping.wait(delay * random.uniform(0.8, 1.2))  # noqa: S311 - jitter
+
+
+def step(session: Session, cursor: WatchCursor, watch: str, send: Send) -> None:
+    """One LIST page, or one WATCH until it ends (KubeError when it failed)."""
+    from multicall.core.kube.watch import Kind, Phase, parse_watch_event
+    from multicall.effects.kube.stream import StatusError, list_page
+    from multicall.errors import KubeError
+
+    reduce = REDUCE[watch]
+    try:
+        if cursor.phase is Phase.LIST:
+            events = cursor.list_page(list_page(session, cursor.request()))
+        else:
+            events = []
+            for line in session.watch_lines(cursor.request(), cursor.timeout_seconds):
+                if line is None:  # an event lost: the cache would miss a change
+                    raise KubeError("a watch event exceeded the size limit")
+                for event in cursor.watch_event(parse_watch_event(line)):
+                    _send_event(send, watch, event.kind, event.object, reduce)
+            return
+    except StatusError as exc:
+        cursor.request_failed(exc.status)
+        raise
+    for event in events:
+        if event.kind is Kind.INIT:
+            send({"k": "init", "w": watch})
+        elif event.kind is Kind.INIT_DONE:
+            send({"k": "done", "w": watch})
+        else:
+            _send_event(send, watch, event.kind, event.object, reduce)
+
+
+def _send_event(
+    send: Send,
+    watch: str,
+    kind: object,
+    obj: Mapping[str, object] | None,
+    reduce: Callable[[Mapping[str, object]], dict[str, object] | None],
+) -> None:
+    from multicall.core.kube.watch import Kind
+
+    record = reduce(obj) if obj is not None else None
+    if record is None:
+        return
+    if kind is not Kind.DELETE and record_size(record) > MAX_RECORD:
+        # Too large to answer with (core/kube/pod_cache.py rule 2): its identity only, so
+        # the parent drops an older version it may hold.
+        meta = record["metadata"]
+        assert isinstance(meta, dict)
+        ident = {k: meta[k] for k in ("name", "namespace", "uid") if k in meta}
+        send({"k": "drop", "w": watch, "o": {"metadata": ident}})
+        return
+    send({"k": "del" if kind is Kind.DELETE else "put", "w": watch, "o": record})
