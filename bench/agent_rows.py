@@ -6,7 +6,7 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -21,7 +21,7 @@ from multicall.effects.ns import entered_netns
 def agent_plugin(workdir: Path, socket_path: Path) -> Plugin:
     """The launcher with an agent answering: CNIBOX_CACHE is empty and stays so."""
     cache = workdir / "cache-agent-caller"
-    cache.mkdir(mode=0o700)
+    cache.mkdir(mode=0o700, exist_ok=True)
     argv = [str(workdir / "bin" / "linkerd-cni")]
     env = {"CNIBOX_CACHE": str(cache), "CNIBOX_AGENT_SOCKET": str(socket_path)}
     return Plugin("agent", argv, env)
@@ -29,15 +29,15 @@ def agent_plugin(workdir: Path, socket_path: Path) -> Plugin:
 
 @contextmanager
 def agent_running(
-    binary: Path, cl: Cluster, workdir: Path
+    binary: Path, cl: Cluster, workdir: Path, extra: Sequence[str] = (), name: str = "agent"
 ) -> Iterator[tuple[Path, Path, subprocess.Popen[bytes]]]:
     """`cnibox agent` in the node netns (a DaemonSet pod with hostNetwork); (socket, log,
-    process)."""
-    sock = workdir / "agent" / "agent.sock"
-    log = workdir / "agent.log"
+    process). `extra`: more flags; `name`: its socket directory and log (one per agent)."""
+    sock = workdir / name / "agent.sock"
+    log = workdir / f"{name}.log"
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNIBOX_CACHE": str(workdir / "cache-warm")}
     argv = [str(binary), "agent", "--socket", str(sock), "--admin-addr", "127.0.0.1:0",
-            *os.environ.get("BENCH_AGENT_ARGS", "").split()]  # fmt: skip
+            *extra, *os.environ.get("BENCH_AGENT_ARGS", "").split()]  # fmt: skip
     with open(log, "wb") as out, entered_netns(cl.node):
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
     try:

@@ -35,7 +35,9 @@ Each ADD is checked outside the timed region: exit status 0, stdout is the prevR
 the pod's nat table (Debian's iptables-save) equals upstream's golden for the mode.
 `--profile` instead runs one source-mode ADD under `-X importtime` and cProfile; `--only
 agent|oneshot` runs one group of interleaved rows with their ratios (a quick measurement of
-one path); `--only native` the nftables mode against the nft mode (bench/native_rows.py).
+one path); `--only native` the nftables mode against the nft mode (bench/native_rows.py);
+`--only keeper` the keeper's rows (bench/keeper_rows.py: its idle CPU with --keeper-pods
+watched pods, drift-to-repair latency, nft and legacy).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ sys.path.insert(0, str(REPO))  # before the imports below: bench/ is a package o
 from bench.agent_rows import agent_rows  # noqa: E402
 from bench.cri_rows import add_cri_rows, report_cri  # noqa: E402
 from bench.interleaved import oneshot_rows  # noqa: E402
+from bench.keeper_rows import keeper_rows  # noqa: E402
 from bench.measure import Row  # noqa: E402
 from bench.native_rows import native_rows  # noqa: E402
 from bench.netns import Namespaces, remove_stale  # noqa: E402
@@ -167,7 +170,7 @@ def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces
     return 1 if failures else 0
 
 
-ONLY = ("agent", "oneshot", "native")
+ONLY = ("agent", "oneshot", "native", "keeper")
 
 
 def run_only(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces) -> int:
@@ -190,6 +193,9 @@ def run_only(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces)
         bench = Bench(spawner, namespaces, cl)
         if args.only == "oneshot":
             oneshot_rows(bench, impls, args.iterations, add)
+        elif args.only == "keeper":
+            extra["keeper"] = keeper_rows(bench, binary, spawner.workdir, args.keeper_pods,
+                                          args.iterations, args.keeper_windows, add)  # fmt: skip
         elif args.only == "native":
             extra["native"] = native_rows(bench, binary, impls, spawner.workdir,
                                           args.iterations, add=add)  # fmt: skip
@@ -349,7 +355,12 @@ def main() -> int:
         choices=ONLY,
         help="only one group of interleaved rows: the meshed and unmeshed ADDs through the "
         "agent, or the one-shot binary ADD, each with its replay (issue 11; no burst unless "
-        "-c); or native: the nftables mode against the nft mode, one-shot and agent (issue 28)",
+        "-c); or native: the nftables mode against the nft mode, one-shot and agent (issue 28); "
+        "or keeper: the keeper's rows (issue 26: idle cost, drift to repair, -n repairs per mode)",
+    )
+    parser.add_argument("--keeper-pods", type=int, default=100, help="pods the keeper watches")
+    parser.add_argument(
+        "--keeper-windows", type=int, default=6, help="10 s idle windows the keeper is measured"
     )
     args = parser.parse_args()
     args.binary = args.binary or str(REPO / "dist" / "cnibox")

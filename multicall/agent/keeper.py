@@ -22,6 +22,11 @@ the recorded one (device and inode), and never more than the back-off allows
 
 Threads: one. The loop waits in poll(2) on the notification sockets, an inotify watch on
 the record directory and a stop pipe; the timeout is the next sweep or scheduled repair.
+Its metrics go to the agent's parent as snapshots (agent/keeper_process.py rule 4).
+
+It is one file (~600 lines) because the watch list, the back-off state and the metrics are
+one loop's state that detection, adoption and repair all change on each turn; the API
+adapters and `note_request` at its end are the few lines that use the keeper's types.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from multicall.core.keeper import (
     KeeperMetrics,
     KeeperMode,
     Reason,
+    Refusal,
     SandboxRecord,
 )
 
@@ -60,18 +66,20 @@ EVENT_REASON = "LinkerdCNIRedirectDrifted"
 EVENT_NOTE_MAX = 1000  # events.k8s.io/v1 `note` is at most 1 kB
 MAX_SWEEP = 512  # x_tables sandboxes compared per sweep
 EVENT_DRIFT = (Mode.NFT, Mode.NFTABLES)  # backends whose changes the kernel announces
+RESEND = 0.25  # seconds before a snapshot the parent had no room for is sent again
 
 
 class EventSink(Protocol):
-    """Posts a Kubernetes Event about a pod (the agent's API identity)."""
+    """Posts a Kubernetes Event about a pod (the agent's API identity); False: there is no
+    API to post it to."""
 
-    def post(self, record: SandboxRecord, action: str, note: str) -> None: ...
+    def post(self, record: SandboxRecord, action: str, note: str) -> bool: ...
 
 
 class PodState(Protocol):
-    """Whether the recorded pod still runs: "" when it does, else why not."""
+    """Whether the recorded pod still runs: None when it does, else why not."""
 
-    def gone(self, record: SandboxRecord) -> str: ...
+    def gone(self, record: SandboxRecord) -> Refusal | None: ...
 
 
 @dataclass(slots=True)
@@ -85,7 +93,7 @@ class Watched:
     repairs: tuple[float, ...] = ()  # when it was repaired (the back-off's input)
     due: float | None = None  # a repair waiting for its back-off delay
     backed_off: bool = False  # reported as no longer repaired, until the window passes
-    changed_at: float | None = None  # when the notification arrived
+    changed_at: float = 0.0  # when the change a scheduled repair is for was noticed
 
 
 @dataclass(slots=True)
@@ -108,6 +116,9 @@ class Keeper:
     by_fd: dict[int, str] = field(default_factory=dict)
     next_sweep: float = 0.0
     passed_over: dict[str, float] = field(default_factory=dict)  # cache files not adopted
+    report_fd: int = -1  # where the metrics snapshots go (the agent's parent); -1: nowhere
+    unsent: bytes = b""  # a snapshot the parent's socket had no room for yet
+    sent: bytes = b""
 
     # ------------------------------------------------------------------ the loop
 
@@ -140,6 +151,7 @@ class Keeper:
                     with contextlib.suppress(KeyError):
                         poll.unregister(fd)
                 registered = set(self.by_fd)
+                self.publish()  # what this turn changed, before waiting again
                 ready = poll.poll(self.timeout_ms())
                 now = self.clock()
                 for fd, _mask in ready:
@@ -157,7 +169,30 @@ class Keeper:
     def timeout_ms(self) -> int:
         now = self.clock()
         wake = [self.next_sweep, *(w.due for w in self.watched.values() if w.due is not None)]
+        if self.unsent:
+            wake.append(now + RESEND)
         return max(0, int((min(wake) - now) * 1000) + 1)
+
+    def publish(self) -> None:
+        """The metrics to the agent's parent when they changed since the last snapshot sent
+        (nothing while nothing happens); a full socket is tried again after RESEND."""
+        from multicall.core.keeper import encode_metrics
+
+        if self.report_fd < 0:
+            return
+        snapshot = encode_metrics(self.metrics, os.getpid())
+        if snapshot == self.sent:
+            self.unsent = b""
+            return
+        try:
+            os.write(self.report_fd, snapshot)
+        except (BlockingIOError, InterruptedError):
+            self.unsent = snapshot
+            return
+        except OSError:  # the agent is gone: the stop pipe ends this loop
+            self.report_fd = -1
+            return
+        self.sent, self.unsent = snapshot, b""
 
     def close(self) -> None:
         for key in list(self.watched):
@@ -196,11 +231,25 @@ class Keeper:
 
     def watch(self, record: SandboxRecord) -> None:
         from multicall.effects.ns import ns_identity, open_netns
+        from multicall.effects.pod_sandbox import Refused
+        from multicall.errors import NetnsError
 
         try:
             path = self.finder.host_path(record.netns)
             fd = open_netns(path)
-        except Exception as exc:  # noqa: BLE001 - Refused, OSError, NetnsError and friends
+        except (Refused, NetnsError) as exc:
+            # No such file in a directory this process sees (Refused: host_path found none;
+            # NetnsNotFound), or a file there that is no namespace (errno None: a bind mount
+            # a reboot took): the sandbox is gone and never comes back under this record.
+            # A directory it does not see (a mount missing), or another error (EACCES),
+            # says nothing about the sandbox: the record is kept.
+            gone = exc.errno is None if isinstance(exc, NetnsError) else True
+            if gone and self.finder.netns_dir_visible(record.netns):
+                self.prune(record, f"its network namespace is gone ({exc})")
+            else:
+                self.log("info", f"keeper: not watching {record.key}: {exc}")
+            return
+        except Exception as exc:  # noqa: BLE001 - OSError and friends: kept, not watched
             self.log("info", f"keeper: not watching {record.key}: {exc}")
             return
         try:
@@ -232,8 +281,10 @@ class Keeper:
         self.log("debug", f"keeper: no longer watching {key}")
 
     def count_watched(self) -> None:
+        from multicall.core.keeper import VIA
+
         via = ("events" if w.events is not None else "sweep" for w in self.watched.values())
-        counts: dict[str, int] = {"events": 0, "sweep": 0}
+        counts = dict.fromkeys(VIA, 0)
         for name in via:
             counts[name] += 1
         self.metrics.watched = counts
@@ -311,8 +362,8 @@ class Keeper:
         )
         if record is None:
             return False
-        self.metrics.adopted += 1
         self.metrics.count_drift((Reason.NEVER_PROGRAMMED,))
+        self.metrics.count_repair((Reason.NEVER_PROGRAMMED,))
         self.metrics.repair_latency.observe(max(0.0, self.clock() - started))
         self.log("info", f"keeper: {_pod(record)}: its sandbox had no record; programmed in place")
         self.post(record, "Repairing", "The pod's sandbox was not recorded as programmed by "
@@ -350,10 +401,19 @@ class Keeper:
         except OSError:
             same = False
         if not same:
-            self.log("info", f"keeper: {_pod(watched.record)}: its sandbox is gone")
-            self.store.remove(watched.record.key)
             self.unwatch(watched.record.key)
+            self.prune(watched.record, "its sandbox is gone")
         return not same
+
+    def prune(self, record: SandboxRecord, why: str) -> None:
+        """The record of a sandbox that no longer exists goes (a DEL the agent never saw, a
+        node reboot): nothing is compared or repaired for it."""
+        self.log("info", f"keeper: {_pod(record)}: record {record.key} removed: {why}")
+        self.metrics.pruned += 1
+        try:
+            self.store.remove(record.key)
+        except Exception as exc:  # noqa: BLE001 - OSError: logged; read again at restart
+            self.log("warning", f"keeper: cannot remove the record {record.key}: {exc}")
 
     def check(self, watched: Watched, since: float) -> None:
         """Compare the live tables with the record; report or repair what drifted."""
@@ -366,17 +426,16 @@ class Keeper:
         reasons = tuple(sorted({r for f in found for r in f.reasons}, key=lambda r: r.value))
         self.metrics.count_drift(reasons)
         self.metrics.detection.observe(max(0.0, self.clock() - since))
-        detected = self.clock()
-        what = ", ".join(r.value for r in reasons) or "changed"
+        what = _what(reasons)
         diff = "\n".join(f"{f.family.value}:\n{f.text}" for f in found)
         self.log("warning", f"keeper: {_pod(watched.record)}: the redirect drifted ({what})")
         self.log("debug", f"keeper: {watched.record.key}: {diff}")
         if self.mode is KeeperMode.REPORT:
-            self.metrics.reports_only += 1
+            self.metrics.count_refusal(Refusal.MODE_REPORT)
             self.post(watched.record, "Reporting", f"The redirect rules drifted ({what}); "
                       f"mode report leaves them alone.\n{diff}")  # fmt: skip
             return
-        self.schedule(watched, what, diff, detected)
+        self.schedule(watched, reasons, diff, since)
 
     def compare(self, watched: Watched) -> list[FamilyDrift] | None:
         """The drifted families (empty: none); None when the sandbox could not be read."""
@@ -407,12 +466,15 @@ class Keeper:
 
     # ------------------------------------------------------------------ repair
 
-    def schedule(self, watched: Watched, what: str, diff: str, detected: float) -> None:
+    def schedule(
+        self, watched: Watched, reasons: tuple[Reason, ...], diff: str, since: float
+    ) -> None:
         now = self.clock()
+        what = _what(reasons)
         watched.repairs = self.backoff.trim(watched.repairs, now)
         delay = self.backoff.delay(watched.repairs, now)
         if delay is None:
-            self.metrics.reports_only += 1
+            self.metrics.count_refusal(Refusal.BACKED_OFF)
             if not watched.backed_off:
                 watched.backed_off = True
                 self.post(watched.record, "Reporting",
@@ -423,25 +485,34 @@ class Keeper:
             return
         watched.backed_off = False
         if delay > 0:
+            if watched.due is None:
+                self.metrics.repairs_delayed += 1
+                watched.changed_at = since
             watched.due = now + delay
             return
-        self.repair(watched, what, detected)
+        self.repair(watched, reasons, since)
 
     def run_due(self, now: float) -> None:
         for watched in list(self.watched.values()):
             if watched.due is not None and watched.due <= now:
                 watched.due = None
-                self.check(watched, now)  # still drifted? then it is repaired now
+                self.check(watched, watched.changed_at)  # still drifted? repaired now
 
-    def repair(self, watched: Watched, what: str, detected: float) -> None:
+    def repair(self, watched: Watched, reasons: tuple[Reason, ...], since: float) -> None:
+        """`since`: when the change was noticed (the repair latency's start)."""
         from multicall.core.repair.sandbox import CacheEntry
         from multicall.effects.pod_sandbox import Sandbox
 
         record = watched.record
-        gone = self.pods.gone(record)
-        if gone:
-            self.log("info", f"keeper: {_pod(record)}: not repaired: {gone}")
-            self.metrics.reports_only += 1
+        what = _what(reasons)
+        try:
+            gone = self.pods.gone(record)
+        except Exception as exc:  # noqa: BLE001 - KubeError, OSError: not repaired blind
+            self.log("warning", f"keeper: {_pod(record)}: cannot ask for the pod: {exc}")
+            gone = Refusal.POD_UNKNOWN
+        if gone is not None:
+            self.log("info", f"keeper: {_pod(record)}: not repaired: {gone.text}")
+            self.metrics.count_refusal(gone)
             return
         watched.repairs = (*watched.repairs, self.clock())
         entry = CacheEntry(
@@ -461,15 +532,16 @@ class Keeper:
             self.post(record, "Reporting", f"The redirect rules drifted ({what}); "
                       f"repairing them in place failed: {exc}")  # fmt: skip
             return
-        self.metrics.repairs += 1
-        self.metrics.repair_latency.observe(max(0.0, self.clock() - detected))
+        self.metrics.count_repair(reasons)
+        self.metrics.repair_latency.observe(max(0.0, self.clock() - since))
         self.log("info", f"keeper: {_pod(record)}: repaired in place ({what})")
         self.post(record, "Repairing", f"The redirect rules drifted ({what}); "
                   "linkerd-cni's ADD re-programmed them in place and they verify.")  # fmt: skip
 
     def post(self, record: SandboxRecord, action: str, note: str) -> None:
         try:
-            self.events.post(record, action, note[:EVENT_NOTE_MAX])
+            if self.events.post(record, action, note[:EVENT_NOTE_MAX]):
+                self.metrics.count_event(action)
         except Exception as exc:  # noqa: BLE001 - an Event is best effort: counted, logged
             self.metrics.events_failed += 1
             self.log("warning", f"keeper: cannot post an Event for {_pod(record)}: {exc}")
@@ -477,6 +549,10 @@ class Keeper:
 
 def _pod(record: SandboxRecord) -> str:
     return f"{record.namespace}/{record.pod}"
+
+
+def _what(reasons: tuple[Reason, ...]) -> str:
+    return ", ".join(r.value for r in reasons) or "changed"
 
 
 # ----------------------------------------------------------------------------- API adapters
@@ -490,7 +566,7 @@ class ApiEvents:
     instance: str
     timeout: float = 5.0
 
-    def post(self, record: SandboxRecord, action: str, note: str) -> None:
+    def post(self, record: SandboxRecord, action: str, note: str) -> bool:
         from multicall.core.repair.policy import PodRef, event_document
         from multicall.effects.kube.stream import create_event
 
@@ -500,6 +576,7 @@ class ApiEvents:
         )
         doc["reportingController"] = "linkerd-cni-agent"
         create_event(self.session, record.namespace, doc, self.timeout)
+        return True
 
 
 @dataclass(slots=True)
@@ -508,14 +585,14 @@ class ApiPods:
 
     session: Session
 
-    def gone(self, record: SandboxRecord) -> str:
+    def gone(self, record: SandboxRecord) -> Refusal | None:
         from multicall.core.kube import paths
 
         answer = self.session.request("GET", paths.pod(record.namespace, record.pod))
         if answer.status == 404:
-            return "the pod is gone"
+            return Refusal.POD_GONE
         if answer.status != 200:
-            return f"the API answered {answer.status} for the pod"
+            return Refusal.POD_UNKNOWN
         from multicall.core.keeper import pod_gone
 
         return pod_gone(answer.json(), record.uid)

@@ -16,6 +16,12 @@ Rules of this module:
    repair (the netns identity and IP checks still guard it), and the repair's ADD reads
    the API through the kubeconfig its linkerd-cni entry names, as the one-shot plugin
    does. That is logged once; it never fails the agent's start.
+4. Metrics: a datagram socketpair made before the fork; the keeper sends a snapshot of its
+   counters whenever they change (agent/keeper.py `publish`), the agent's poll loop reads
+   each one as it arrives (`receive`) and its /metrics renders the latest (`render`) with
+   the keeper process's CPU and memory read from /proc at the scrape. Only the parent reads
+   the socket (its workers close their copy at fork); what arrives is decoded with fixed
+   fields and label sets (core/keeper.py `decode_metrics`), anything else is dropped.
 """
 
 from __future__ import annotations
@@ -24,16 +30,17 @@ import contextlib
 import os
 import select
 import signal
+import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
-from multicall.core.keeper import KeeperMode
+from multicall.core.keeper import MAX_SNAPSHOT, KeeperMetrics, KeeperMode
 
 if TYPE_CHECKING:
     from multicall.agent.keeper import Keeper
-    from multicall.core.keeper import SandboxRecord
+    from multicall.core.keeper import Refusal, SandboxRecord
     from multicall.core.kube.kubeconfig import KubeConfig
     from multicall.effects.caller import Files
 
@@ -59,27 +66,69 @@ class KeeperSettings:
 
 @dataclass(slots=True)
 class KeeperProcess:
-    """The supervisor as the agent's parent sees it."""
+    """The supervisor as the agent's parent sees it, and the keeper's metrics (rule 4)."""
 
     pid: int
     stop_w: int
+    report_r: int = -1  # the parent's end of the metrics socketpair
+    metrics: KeeperMetrics = field(default_factory=KeeperMetrics)  # the latest snapshot
+    keeper_pid: int = 0  # the keeper that sent it
 
     @classmethod
     def start(cls, settings: KeeperSettings, env: Mapping[str, str], log: Log) -> KeeperProcess:
         stop_r, stop_w = os.pipe2(os.O_CLOEXEC)
+        ends = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        report_r, report_w = (end.detach() for end in ends)
+        os.set_blocking(report_r, False)
+        os.set_blocking(report_w, False)  # a parent that does not read never stalls a repair
         agent = os.getpid()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - in the child
             os.close(stop_w)
-            _supervise(settings, dict(env), stop_r, agent, log)
+            os.close(report_r)
+            _supervise(settings, dict(env), (stop_r, report_w), agent, log)
         os.close(stop_r)
-        return cls(pid, stop_w)
+        os.close(report_w)
+        return cls(pid, stop_w, report_r)
+
+    def fileno(self) -> int:
+        return self.report_r
+
+    def receive(self) -> None:
+        """Every snapshot waiting on the socket; the last valid one is kept."""
+        from multicall.core.keeper import decode_metrics
+
+        while self.report_r >= 0:
+            try:
+                data = os.read(self.report_r, MAX_SNAPSHOT + 1)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            decoded = decode_metrics(data) if data else None
+            if decoded is not None:
+                self.metrics, self.keeper_pid = decoded
+
+    def render(self) -> str:
+        """The keeper's families for the agent's /metrics: its latest counters, and the
+        keeper process's CPU and memory now (none while no keeper of this agent runs)."""
+        from multicall.core.keeper import render_process
+        from multicall.effects.process_metrics import proc_usage
+
+        usage = proc_usage(self.keeper_pid) if self.keeper_pid else None
+        process = ""
+        if usage is not None and usage.ppid == self.pid:  # not a recycled pid
+            process = render_process(usage.cpu_seconds, usage.resident_bytes)
+        return self.metrics.render() + process
 
     def stop(self, log: Log) -> None:
         """Close the pipe, wait for the supervisor (which waits for the keeper)."""
         if self.stop_w >= 0:
             os.close(self.stop_w)
             self.stop_w = -1
+        if self.report_r >= 0:
+            os.close(self.report_r)
+            self.report_r = -1
         if not _wait(self.pid, STOP_WAIT + 5):
             log("warning", "keeper: did not stop in time; killed")
             with contextlib.suppress(ProcessLookupError):
@@ -116,22 +165,28 @@ def _orphan_guard(parent: int) -> None:  # pragma: no cover - in the child
 
 
 def _supervise(
-    settings: KeeperSettings, env: dict[str, str], stop_r: int, agent: int, log: Log
+    settings: KeeperSettings, env: dict[str, str], fds: tuple[int, int], agent: int, log: Log
 ) -> NoReturn:  # pragma: no cover - in the child
-    _in_child("keeper supervisor", log, lambda: _restarting(settings, env, stop_r, agent, log))
+    def body() -> None:
+        _restarting(settings, env, fds, agent, log)
+
+    _in_child("keeper supervisor", log, body)
 
 
 def _restarting(
-    settings: KeeperSettings, env: dict[str, str], stop_r: int, agent: int, log: Log
+    settings: KeeperSettings, env: dict[str, str], fds: tuple[int, int], agent: int, log: Log
 ) -> None:  # pragma: no cover - in the child
+    """`fds`: the stop pipe's read end, the metrics socket's keeper end."""
     _orphan_guard(agent)
+    stop_r = fds[0]
     me = os.getpid()
     delay = RESTART_FIRST
+    restarts = 0
     while True:
         started = time.monotonic()
         pid = os.fork()
         if pid == 0:
-            _keep(settings, env, stop_r, me, log)
+            _keep(settings, env, fds, (me, restarts), log)
         log("info", f"keeper started (pid {pid}, mode {settings.mode.value})")
         pidfd = os.pidfd_open(pid)
         poll = select.poll()
@@ -151,6 +206,7 @@ def _restarting(
         if select.select([stop_r], [], [], delay)[0]:
             break
         delay = min(delay * 2, RESTART_MAX)
+        restarts += 1
 
 
 def _in_child(what: str, log: Log, body: Callable[[], None]) -> NoReturn:  # pragma: no cover
@@ -172,11 +228,20 @@ def _status(status: int) -> str:
 
 
 def _keep(
-    settings: KeeperSettings, env: dict[str, str], stop_r: int, parent: int, log: Log
+    settings: KeeperSettings,
+    env: dict[str, str],
+    fds: tuple[int, int],
+    generation: tuple[int, int],
+    log: Log,
 ) -> NoReturn:  # pragma: no cover - in the child
+    """`generation`: the supervisor's pid, and how many keepers it restarted before this."""
+
     def body() -> None:
-        _orphan_guard(parent)
-        build_keeper(settings, env, log).run(stop_r)
+        _orphan_guard(generation[0])
+        keeper = build_keeper(settings, env, log)
+        keeper.report_fd = fds[1]
+        keeper.metrics.restarts = generation[1]
+        keeper.run(fds[0])
 
     _in_child("keeper", log, body)
 
@@ -250,12 +315,12 @@ def _host_files(host_root: str) -> Files:
 class NoEvents:
     """Without an API: Events are not posted (the keeper's log says what they would)."""
 
-    def post(self, record: SandboxRecord, action: str, note: str) -> None:
-        return None
+    def post(self, record: SandboxRecord, action: str, note: str) -> bool:
+        return False
 
 
 class NoPods:
     """Without an API: the pod is not asked for; the sandbox's netns checks remain."""
 
-    def gone(self, record: SandboxRecord) -> str:
-        return ""
+    def gone(self, record: SandboxRecord) -> Refusal | None:
+        return None

@@ -3,7 +3,7 @@ pool of pre-forked workers and the queue in front of it, cancellation, deadlines
 HTTP endpoints, SIGTERM and the drain (docs/agent.md). A worker's own life after the fork is
 agent/worker_process.py's; what it does with a request, agent/worker.py's.
 
-It is one file (~920 lines) because it is one single-threaded poll loop whose state (the
+It is one file (~950 lines) because it is one single-threaded poll loop whose state (the
 workers, their client connections, the queue, the draining flag) every part reads and
 changes on each turn; split, each part would reach into the others' state.
 
@@ -120,6 +120,15 @@ OUT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 RESERVED_FDS = 32
 
 
+class MetricsFeed(Protocol):
+    """Another process's metrics the loop reads as they arrive and /metrics includes (the
+    keeper's: agent/keeper_process.py)."""
+
+    def fileno(self) -> int: ...
+    def receive(self) -> None: ...
+    def render(self) -> str: ...
+
+
 def default_max_workers() -> int:
     return max(4, 2 * (os.cpu_count() or 1))
 
@@ -154,9 +163,15 @@ class Worker:
 
 class Server:
     def __init__(
-        self, options: ServerOptions, log: FieldLog, serve: Serve, prepare: Prepare | None = None
+        self,
+        options: ServerOptions,
+        log: FieldLog,
+        serve: Serve,
+        prepare: Prepare | None = None,
+        feed: MetricsFeed | None = None,
     ) -> None:
         self.options = options
+        self.feed = feed
         self.log = log
         self.serve = serve
         self.prepare = prepare
@@ -200,6 +215,8 @@ class Server:
         self.poll.register(self.wake_r, select.POLLIN)
         if self.pod_cache is not None:
             self.poll.register(self.pod_cache.fd, select.POLLIN)
+        if self.feed is not None:
+            self.poll.register(self.feed.fileno(), select.POLLIN)
 
     def listen(self) -> None:
         """Bind a new listening socket under a temporary name and rename it over the socket
@@ -295,6 +312,8 @@ class Server:
             with contextlib.suppress(BlockingIOError):
                 os.read(self.wake_r, 512)
             self.run_jobs()
+        elif self.feed is not None and fd == self.feed.fileno():
+            self.feed.receive()
         elif self.listener is not None and fd == self.listener.fileno():
             self.accept_clients()
         elif fd in self.workers:
@@ -601,6 +620,8 @@ class Server:
         fds = [self.wake_r, self.wake_w]  # (the admin server's sockets: closed at fork)
         if self.pod_cache is not None and self.pod_cache.open:
             fds.append(self.pod_cache.fd)
+        if self.feed is not None:
+            fds.append(self.feed.fileno())  # the parent's alone to read
         socks = [self.listener]
         socks += [w.ctl for w in self.workers.values()]
         socks += [w.conn for w in self.workers.values()]
@@ -869,6 +890,9 @@ class Server:
 
         cache = self.pod_cache.cache if self.pod_cache is not None else None
         text = render(self.metrics, self.options.build) + render_cache(self.cache_metrics, cache)
+        if self.feed is not None:
+            self.feed.receive()  # a snapshot sent in this same round is counted
+            text += self.feed.render()
         return text.encode()
 
     # ------------------------------------------------------------------ the pod cache

@@ -110,7 +110,7 @@ def main(
         from multicall.agent.keeper_process import KeeperProcess
 
         keeper = KeeperProcess.start(settings, env, log)
-    server = Server(options, log, worker.serve, prepare=warmth.prepare)
+    server = Server(options, log, worker.serve, prepare=warmth.prepare, feed=keeper)
     if cache is not None:
         from multicall.agent.pod_cache import CacheFeed
 

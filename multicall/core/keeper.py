@@ -13,6 +13,11 @@ Rules of this module:
 3. Back-off: at most `attempts` repairs of one sandbox within `window` seconds, each waiting
    twice as long as the previous one; after that the keeper only reports that sandbox's
    drift until the window has passed (a deliberate change is not fought forever).
+4. Metrics: the keeper runs in its own process; the agent's parent serves them. The keeper
+   sends its counters as a snapshot (`encode_metrics`, one datagram) whenever they change;
+   the parent decodes it (`decode_metrics`: fixed fields, fixed label sets, bounded) and
+   renders the families with its own. A restarted keeper starts from zero (a counter reset,
+   as after any process restart) and says how often it was restarted.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from enum import Enum
 
 from multicall.core.firewall.diff import ChainProblem, RuleProblem, RulesetDiff
 from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
-from multicall.core.openmetrics import Histogram, text_family, text_histogram
+from multicall.core.openmetrics import Histogram, HistogramState, text_family, text_histogram
 from multicall.core.repair.sandbox import CacheEntry
 
 RECORD_VERSION = 1
@@ -294,15 +299,15 @@ def native_reasons(expected: Sequence[str], found: Sequence[str] | None) -> tupl
     return () if list(expected) == list(found) else (Reason.NATIVE_CHANGED,)
 
 
-def pod_gone(pod: Mapping[str, object], uid: str) -> str:
-    """Why a pod object no longer owns the recorded sandbox ("" when it does)."""
+def pod_gone(pod: Mapping[str, object], uid: str) -> Refusal | None:
+    """Why a pod object no longer owns the recorded sandbox (None when it does)."""
     meta = pod.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
     if uid and meta.get("uid") != uid:
-        return "the pod was replaced by another with the same name"
+        return Refusal.POD_REPLACED
     if meta.get("deletionTimestamp"):
-        return "the pod is terminating"
-    return ""
+        return Refusal.POD_TERMINATING
+    return None
 
 
 # ----------------------------------------------------------------------------- back-off
@@ -334,86 +339,223 @@ class BackOff:
 
 # ----------------------------------------------------------------------------- metrics
 
-PREFIX = "linkerd_cni_agent_keeper_"
+PREFIX = "cnibox_agent_keeper_"  # beside the agent's own cnibox_agent_ families
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+VIA = ("events", "sweep")  # how the keeper learns of a change in a sandbox
+EVENT_ACTIONS = ("Repairing", "Reporting")  # the Events' `action`
+MAX_SNAPSHOT = 16 * 1024  # a snapshot is ~1.5 KiB: its fields are fixed (rule 4)
+
+
+class Refusal(Enum):
+    """Why drift was left alone (a metric label); the text is the log's and the Event's."""
+
+    MODE_REPORT = "mode_report"
+    BACKED_OFF = "backed_off"
+    POD_GONE = "pod_gone"
+    POD_TERMINATING = "pod_terminating"
+    POD_REPLACED = "pod_replaced"
+    POD_UNKNOWN = "pod_unknown"  # the API did not answer 200 or 404 for the pod
+
+    @property
+    def text(self) -> str:
+        return _REFUSAL_TEXT[self]
+
+
+_REFUSAL_TEXT = {
+    Refusal.MODE_REPORT: "mode report leaves it alone",
+    Refusal.BACKED_OFF: "repaired too often recently (back-off)",
+    Refusal.POD_GONE: "the pod is gone",
+    Refusal.POD_TERMINATING: "the pod is terminating",
+    Refusal.POD_REPLACED: "the pod was replaced by another with the same name",
+    Refusal.POD_UNKNOWN: "the API did not say whether the pod still runs",
+}
+
+
+def _zeros(labels: Sequence[str]) -> dict[str, int]:
+    return dict.fromkeys(labels, 0)
+
+
+def _latency() -> Histogram:
+    return Histogram("latency", "", LATENCY_BUCKETS)
 
 
 @dataclass(slots=True)
 class KeeperMetrics:
-    """The keeper's families (Prometheus text, as the agent's own: core/agent_metrics.py)."""
+    """The keeper's families (Prometheus text, as the agent's own: core/agent_metrics.py).
+    Every labelled family has a fixed label set, every value present from the start (a
+    series that appears only after the first drift cannot be alerted on by `rate`)."""
 
-    watched: dict[str, int] = field(default_factory=dict)  # by mechanism: events | sweep
-    drift: dict[str, int] = field(default_factory=dict)  # by reason
-    repairs: int = 0
+    watched: dict[str, int] = field(default_factory=lambda: _zeros(VIA))
+    drift: dict[str, int] = field(default_factory=lambda: _zeros([r.value for r in Reason]))
+    repairs: dict[str, int] = field(default_factory=lambda: _zeros([r.value for r in Reason]))
+    refused: dict[str, int] = field(default_factory=lambda: _zeros([r.value for r in Refusal]))
+    events: dict[str, int] = field(default_factory=lambda: _zeros(EVENT_ACTIONS))
     repair_failures: int = 0
-    reports_only: int = 0  # drift left alone: mode report, or backed off
+    repairs_delayed: int = 0  # a repair that waited for its back-off delay
     events_failed: int = 0
     sweeps: int = 0
-    adopted: int = 0  # sandboxes found without rules (or unrecorded) and programmed
-    detection: Histogram = field(
-        default_factory=lambda: Histogram("detection", "", LATENCY_BUCKETS)
-    )
-    repair_latency: Histogram = field(
-        default_factory=lambda: Histogram("repair", "", LATENCY_BUCKETS)
-    )
+    pruned: int = 0  # records of sandboxes found gone
+    restarts: int = 0  # of the keeper process by its supervisor (agent/keeper_process.py)
+    detection: Histogram = field(default_factory=_latency)
+    repair_latency: Histogram = field(default_factory=_latency)
 
     def count_drift(self, reasons: Sequence[Reason]) -> None:
         for reason in reasons:
-            self.drift[reason.value] = self.drift.get(reason.value, 0) + 1
+            self.drift[reason.value] += 1
+
+    def count_repair(self, reasons: Sequence[Reason]) -> None:
+        for reason in reasons:
+            self.repairs[reason.value] += 1
+
+    def count_refusal(self, refusal: Refusal) -> None:
+        self.refused[refusal.value] += 1
+
+    def count_event(self, action: str) -> None:
+        if action in self.events:
+            self.events[action] += 1
+
+    @property
+    def repaired(self) -> int:
+        """Sandboxes re-programmed (a repair counts once per reason: this is per sandbox)."""
+        return self.repair_latency.state.count
 
     def render(self) -> str:
         def family(name: str, kind: str, help: str, value: float) -> str:
             return text_family(PREFIX + name, kind, help, [({}, value)])
 
-        parts = [
-            text_family(
-                PREFIX + "sandboxes_watched",
-                "gauge",
-                "Sandboxes whose redirect the keeper watches, by how it learns of a change.",
-                [({"via": k}, v) for k, v in sorted(self.watched.items())],
-            ),
-            text_family(
-                PREFIX + "drift_total",
-                "counter",
-                "Drift the keeper detected, by reason.",
-                [({"reason": k}, v) for k, v in sorted(self.drift.items())],
-            ),
-            family("repairs_total", "counter", "Sandboxes re-programmed in place.", self.repairs),
-            family(
-                "repair_failures_total",
-                "counter",
-                "Repairs in place that failed or did not verify.",
-                self.repair_failures,
-            ),
-            family(
-                "reported_only_total",
-                "counter",
-                "Drift reported and left alone (mode report, or backed off).",
-                self.reports_only,
-            ),
-            family(
-                "event_failures_total",
-                "counter",
-                "Kubernetes Events the keeper could not post.",
-                self.events_failed,
-            ),
-            family(
-                "adopted_total",
-                "counter",
-                "Meshed sandboxes found unrecorded (e.g. started without linkerd-cni in the "
-                "chain) and programmed in place.",
-                self.adopted,
-            ),
-            family("sweeps_total", "counter", "Periodic sweeps of x_tables tables.", self.sweeps),
-            text_histogram(
-                PREFIX + "detection_seconds",
-                "From the kernel's notification (or the sweep's start) to the drift found.",
-                [({}, self.detection)],
-            ),
-            text_histogram(
-                PREFIX + "repair_seconds",
-                "From the drift found to the sandbox re-programmed and verified.",
-                [({}, self.repair_latency)],
-            ),
-        ]
-        return "".join(parts)
+        def labelled(name: str, kind: str, help: str, label: str, values: dict[str, int]) -> str:
+            samples = [({label: k}, v) for k, v in sorted(values.items())]
+            return text_family(PREFIX + name, kind, help, samples)
+
+        return "".join(
+            [
+                labelled("sandboxes_watched", "gauge", "Sandboxes whose redirect the keeper "
+                         "watches, by how it learns of a change.", "via", self.watched),
+                labelled("drift_total", "counter", "Drift the keeper detected, by reason.",
+                         "reason", self.drift),
+                labelled("repairs_total", "counter", "Drift re-programmed in place and "
+                         "verified, by reason.", "reason", self.repairs),
+                labelled("refused_total", "counter", "Drift left alone, by reason (mode "
+                         "report, back-off, the pod gone, terminating, replaced or unknown).",
+                         "reason", self.refused),
+                family("repair_failures_total", "counter",
+                       "Repairs in place that failed or did not verify.", self.repair_failures),
+                family("repairs_delayed_total", "counter", "Repairs that waited for their "
+                       "back-off delay (a sandbox that drifted again soon after a repair).",
+                       self.repairs_delayed),
+                labelled("events_total", "counter", "Kubernetes Events the keeper posted, "
+                         "by action.", "action", self.events),
+                family("event_failures_total", "counter",
+                       "Kubernetes Events the keeper could not post.", self.events_failed),
+                family("sweeps_total", "counter", "Periodic sweeps of x_tables tables.",
+                       self.sweeps),
+                family("records_pruned_total", "counter", "Records of sandboxes whose network "
+                       "namespace is gone (a DEL the agent did not see, a node reboot), removed.",
+                       self.pruned),
+                family("restarts_total", "counter",
+                       "Keeper processes restarted after one exited or died.", self.restarts),
+                text_histogram(
+                    PREFIX + "detection_seconds",
+                    "From the kernel's notification (or the sweep's start) to the drift found.",
+                    [({}, self.detection)],
+                ),
+                text_histogram(
+                    PREFIX + "repair_seconds",
+                    "From the change (the kernel's notification, or the sweep's start) to the "
+                    "sandbox re-programmed in place and verified.",
+                    [({}, self.repair_latency)],
+                ),
+            ]
+        )  # fmt: skip
+
+
+def render_process(cpu_seconds: float, resident_bytes: int) -> str:
+    """The keeper process's own cost (read by the agent's parent at the scrape)."""
+    return text_family(
+        PREFIX + "cpu_seconds_total",
+        "counter",
+        "User and system CPU time the keeper process spent.",
+        [({}, cpu_seconds)],
+    ) + text_family(
+        PREFIX + "resident_memory_bytes",
+        "gauge",
+        "The keeper process's resident memory.",
+        [({}, resident_bytes)],
+    )
+
+
+def encode_metrics(metrics: KeeperMetrics, pid: int) -> bytes:
+    """The keeper's snapshot for the agent's parent (rule 4): JSON of fixed fields."""
+
+    def histogram(h: Histogram) -> dict[str, object]:
+        state = h.state
+        return {"sum": state.total, "count": state.count, "buckets": list(state.buckets)}
+
+    doc = {
+        "pid": pid,
+        "watched": metrics.watched,
+        "drift": metrics.drift,
+        "repairs": metrics.repairs,
+        "refused": metrics.refused,
+        "events": metrics.events,
+        "repairFailures": metrics.repair_failures,
+        "repairsDelayed": metrics.repairs_delayed,
+        "eventsFailed": metrics.events_failed,
+        "sweeps": metrics.sweeps,
+        "pruned": metrics.pruned,
+        "restarts": metrics.restarts,
+        "detection": histogram(metrics.detection),
+        "repair": histogram(metrics.repair_latency),
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode_metrics(data: bytes) -> tuple[KeeperMetrics, int] | None:
+    """A snapshot as `encode_metrics` wrote it, with the keeper's pid; None for anything
+    else (too large, a field missing, a label outside its fixed set, a negative count)."""
+    if len(data) > MAX_SNAPSHOT:
+        return None
+    try:
+        doc = json.loads(data)
+        if not isinstance(doc, dict):
+            return None
+        metrics = KeeperMetrics()
+        for name in ("watched", "drift", "repairs", "refused", "events"):
+            _fill(getattr(metrics, name), doc[name])
+        metrics.repair_failures = _count(doc["repairFailures"])
+        metrics.repairs_delayed = _count(doc["repairsDelayed"])
+        metrics.events_failed = _count(doc["eventsFailed"])
+        metrics.sweeps = _count(doc["sweeps"])
+        metrics.pruned = _count(doc["pruned"])
+        metrics.restarts = _count(doc["restarts"])
+        _histogram(metrics.detection, doc["detection"])
+        _histogram(metrics.repair_latency, doc["repair"])
+        return metrics, _count(doc["pid"])
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def _count(value: object) -> int:
+    if type(value) is not int or value < 0:
+        raise TypeError("expected a count")
+    return value
+
+
+def _fill(into: dict[str, int], value: object) -> None:
+    if not isinstance(value, dict) or set(value) != set(into):
+        raise KeyError("labels")
+    for key in into:
+        into[key] = _count(value[key])
+
+
+def _histogram(into: Histogram, value: object) -> None:
+    if not isinstance(value, dict):
+        raise TypeError("histogram")
+    buckets = tuple(_count(b) for b in value["buckets"])
+    total = value["sum"]
+    if type(total) not in (int, float) or not total >= 0:
+        raise TypeError("sum")
+    count = _count(value["count"])
+    if (buckets and len(buckets) != len(into.bounds) + 1) or sum(buckets) != count:
+        raise ValueError("buckets")
+    into.state = HistogramState(float(total), count, buckets)

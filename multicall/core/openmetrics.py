@@ -60,7 +60,7 @@ class Counter:
 
 
 @dataclass(frozen=True, slots=True)
-class _HistogramState:
+class HistogramState:
     """A histogram's sums and bucket counts at one moment."""
 
     total: float = 0.0
@@ -75,13 +75,13 @@ class Histogram:
     name: str
     help: str
     bounds: Sequence[float] = DEFAULT_BUCKETS
-    state: _HistogramState = field(default_factory=_HistogramState)
+    state: HistogramState = field(default_factory=HistogramState)
 
     def observe(self, value: float) -> None:
         old = self.state
         counts = list(old.buckets or (0,) * (len(self.bounds) + 1))
         counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.state = _HistogramState(old.total + value, old.count + 1, tuple(counts))
+        self.state = HistogramState(old.total + value, old.count + 1, tuple(counts))
 
     def render(self, prefix: str) -> str:
         name = f"{prefix}{self.name}"

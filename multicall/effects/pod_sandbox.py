@@ -84,6 +84,17 @@ class SandboxFinder:
                 return candidate
         raise Refused(f"the sandbox network namespace {path} no longer exists")
 
+    def netns_dir_visible(self, path: str) -> bool:
+        """Whether the directory a netns path is in is there as this process sees it: a
+        netns missing from a visible directory is gone; from an invisible one (a mount
+        missing from the agent's pod) nothing can be said."""
+        root = self.host_root.rstrip("/")
+        directory = os.path.dirname(path)
+        candidates = [root + directory]
+        if directory.startswith("/run/") or directory == "/run":
+            candidates.append(root + "/var" + directory)
+        return any(os.path.isdir(candidate) for candidate in candidates)
+
     def plugin_config(self, network: str) -> bytes:
         from multicall.core.installer.conflist import is_cni_config_name
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from dataclasses import dataclass
 
 from multicall.core.openmetrics import Sample
 
@@ -33,26 +34,27 @@ def process_samples() -> list[Sample]:
             "seconds",
         ),
     ]
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except OSError:
+    stat = proc_usage("self")
+    if stat is None:
         return samples
-    # fields[0] is the state (field 3 of proc(5)): utime is field 14, so index 11
-    ticks = os.sysconf("SC_CLK_TCK")
-    utime, stime = int(fields[11]), int(fields[12])
-    threads, vsize, rss = int(fields[17]), int(fields[20]), int(fields[21])
-    page = os.sysconf("SC_PAGE_SIZE")
     samples += [
         Sample(
             "cpu",
             "Total user and system CPU time spent in seconds",
             "counter",
-            (utime + stime) * (1000 // ticks) / 1000,
+            stat.cpu_seconds,
             "seconds",
         ),
-        Sample("virtual_memory", "Virtual memory size in bytes", "gauge", vsize, "bytes"),
-        Sample("resident_memory", "Resident memory size in bytes", "gauge", rss * page, "bytes"),
+        Sample(
+            "virtual_memory", "Virtual memory size in bytes", "gauge", stat.virtual_bytes, "bytes"
+        ),
+        Sample(
+            "resident_memory",
+            "Resident memory size in bytes",
+            "gauge",
+            stat.resident_bytes,
+            "bytes",
+        ),
     ]
     with contextlib.suppress(OSError):
         samples.append(
@@ -86,8 +88,38 @@ def process_samples() -> list[Sample]:
                 "bytes",
             ),
         ]
-    samples.append(Sample("threads", "Number of OS threads in the process.", "gauge", threads))
+    samples.append(Sample("threads", "Number of OS threads in the process.", "gauge", stat.threads))
     return samples
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A process's figures from /proc/PID/stat."""
+
+    ppid: int
+    cpu_seconds: float  # user + system
+    threads: int
+    virtual_bytes: int
+    resident_bytes: int
+
+
+def proc_usage(pid: int | str) -> Usage | None:
+    """/proc/`pid`/stat read (None: no such process, or unreadable); `pid` may be "self"."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        # fields[0] is the state (field 3 of proc(5)): utime is field 14, so index 11
+        ticks = os.sysconf("SC_CLK_TCK")
+        utime, stime = int(fields[11]), int(fields[12])
+        return Usage(
+            ppid=int(fields[1]),
+            cpu_seconds=(utime + stime) * (1000 // ticks) / 1000,
+            threads=int(fields[17]),
+            virtual_bytes=int(fields[20]),
+            resident_bytes=int(fields[21]) * os.sysconf("SC_PAGE_SIZE"),
+        )
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _max_fds() -> int | None:

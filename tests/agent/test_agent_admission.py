@@ -24,7 +24,7 @@ import pytest
 from multicall.core import agent_protocol as proto
 from multicall.core.agent_protocol import SOURCE_BUILD
 from multicall.effects.ns import entered_netns
-from tests.agent.test_agent_source import conf, env_for, setup  # noqa: F401 - the fixture
+from tests.agent.test_agent_source import conf, env_for
 from tests.support import REPO, agent_client, require_root, require_tool
 from tests.support.agent import AgentProcess
 from tests.support.oracles import SAVE, save_text
@@ -109,7 +109,7 @@ def flood(path: str, idle: int, drips: int) -> Iterator[list[int]]:
 
 
 def test_idle_and_dripping_callers_do_not_delay_a_real_add_nor_fork_workers(
-    setup: tuple[Rig, Netns, Path, AgentProcess],  # noqa: F811 - the fixture
+    setup: tuple[Rig, Netns, Path, AgentProcess],
 ) -> None:
     """Finding 4: 600 idle connections and 8 clients dripping a byte every 0.5 s do not hold
     real ADDs (their latency stays within twice the unloaded one, generously) and cost no

@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,50 +35,7 @@ STAMP = re.compile(r'time="[^"]*"')
 PREV = {"cniVersion": "1.0.0", "ips": [{"address": "10.89.0.7/24"}]}
 
 
-@pytest.fixture
-def setup(tmp_path: Path, pki: Pki) -> Iterator[tuple[Rig, Netns, Path, AgentProcess]]:
-    require_root()
-    require_tool("iptables-nft-save")
-    rig, api = Rig(), KubeApi(pki)
-    agent = AgentProcess(
-        tmp_path / "run" / "agent.sock",
-        argv=[sys.executable, "-m", "multicall"],
-        env={"PYTHONPATH": str(REPO)},
-    )
-    try:
-        node = rig.node()
-        api.add_pod(MESHED)
-        api.add_pod(NOT_INJECTED)
-        api.start(node.path)
-        with agent:
-            yield rig, node, api.kubeconfig(tmp_path / "kubeconfig"), agent
-    finally:
-        api.stop()
-        rig.cleanup()
-
-
-Near = tuple[Rig, Netns, Path, AgentProcess, KubeApi]
-
-
-@pytest.fixture
-def near(tmp_path: Path, pki: Pki) -> Iterator[Near]:
-    """An agent in the node netns its callers share (hostNetwork), the API server there."""
-    require_root()
-    require_tool("iptables-nft-save")
-    rig, api = Rig(), KubeApi(pki)
-    try:
-        node = rig.node()
-        api.add_pod(MESHED)
-        api.start(node.path)
-        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
-        agent = AgentProcess(tmp_path / "near" / "agent.sock",
-                             argv=[sys.executable, "-m", "multicall"],
-                             env={"PYTHONPATH": str(REPO)}, netns=node.path)  # fmt: skip
-        with agent:
-            yield rig, node, kubeconfig, agent, api
-    finally:
-        api.stop()
-        rig.cleanup()
+Near = tuple[Rig, Netns, Path, AgentProcess, KubeApi]  # the `near` fixture (conftest.py)
 
 
 def invoke(

@@ -123,7 +123,7 @@ def start_keeper(
 
 
 def repaired(keeper: Keeper, count: int) -> bool:
-    return keeper.metrics.repairs >= count
+    return keeper.metrics.repaired >= count
 
 
 def restore(netns: Netns, mode: str, lines: list[str]) -> None:
@@ -151,7 +151,7 @@ def test_keeper_programs_a_pod_found_without_rules_and_repairs_every_drift(
         assert node.api.events[0]["action"] == "Repairing"
         assert node.api.events[0]["regarding"]["name"] == "web-5d8-k1"
         keeper = running.keeper
-        assert keeper.metrics.adopted == 1
+        assert keeper.metrics.repairs["never_programmed"] == 1
         wait_for(lambda: bool(keeper.watched), "the adopted sandbox watched")
         assert keeper.metrics.watched == ({"events": 1, "sweep": 0} if mode == "nft"
                                           else {"events": 0, "sweep": 1})  # fmt: skip
@@ -162,7 +162,7 @@ def test_keeper_programs_a_pod_found_without_rules_and_repairs_every_drift(
         for n, (what, lines) in enumerate(CHANGES.items(), start=1):
             restore(netns, mode, lines)
             changed = time.monotonic()
-            wait_for(partial(repaired, keeper, n), f"the repair of: {what}", timeout=10)
+            wait_for(partial(repaired, keeper, n + 1), f"the repair of: {what}", timeout=10)
             took[what] = time.monotonic() - changed
             assert nat(netns, mode) == upstream, what
         assert keeper.metrics.repair_failures == 0
@@ -176,7 +176,7 @@ def test_keeper_programs_a_pod_found_without_rules_and_repairs_every_drift(
         assert max(took.values()) < bound, took
         assert keeper.metrics.detection.state.count == len(CHANGES)  # the adoption is none
         text = keeper.metrics.render()
-        assert 'linkerd_cni_agent_keeper_drift_total{reason="missing_chain"}' in text
+        assert 'cnibox_agent_keeper_drift_total{reason="missing_chain"}' in text
         # DEL (the runtime's: its cache entry goes; the agent's worker removes the record):
         # the watch goes; a later change to the netns is left alone
         proc = node.runtime.run("del", node.chain(with_linkerd=True), netns.path,
@@ -188,7 +188,7 @@ def test_keeper_programs_a_pod_found_without_rules_and_repairs_every_drift(
         restore(netns, mode, CHANGES["flush"])
         time.sleep(2 * SWEEP + 0.5)
         assert "PROXY_INIT_REDIRECT -p tcp" not in nat(netns, mode)
-        assert keeper.metrics.repairs == len(CHANGES)
+        assert keeper.metrics.repaired == 1 + len(CHANGES)  # the adoption too
     finally:
         running.stop()
     print(f"\n{mode}: seconds from change to repaired: {took}")
@@ -202,7 +202,7 @@ def test_report_mode_reports_and_never_repairs(node: Node) -> None:  # noqa: F81
     running = start_keeper(node, net_dir, KeeperMode.REPORT)
     try:
         time.sleep(1.0)
-        assert running.keeper.metrics.adopted == 0  # report mode programs nothing
+        assert running.keeper.metrics.repaired == 0  # report mode programs nothing
         # a record as the agent's worker writes it after the ADD it served
         from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
         from multicall.core.keeper import encode, record_from_sandbox
@@ -217,14 +217,14 @@ def test_report_mode_reports_and_never_repairs(node: Node) -> None:  # noqa: F81
         (node.tmp / "records" / record.key).write_bytes(encode(record))
         wait_for(lambda: bool(running.keeper.watched), "the record watched")
         time.sleep(0.5)
-        assert running.keeper.metrics.drift == {}  # the recorded rules are there
+        assert not any(running.keeper.metrics.drift.values())  # the rules are there
         restore(netns, "nft", CHANGES["flush"])
         wait_for(lambda: bool(node.api.events), "the report's Event")
         assert node.api.events[0]["action"] == "Reporting"
         assert "missing_rule" in node.api.events[0]["note"]
         time.sleep(1.0)
         assert nat(netns) != upstream  # left alone
-        assert running.keeper.metrics.repairs == 0
-        assert running.keeper.metrics.reports_only >= 1
+        assert running.keeper.metrics.repaired == 0
+        assert running.keeper.metrics.refused["mode_report"] >= 1
     finally:
         running.stop()

@@ -913,8 +913,10 @@ class TestRendering:
         root with CAP_NET_ADMIN (+ CAP_SYS_ADMIN where libiptc must enter the pod's netns),
         nothing else; the socket directory and the node's launcher cache from the host; probes
         on the admin port; a grace period longer than its own. install-cni keeps Linkerd's
-        networking and gains the install-time unpack into the node's cache."""
-        ours = objects(render({"agent": {"enabled": True}, "iptablesMode": mode}, tmp=tmp_path))
+        networking and gains the install-time unpack into the node's cache. (Without its
+        keeper: test_the_agents_keeper adds what that needs.)"""
+        values = {"agent": {"enabled": True, "keeper": "off"}, "iptablesMode": mode}
+        ours = objects(render(values, tmp=tmp_path))
         ds = ours[AGENT]
         assert ds["metadata"]["labels"]["linkerd.io/cni-resource"] == "true"
         assert ds["spec"]["selector"] == {"matchLabels": {"k8s-app": "linkerd-cni-agent"}}
@@ -934,6 +936,8 @@ class TestRendering:
             "info",
             "--log-format",
             "plain",
+            "--keeper",
+            "off",
         ]
         # Loopback (issue 24 #5), so the probes name it: the kubelet would ask the node's IP.
         assert agent["livenessProbe"]["httpGet"] == {
@@ -975,6 +979,61 @@ class TestRendering:
         volumes = {v["name"]: v for v in installer_pod["volumes"]}
         [cache] = [m for m in install["volumeMounts"] if m["mountPath"] == "/host/var/lib/cnibox"]
         assert volumes[cache["name"]]["hostPath"] == {"path": "/var/lib/cnibox"}
+
+    @pytest.mark.parametrize(
+        ("mode", "keeper", "cache"),
+        [("nft", "repair", "/var/lib/cni"), ("legacy", "report", ""), ("plain", "repair", "")],
+    )
+    def test_the_agents_keeper(self, mode: str, keeper: str, cache: str, tmp_path: Path) -> None:
+        """agent.keeper (repair by default): the flags, CAP_SYS_ADMIN (a netlink socket in
+        each pod's netns, the repair's ADD there), the node's CNI config, netns and CNI cache
+        dirs read-only at their own paths (the netns with HostToContainer propagation), the
+        node's xtables lock for x_tables; the agent's account (linkerd-cni, token mounted for
+        its pod cache) may create events.k8s.io Events besides what upstream's role gives."""
+        values: dict[str, Any] = {"agent": {"enabled": True}, "iptablesMode": mode}
+        if keeper != "repair":
+            values["agent"]["keeper"] = keeper
+        if cache != "/var/lib/cni":
+            values["agent"]["cniCacheDir"] = cache
+        ours = objects(render(values, tmp=tmp_path))
+        pod = ours[AGENT]["spec"]["template"]["spec"]
+        [agent] = pod["containers"]
+        flags = agent["args"][agent["args"].index("--keeper") :]
+        assert flags == ["--keeper", keeper, "--cni-net-dir", "/etc/cni/net.d",
+                         *(["--cni-cache-dir", cache] if cache else [])]  # fmt: skip
+        assert agent["securityContext"]["capabilities"]["add"] == ["NET_ADMIN", "SYS_ADMIN"]
+        volumes = {v["name"]: v["hostPath"] for v in pod["volumes"]}
+        mounts = {m["mountPath"]: (m, volumes[m["name"]]) for m in agent["volumeMounts"]}
+        expected = {
+            "/etc/cni/net.d": {"path": "/etc/cni/net.d"},
+            "/var/run/netns": {"path": "/var/run/netns"},
+        }
+        if cache:
+            expected[cache] = {"path": cache}
+        if mode != "nft":
+            expected["/run/xtables.lock"] = {"path": "/run/xtables.lock", "type": "FileOrCreate"}
+        keepers = {
+            k: v for k, v in mounts.items() if k not in ("/var/run/linkerd-cni", "/var/lib/cnibox")
+        }
+        assert {k: host for k, (_m, host) in keepers.items()} == expected
+        for path, (mount, _host) in keepers.items():
+            assert mount.get("readOnly") is (None if path == "/run/xtables.lock" else True)
+        assert mounts["/var/run/netns"][0]["mountPropagation"] == "HostToContainer"
+        assert pod["serviceAccountName"] == "linkerd-cni"
+        assert pod["automountServiceAccountToken"] is True
+        events = {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}
+        rules = ours["ClusterRole"]["rules"]
+        assert events in rules
+        off = {"agent": {"enabled": True, "keeper": "off"}}
+        assert rules == [*objects(render(off, tmp=tmp_path))["ClusterRole"]["rules"], events]
+
+    def test_keeper_off_grants_no_events_and_mounts_nothing(self, tmp_path: Path) -> None:
+        ours = objects(render({"agent": {"enabled": True, "keeper": "off"}}, tmp=tmp_path))
+        assert not [r for r in ours["ClusterRole"]["rules"] if "events" in r["resources"]]
+        [agent] = ours[AGENT]["spec"]["template"]["spec"]["containers"]
+        assert "/var/run/netns" not in {m["mountPath"] for m in agent["volumeMounts"]}
+        with pytest.raises(manifests.RenderError, match="keeper"):
+            render({"agent": {"enabled": True, "keeper": "fix"}}, tmp=tmp_path)
 
     @pytest.mark.parametrize(
         ("address", "listen", "host"),
