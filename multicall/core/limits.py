@@ -9,6 +9,8 @@ Rules of this module:
 
 from __future__ import annotations
 
+import re
+
 KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
@@ -38,6 +40,14 @@ SAVE_TOTAL = 1 * GIB
 API_OBJECT = 4 * MIB
 API_HEAD = 1 * MIB
 # (JSON nesting is bounded as Go bounds it, 10000 levels: core/go/encoding_json/scanner.py.)
+# JSON values in one document (`json_values`), so memory is bounded by what an input holds,
+# not only its size: parsed, each value is a Python object of 50-200 bytes, and 4 MiB of
+# `{},` (1.4 million empty objects) peaked at 141 MiB (issue 30 item 9). An API object or
+# watch event: a 1.5 MiB pod at 12 bytes a value (managedFields' `"f:x":{}`) holds 130,000.
+# A network config or CNI config file: a few hundred; a prevResult of 100 interfaces and
+# 1,000 routes some 5,000.
+API_JSON_VALUES = 250_000
+CONFIG_JSON_VALUES = 50_000
 # install-cni: a CNI config in net.d, the network config, the service account token and CA,
 # the kubeconfig (a few KiB each); the undo journal holds the original bytes of every
 # patched config; a pid file or a /proc entry of the process it names.
@@ -57,3 +67,33 @@ def describe_size(size: int) -> str:
         if size >= unit and size % unit == 0:
             return f"{size // unit} {name}"
     return f"{size} bytes"
+
+
+# A JSON string, escapes included (the unrolled form: no backtracking per character).
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+def json_values(data: bytes, limit: int | None = None) -> int:
+    """How many values (and keys) parsing `data` as JSON makes, at most: outside strings
+    every value but a container's first follows a comma, and a container's first follows its
+    bracket. Counted in C over the bytes; only when that exceeds `limit` are the commas and
+    brackets inside strings found and taken off (one match at a time: a million tiny strings
+    cost no more memory than one), stopping once the count is within `limit`."""
+    count = data.count(b",") + data.count(b"[") + data.count(b"{") + 1
+    if limit is None or count > limit:
+        for match in _JSON_STRING.finditer(data):
+            text = match.group()
+            if len(text) > 2:
+                count -= text.count(b",") + text.count(b"[") + text.count(b"{")
+                if limit is not None and count <= limit:
+                    break
+    return count
+
+
+def too_many_json_values(data: bytes, limit: int) -> str | None:
+    """The refusal's text when `data` holds more than `limit` JSON values, else None."""
+    if (len(data) + 3) // 2 <= limit:  # a value and its comma take two bytes or more
+        return None
+    if json_values(data, limit) <= limit:
+        return None
+    return f"it holds more than {limit} JSON values, the limit for it"

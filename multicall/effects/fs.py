@@ -14,6 +14,11 @@ Rules of this module:
    race), only a regular file is read, and at most `limit` bytes (ConfigError naming the
    limit beyond that). `follow=False` refuses a symlink (O_NOFOLLOW) instead of reading
    whatever it points at (/dev/zero, a file outside the CNI dir).
+5. Many files at once (the installer's batches, issue 30 item 6) keep rule 1's guarantee
+   with one flush per step instead of two fsyncs per file: `write_unsynced` and `stage`
+   write without fsync, and `sync_filesystem` (syncfs(2): every file's data and every
+   rename of the filesystem, with its errors) makes them durable together. The caller
+   orders its steps so nothing is renamed over a file before its data is durable.
 """
 
 from __future__ import annotations
@@ -83,6 +88,60 @@ def _write_chunks_atomic(path: str, chunks: Iterable[bytes], mode: int) -> None:
     except BaseException:
         _discard(tmp)
         raise
+
+
+def write_unsynced(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Replace `path` with `data` atomically (rename), durable only after the next
+    `sync_filesystem` of its filesystem (rule 5)."""
+    os.rename(stage(path, data, mode), path)
+
+
+def stage(path: str, data: bytes, mode: int = 0o644) -> str:
+    """A temp file beside `path` holding `data` (not synced); `path` itself is untouched
+    until the caller renames the temp over it (after a `sync_filesystem`, rule 5)."""
+    tmp, fd = _open_temp(path, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+    except BaseException:
+        _discard(tmp)
+        raise
+    return tmp
+
+
+def commit_staged(tmp: str, path: str) -> None:
+    """Rename a staged temp over `path` (durable after the next `sync_filesystem`)."""
+    os.rename(tmp, path)
+
+
+def discard(path: str) -> None:
+    """Remove a staged temp that will not be committed."""
+    _discard(path)
+
+
+def unlink_unsynced(path: str) -> None:
+    """Remove `path` (durable after the next `sync_filesystem`); gone already is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def sync_filesystem(directory: str) -> None:
+    """syncfs(2) of the filesystem holding `directory`: every write and rename made on it so
+    far is durable when this returns (OSError when the kernel reports a writeback error)."""
+    import ctypes
+
+    syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), directory)
+    finally:
+        os.close(fd)
 
 
 def symlink_atomic(target: str, path: str) -> None:

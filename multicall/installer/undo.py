@@ -18,6 +18,7 @@ from multicall.core.installer.journal import Record
 from multicall.effects import fs
 from multicall.errors import CniboxError, ConfigError
 from multicall.installer.install import (
+    BATCH_FILES,
     CONFIG_LIMIT,
     COPY_NAME,
     NSENTER_LINK,
@@ -58,14 +59,9 @@ def undo(installer: Installer, unreadable: Sequence[str] = ()) -> list[str]:
     after the rest is undone (their originals stay where they are for the operator)."""
     steps = Undo()
     steps.errors.extend(f"{reason}: {UNREADABLE}" for reason in unreadable)
-    for record in sorted(installer.state.records.values(), key=lambda r: r.path):
-        if unreadable and record.original is None:
-            # A file cnibox created may be the only copy of one whose record cannot be
-            # read (`x.conflist` of a converted `x.conf`): it stays, losing only linkerd.
-            continue
-        restore = functools.partial(_restore, installer, record)
-        if steps.attempt(restore):
-            steps.attempt(functools.partial(installer.drop_record, record.path))
+    records = sorted(installer.state.records.values(), key=lambda r: r.path)
+    for start in range(0, len(records), BATCH_FILES):
+        _restore_batch(installer, records[start : start + BATCH_FILES], unreadable, steps)
     for name in installer.config_names():
         path = os.path.join(installer.config.host_net_dir, name)
         steps.attempt(functools.partial(_strip, installer, path))
@@ -75,27 +71,93 @@ def undo(installer: Installer, unreadable: Sequence[str] = ()) -> list[str]:
     return steps.errors
 
 
-def _restore(installer: Installer, record: Record) -> None:
-    """The name as it was before the installer first changed it, while it still holds
-    exactly what the installer left there (a removed `x.conf`: while the name is free);
-    a file somebody changed since keeps their content and only loses linkerd (`_strip`)."""
+class _Batch:
+    """The restores of one batch: staged originals, names to remove, records to drop."""
+
+    def __init__(self) -> None:
+        self.staged: list[tuple[str, Record]] = []
+        self.removals: list[Record] = []
+        self.done: list[Record] = []  # nothing (more) to restore: their records may go
+
+
+def _restore_batch(
+    installer: Installer, records: Sequence[Record], unreadable: Sequence[str], steps: Undo
+) -> None:
+    """Install's three flushes in reverse (install.py `apply`): every original staged, one
+    sync; the renames, then the removals (an original is back before cnibox's conversion of
+    it goes), one sync; then the records of what is restored, one sync. A crash anywhere
+    leaves each record until its restore is on disk, for the next undo to finish."""
+    batch = _Batch()
+    for record in records:
+        if unreadable and record.original is None:
+            # A file cnibox created may be the only copy of one whose record cannot be
+            # read (`x.conflist` of a converted `x.conf`): it stays, losing only linkerd.
+            continue
+        steps.attempt(functools.partial(_plan, installer, record, batch))
+    net_dir = installer.config.host_net_dir
+    try:
+        if (batch.staged or batch.removals) and steps.attempt(
+            functools.partial(fs.sync_filesystem, net_dir)
+        ):
+            committed = []
+            while batch.staged:
+                tmp, record = batch.staged.pop(0)
+                if steps.attempt(functools.partial(_commit, installer, tmp, record)):
+                    committed.append(record)
+            for record in batch.removals:
+                if steps.attempt(functools.partial(_remove_created, installer, record)):
+                    committed.append(record)
+            if steps.attempt(functools.partial(fs.sync_filesystem, net_dir)):
+                batch.done += committed
+    finally:
+        for tmp, _ in batch.staged:
+            fs.discard(tmp)
+    for record in batch.done:
+        steps.attempt(functools.partial(installer.drop_record, record.path, durable=False))
+    if batch.done:
+        steps.attempt(functools.partial(fs.sync_filesystem, installer.config.records_dir))
+
+
+def _plan(installer: Installer, record: Record, batch: _Batch) -> None:
+    """Where `record`'s name goes back to what it held before the installer first changed
+    it: while it still holds exactly what the installer left there (a removed `x.conf`:
+    while the name is free); a file somebody changed since keeps their content and only
+    loses linkerd (`_strip`)."""
+    path = record.path
+    if not _still_ours(installer, record):
+        batch.done.append(record)
+    elif record.original is None:
+        batch.removals.append(record)
+    else:
+        batch.staged.append((fs.stage(path, record.original, record.mode), record))
+
+
+def _still_ours(installer: Installer, record: Record) -> bool:
     path = record.path
     if record.written:
         try:
             current = fs.read_file(path, CONFIG_LIMIT, follow=False)
         except ConfigError:
-            return  # replaced by something that is not ours (a symlink, a FIFO, ...)
-        if current is None or sha256(current) != record.written:
-            return
-    elif os.path.lexists(path):
+            return False  # replaced by something that is not ours (a symlink, a FIFO, ...)
+        return current is not None and sha256(current) == record.written
+    if os.path.lexists(path):
         installer.log.info(f"{path}: written again since cnibox converted it; kept as it is")
+        return False
+    return True
+
+
+def _commit(installer: Installer, tmp: str, record: Record) -> None:
+    if not _still_ours(installer, record):  # changed since it was planned: theirs stays
+        fs.discard(tmp)
         return
-    if record.original is None:
-        fs.remove_durably(path)
-        installer.log.info(f"removed {path}")
-    else:
-        fs.write_atomic(path, record.original, record.mode)
-        installer.log.info(f"restored {path}")
+    fs.commit_staged(tmp, record.path)
+    installer.log.info(f"restored {record.path}")
+
+
+def _remove_created(installer: Installer, record: Record) -> None:
+    if _still_ours(installer, record):
+        fs.unlink_unsynced(record.path)
+        installer.log.info(f"removed {record.path}")
 
 
 def _strip(installer: Installer, path: str) -> None:

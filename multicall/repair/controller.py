@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from multicall.core.backoff import Backoff
 from multicall.core.repair import policy
 from multicall.core.tracing_log import LEVELS
 from multicall.errors import KubeError
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from multicall.repair.logger import TracingLogger
     from multicall.repair.metrics import Metrics
 
-MAX_ERROR_DELAY = 30.0
 RECENT_UIDS = 4096  # pods deleted lately: never deleted twice, whatever the event order
 TRACE, DEBUG, INFO, WARN = LEVELS["trace"], LEVELS["debug"], LEVELS["info"], LEVELS["warn"]
 CONTROLLER = policy.LOG_TARGET
@@ -72,6 +72,7 @@ class Controller:
         self.stopping = threading.Event()
         self.ready = False
         self.delivered = 0  # list pages and watch lines handled (the watcher thread's count)
+        self.pod_events = 0  # pod events of watches (the watcher's progress, run_watch)
         self._lock = threading.Lock()  # guards the sets below (watcher and worker)
         self._queued = policy.Recent(policy.QUEUE_CAPACITY * 4)  # pod UIDs in the queue
         self._deleted = policy.Recent(RECENT_UIDS)  # pod UIDs deleted
@@ -106,9 +107,13 @@ class Controller:
             policy.pod_selector(self.options.node_name),
             timeout_seconds=int(self.options.watch_timeout),
         )
-        failures = 0  # consecutive failed steps with nothing delivered in between
+        # core/backoff.py: `--error-delay` is the first delay, client-go's reflector the rest.
+        # Progress is a watch that delivered a pod event (not only BOOKMARKs) or stayed open
+        # a second or more; a LIST, a bookmark or a 410 is not, so neither a bookmark-only
+        # watch that ends at once nor a 410 answered to every watch can loop unthrottled.
+        backoff = Backoff(initial=self.options.error_delay)
         while not self.stopping.is_set():
-            before = self.delivered
+            before = self.pod_events
             try:
                 progressed = self.step(cursor)
             except KubeError as exc:
@@ -123,24 +128,18 @@ class Controller:
                 elif cursor.phase is Phase.LIST:
                     cursor.relist()
                 self.logger(INFO, STREAM, "stream failed", error=exc.message)
-                # kubert: an item resets the failure streak; a failure right after a
-                # failure waits before the next attempt
-                failures = 1 if self.delivered > before else failures + 1
-                if failures > 1:
-                    self.stopping.wait(self.error_delay(failures - 1))
-                continue
+                progressed = self.pod_events > before  # a watch cut after its events
+            if progressed is None:
+                continue  # a LIST page: the WATCH after it decides
             if progressed:
-                failures = 0
-            else:  # a watch that ended at once with nothing in it: do not spin
-                failures += 1
-                self.stopping.wait(self.error_delay(failures))
+                backoff.progressed()
+                continue
+            delay = backoff.failed(time.monotonic(), random.random())  # noqa: S311 - jitter
+            if delay:
+                self.stopping.wait(delay)
 
-    def error_delay(self, consecutive: int) -> float:
-        base = min(self.options.error_delay * 2.0 ** (consecutive - 1), MAX_ERROR_DELAY)
-        return base * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not security
-
-    def step(self, cursor: WatchCursor) -> bool:
-        """One LIST page, or one WATCH until it ends; True when anything arrived."""
+    def step(self, cursor: WatchCursor) -> bool | None:
+        """One LIST page (None), or one WATCH until it ends: whether it made progress."""
         from multicall.core.kube.watch import Phase, parse_watch_event
         from multicall.effects.kube.stream import list_page
 
@@ -148,7 +147,7 @@ class Controller:
             for event in cursor.list_page(list_page(self.watch_session, cursor.request())):
                 self.handle(event)
             self.delivered += 1
-            return True
+            return None
         started, progressed = time.monotonic(), False
         for line in self.watch_session.watch_lines(cursor.request(), cursor.timeout_seconds):
             if self.stopping.is_set():
@@ -158,9 +157,11 @@ class Controller:
                 continue
             for event in cursor.watch_event(parse_watch_event(line)):
                 self.handle(event)
+                progressed = True  # a pod event (a BOOKMARK yields none)
+                self.pod_events += 1
             self.delivered += 1
-            progressed = True
-        return progressed or time.monotonic() - started > 1.0
+        # client-go's "very short watch": under a second and nothing in it is a failure
+        return progressed or time.monotonic() - started >= 1.0
 
     def handle(self, event: Event) -> None:
         from multicall.core.kube.watch import Kind

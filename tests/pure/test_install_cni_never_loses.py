@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from multicall.core.installer.journal import RECORD_LIMIT
 from multicall.effects import fs
 from multicall.installer import lock
 from tests.support.installer_host import TESTDATA, Host, linkerd_count, make_host, put_config
+from tests.support.waiting import wait_for
 
 STATE = ".cnibox-install-cni"
 CONF = (TESTDATA / "10-calico.conf").read_bytes()
@@ -223,16 +225,89 @@ def test_journal_writes_grow_linearly_with_the_configs(
     assert written["journal"] <= 3 * count * len(CONFLIST)
 
 
-def test_installing_a_thousand_configs_is_quick(tmp_path: Path) -> None:
-    """Item 6: 1,000 configs install and uninstall within a generous bound (measured: see
-    docs/install-cni.md; quadratic installs took 4.7 s for 800)."""
+def test_install_flushes_per_batch_not_per_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 6: installing 1,000 configs flushes to disk a bounded number of times (three
+    syncfs per batch and the fsyncs of the binary, kubeconfig and undo.json), not twice per
+    config; every config is patched and uninstall restores each one. (The time is a bench
+    row: bench/installer.py, docs/benchmarks.md.)"""
     host = make_host(tmp_path)
     for i in range(1000):
         (host.net_dir / f"{i:04d}.conf").write_bytes(CONF)
-    started = time.monotonic()
+    before = configs(host)
+    flushes = {"fsync": 0, "syncfs": 0}
+    real_fsync, real_syncfs = os.fsync, fs.sync_filesystem
+
+    def fsync(fd: int) -> None:
+        flushes["fsync"] += 1
+        real_fsync(fd)
+
+    def syncfs(directory: str) -> None:
+        flushes["syncfs"] += 1
+        real_syncfs(directory)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(fs, "sync_filesystem", syncfs)
     code, err = run(host, "--once")
     assert code == 0, err
+    assert err.count("patched ") == 1000
+    assert all(linkerd_count(host.net_dir / f"{i:04d}.conflist") == 1 for i in range(1000))
+    assert flushes["fsync"] <= 20
+    assert 1 <= flushes["syncfs"] <= 3
+    monkeypatch.undo()
     code, err = run(host, "--uninstall")
     assert code == 0, err
-    assert time.monotonic() - started < 30
-    assert len(configs(host)) == 1000
+    assert configs(host) == before
+
+
+def test_two_watching_installers_overlapping_leave_every_file_as_it_was(tmp_path: Path) -> None:
+    """Item 4, a DaemonSet rollout: the old pod's installer watches; the new one starts and
+    waits on the host lock; the primary CNI writes a config meanwhile; the old one gets
+    SIGTERM and undoes, the new one then installs (the new config too) and is stopped in
+    turn. After both: every config has its original bytes and name, nothing else is left."""
+    host = make_host(tmp_path)
+    for i in range(10):
+        (host.net_dir / f"{i:02d}-a.conf").write_bytes(CONF)
+        (host.net_dir / f"{i:02d}-b.conflist").write_bytes(CONFLIST)
+    before = {**configs(host), "50-new.conflist": CONFLIST}
+
+    def chained() -> bool:
+        names = [p for p in host.net_dir.iterdir() if p.name.endswith(".conflist")]
+        return len(names) >= 20 and all(linkerd_count(p) == 1 for p in names)
+
+    old = host.start()
+    new = None
+    try:
+        wait_for(chained, "the old installer's patches", 60)
+        new = host.start()
+        lines: list[str] = []
+        stream = new.stderr
+        assert stream is not None
+        reader = threading.Thread(target=lambda: lines.extend(stream), daemon=True)
+        reader.start()
+        wait_for(lambda: any("another install-cni holds" in x for x in lines), "the wait", 60)
+        (host.net_dir / "50-new.conflist").write_bytes(CONFLIST)
+        wait_for(lambda: linkerd_count(host.net_dir / "50-new.conflist") == 1, "a watch patch")
+        old.send_signal(15)
+        _, old_err = old.communicate(timeout=60)
+        assert old.returncode == 0, old_err
+        wait_for(lambda: chained() and (host.net_dir / "50-new.conflist").exists(), "new", 60)
+        wait_for(lambda: linkerd_count(host.net_dir / "50-new.conflist") == 1, "new's patch")
+        new.send_signal(15)
+        new.wait(timeout=60)
+        reader.join(timeout=10)
+        new_err = "".join(lines)
+        for pipe in (new.stdout, stream):
+            if pipe is not None:
+                pipe.close()
+        assert new.returncode == 0, new_err
+    finally:
+        for proc in (old, new):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert "Traceback" not in old_err + new_err
+    assert configs(host) == before
+    assert list(host.bin_dir.iterdir()) == []
+    assert not (host.net_dir / STATE).exists()

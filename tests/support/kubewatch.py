@@ -140,6 +140,9 @@ class WatchApi:
     event_delay: float = 0.0
     event_status: int = 0
     list_status: int = 0  # answer every LIST with this status (403: RBAC missing)
+    # every WATCH answers one event and ends at once: "bookmark" (a BOOKMARK) or "gone" (an
+    # ERROR 410, so the client lists again): the loops issue 30 item 7 found spinning
+    watch_answer: str = ""
     port: int = 0
     requests: list[Request] = field(default_factory=list)
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
@@ -487,6 +490,21 @@ class _Handler(JsonHandler):
                     api._cond.wait(1)
             return
         self.connection.settimeout(api.send_timeout)  # a slow watcher is cut off
+        if api.watch_answer:
+            rv = int(query.get("resourceVersion") or 0)
+            event = (
+                _bookmark(rv)
+                if api.watch_answer == "bookmark"
+                else {
+                    "type": "ERROR",
+                    "object": gone(f"too old resource version: {rv} ({rv + 1})"),
+                }
+            )
+            self._chunk(json.dumps(event).encode() + b"\n")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            self.close_connection = True
+            return
         for sent, event in enumerate(
             api.watch_events(
                 int(query.get("resourceVersion") or 0),

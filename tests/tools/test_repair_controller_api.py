@@ -26,6 +26,7 @@ import pytest
 
 from tests.support import cnibox_argv
 from tests.support.admin_clients import assert_probes_answer_through_hostile_clients
+from tests.support.installer_host import cpu_seconds
 from tests.support.kubeapi import refused_port
 from tests.support.kubewatch import WatchApi
 from tests.support.kubewatch import pod_doc as make_pod
@@ -512,3 +513,31 @@ def test_memory_stays_flat_over_a_10000_event_watch(api: WatchApi, start: Any) -
     print(f"controller RSS after 1000 events: {first} KiB, after 10000: {second} KiB")
     assert api.events_sent >= 10_000
     assert second - first < 4 * 1024, (first, second)
+
+
+@pytest.mark.parametrize("answer", ["bookmark", "gone"])
+def test_watches_that_end_at_once_back_off(api: WatchApi, start: Any, answer: str) -> None:
+    """Issue 30 item 7: every WATCH answers one BOOKMARK (or a 410 ERROR, so every cycle is a
+    LIST and a WATCH) and ends. Neither is progress (docs/repair-controller.md), so the
+    controller backs off: a bounded number of requests and under 2% of a core over 5 s
+    (before: 21,465 watches / 9,191 LIST+WATCH pairs in 6 s, 54% of a core)."""
+    api.watch_answer = answer  # from the first WATCH on (the LIST is answered)
+    ctl = start()
+    time.sleep(1.0)  # the streak starts
+    assert api.watches_served >= 1
+    watches, lists = api.watches_served, _lists(api)
+    cpu = cpu_seconds(ctl.proc.pid)
+    window = 5.0
+    time.sleep(window)
+    used = cpu_seconds(ctl.proc.pid) - cpu
+    made = api.watches_served - watches
+    # --error-delay 200ms: waits of 0.2-0.4, 0.4-0.8, 0.8-1.6, 1.6-3.2 s ... after the
+    # first second: a handful of cycles, never hundreds
+    assert made <= 8, made
+    assert _lists(api) - lists <= (8 if answer == "gone" else 0)
+    assert used < 0.02 * window + 0.02, used  # the clock tick (10 ms) as slack
+    assert ctl.proc.poll() is None
+
+
+def _lists(api: WatchApi) -> int:
+    return sum(1 for r in api.requests if r.method == "GET" and "watch=true" not in r.path)

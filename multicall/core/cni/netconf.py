@@ -32,6 +32,7 @@ from multicall.core.go.encoding_json.decode import (
     field_struct,
 )
 from multicall.core.go.encoding_json.scanner import GoJsonError
+from multicall.core.limits import CONFIG_JSON_VALUES, too_many_json_values
 from multicall.errors import CNI_INTERNAL, CniError
 
 if TYPE_CHECKING:
@@ -119,6 +120,11 @@ class NetConf:
 
 def parse_netconf(data: bytes) -> NetConf:
     """Decode the plugin's stdin; CniError 999 with upstream's message on failure."""
+    refused = too_many_json_values(data, CONFIG_JSON_VALUES)
+    if refused:
+        raise CniError(
+            CNI_INTERNAL, f"linkerd-cni: failed to parse network configuration: {refused}"
+        )
     try:
         fields = decode(data, PLUGIN_CONF)
     except GoJsonError as exc:

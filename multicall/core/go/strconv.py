@@ -58,6 +58,8 @@ def leading_uint64(text: str) -> tuple[int, int] | None:
 
 def go_quote(s: str) -> str:
     """`strconv.Quote`: Go's double-quoted, escaped form."""
+    if s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
+        return f'"{s}"'  # printable ASCII is kept as it is (most log values: paths, words)
     out = ['"']
     for ch in s:
         out.append(_quote_rune(ch))

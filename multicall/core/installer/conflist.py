@@ -26,6 +26,7 @@ from typing import Union
 
 from multicall.core.go.encoding_json.decode import scrub_text
 from multicall.core.go.encoding_json.encode import marshal
+from multicall.core.limits import CONFIG_JSON_VALUES, too_many_json_values
 from multicall.errors import ConfigError
 
 LINKERD_TYPE = "linkerd-cni"
@@ -63,6 +64,9 @@ def _parse_int(literal: str) -> int | float:
 
 def parse_document(data: bytes, what: str = "document") -> dict[str, Json]:
     """A JSON object from bytes; ConfigError for anything else."""
+    refused = too_many_json_values(data, CONFIG_JSON_VALUES)
+    if refused:
+        raise ConfigError(f"{what} is refused: {refused}")
     try:
         value: Json = json.loads(
             data.decode("utf-8", "replace"),
@@ -113,10 +117,12 @@ def _plugins_of(document: dict[str, Json]) -> list[Json]:
     return plugins
 
 
-def insert_linkerd(existing: bytes, linkerd: bytes) -> bytes:
-    """The config `existing` with the linkerd plugin `linkerd` chained last, Go-formatted."""
-    document = parse_document(existing, "existing CNI configuration")
-    plugin = parse_document(linkerd, "linkerd network configuration")
+def insert_linkerd(existing: bytes | dict[str, Json], linkerd: bytes | dict[str, Json]) -> bytes:
+    """The config `existing` with the linkerd plugin `linkerd` chained last, Go-formatted.
+    Either may be given parsed (`parse_document`'s, not changed here): the installer parses
+    its plugin once, and each config once for this and `remove_linkerd`."""
+    document = _parsed(existing, "existing CNI configuration")
+    plugin = _parsed(linkerd, "linkerd network configuration")
     if "type" in document:
         if is_linkerd(document):
             raise ConfigError("a single-plugin config of type linkerd-cni is not a primary config")
@@ -135,14 +141,18 @@ def insert_linkerd(existing: bytes, linkerd: bytes) -> bytes:
     return render_go_json({**document, "plugins": [*others, plugin]})
 
 
-def remove_linkerd(existing: bytes) -> bytes | None:
+def remove_linkerd(existing: bytes | dict[str, Json]) -> bytes | None:
     """The config without its linkerd entries, Go-formatted; None when it has none."""
-    document = parse_document(existing, "CNI configuration")
+    document = _parsed(existing, "CNI configuration")
     plugins = _plugins_of(document)
     kept = [p for p in plugins if not is_linkerd(p)]
     if len(kept) == len(plugins):
         return None
     return render_go_json({**document, "plugins": kept})
+
+
+def _parsed(value: bytes | dict[str, Json], what: str) -> dict[str, Json]:
+    return value if isinstance(value, dict) else parse_document(value, what)
 
 
 def upgraded_name(filename: str) -> str:

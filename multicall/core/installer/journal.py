@@ -15,7 +15,9 @@ Rules of this module:
      (write-ahead) and holds at most one config (1 MiB, in base64), so `RECORD_LIMIT`
      bounds every read.
 2. Records are JSON (sorted keys, the original bytes in base64): readable by an operator and
-   a stable byte string, so writing the same record twice writes the same bytes.
+   a stable byte string, so writing the same record twice writes the same bytes. A record
+   is one line (the json module's C encoder: 10,000 configs write 20,000 records); one
+   written indented by an earlier version reads the same.
 3. Decoding trusts nothing: an unknown version, a wrong type, undecodable base64, a record
    whose path is not the config of its own name, or a path outside the CNI config dir
    (configs) or bin dir (the binary) is a ConfigError. The installer never goes on as if
@@ -107,7 +109,7 @@ def encode_record(record: Record) -> bytes:
         "mode": record.mode,
         "written": record.written,
     }
-    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+    return (json.dumps(doc, sort_keys=True) + "\n").encode()
 
 
 def decode_record(data: bytes, *, net_dir: str, name: str) -> Record:

@@ -22,6 +22,7 @@ from enum import Enum
 from urllib.parse import urlencode
 
 from multicall.core.go.chunked import MAX_LINE, ChunkError, chunk_size
+from multicall.core.limits import API_JSON_VALUES, too_many_json_values
 from multicall.errors import KubeError
 
 MAX_EVENT_BYTES = 4 * 1024 * 1024  # kube-apiserver refuses objects above ~1.5 MiB (etcd)
@@ -137,6 +138,9 @@ def parse_watch_event(line: bytes) -> WatchEvent:
     UTF-16 or BOM, which `json.loads` of bytes would detect and take; no encoded
     surrogates), no NaN or Infinity, nesting bounded (a RecursionError would have ended the
     controller's watcher thread); KubeError otherwise."""
+    refused = too_many_json_values(line, API_JSON_VALUES)
+    if refused:
+        raise KubeError(f"the watch stream carried an event that {refused.removeprefix('it ')}")
     try:
         doc = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
     except (ValueError, RecursionError):  # UnicodeDecodeError, JSONDecodeError, 4,300 digits

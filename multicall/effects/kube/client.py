@@ -38,7 +38,7 @@ from multicall.core.kube.objects import (
     parse_pod,
     parse_service,
 )
-from multicall.core.limits import API_OBJECT
+from multicall.core.limits import API_JSON_VALUES, API_OBJECT, too_many_json_values
 from multicall.effects.caller import OWN_FILES, Files
 from multicall.effects.http import Connection, StaleConnection, failure, new_client_context
 from multicall.effects.kube.config import DEFAULT_TIMEOUT, endpoint, read_token, tls_context
@@ -153,6 +153,11 @@ def transport_error(exc: OSError | ValueError, verb: str, url: str, conn: Connec
 
 def decode_object(body: bytes, url: str) -> Mapping[str, object]:
     """An API response body as a JSON object; KubeError naming the URL otherwise."""
+    refused = too_many_json_values(body, API_JSON_VALUES)
+    if refused:
+        raise KubeError(
+            f"{url}: the server answered with a body that {refused.removeprefix('it ')}"
+        )
     try:
         # UTF-8 only, as Go's encoding/json reads it (invalid bytes become U+FFFD): json.loads
         # of bytes would also take UTF-16 and UTF-32, which no Kubernetes client accepts.
