@@ -7,6 +7,13 @@
  * Everything else, and every way this can go wrong before a complete result arrived, ends in
  * agent_fallback(): the one-shot path (exec the bundled loader), exactly as without an agent.
  *
+ * Who it talks to (issue 24 #2; docs/agent.md "Threat model"): before a byte of the request
+ * or a descriptor leaves this process, the socket's directory must be root's and writable by
+ * nobody else (checked on a descriptor; connect() goes through it, /proc/self/fd/N/NAME),
+ * and the listening peer must be the agent this launcher expects: uid 0 (SO_PEERCRED), in
+ * this process's user namespace, with CAP_NET_ADMIN effective, pinned by a pidfd
+ * (agent_peer_expected). Anything else: one-shot, nothing handed over.
+ *
  * Request (one stream; the descriptors ride on its first bytes as SCM_RIGHTS):
  *   header  48 bytes: "CBXAGNT1", 16-char build hash (the trailer's), then u32 LE each:
  *           flags (bit per descriptor sent, in this order: root, caller netns, CNI_NETNS,
@@ -15,8 +22,10 @@
  *   strings argv..., env ("K=V")..., cwd: each NUL-terminated
  *   stdin   the bytes this process read from its stdin (all of it, up to AGENT_MAX_STDIN)
  * Replies (frames: u32 type, u32 length, payload):
- *   ACCEPT   the agent's event loop took the connection (sent at once, before a worker
- *            reads the request: its absence within the short deadline means a stuck agent)
+ *   ACCEPT   u32 ms: the agent's event loop read the whole request and gives it that long
+ *            (its --request-timeout; empty from agents before issue 24 #7). Its absence within
+ *            the short deadline means a stuck agent. After it this launcher waits that long
+ *            (at most 90 s) plus 5 s for the result, then falls back (agent_total_ms).
  *   FALLBACK reason: the agent asks the caller to run the one-shot path itself
  *   RESULT   u32 exit code, u32 stdout length, u32 stderr length, stdout, stderr
  * Nothing reaches this process's stdout or stderr before a complete RESULT: up to that point
@@ -27,6 +36,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 
 #define AGENT_DEFAULT_SOCKET "/var/run/linkerd-cni/agent.sock"
@@ -36,7 +46,9 @@
 #define AGENT_MAX_STRINGS (256u << 10)
 #define AGENT_MAX_REPLY (16u << 20)
 #define AGENT_ACCEPT_MS 2000
-#define AGENT_TOTAL_MS 120000
+#define AGENT_DEFAULT_REQUEST_MS 60000 /* the agent's --request-timeout default */
+#define AGENT_MAX_REQUEST_MS 90000     /* whatever an agent announces: under the kubelet's 2 min */
+#define AGENT_MARGIN_MS 5000
 #define FRAME_ACCEPT 1
 #define FRAME_FALLBACK 2
 #define FRAME_RESULT 3
@@ -45,9 +57,13 @@
 #define FD_TARGET_NET 4u
 #define FD_NETLINK 8u
 #define NSFS_MAGIC_ 0x6e736673
+#define SO_PEERPIDFD_ 77 /* asm-generic/socket.h, Linux 6.5 */
+#define CAP_NET_ADMIN_ 12
 #define NETLINK_NETFILTER_ 12
 
 extern char **environ;
+
+static int agent_cap_eff(int proc, int cap);
 
 struct agent_call {
     int conn;
@@ -97,23 +113,98 @@ static int agent_applies(int argc, char **argv) {
     return 0;
 }
 
-/* A connected socket, or -1 (no agent, stale socket, full backlog: never wait here). */
-static int agent_connect(const char *path) {
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof addr.sun_path) return -1;
-    strcpy(addr.sun_path, path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) return -1;
-    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
-        close(fd);
-        return -1;
-    }
+/* Whether the process at the other end of `fd` is the agent this launcher expects (issue 24
+ * #2): uid 0 (SO_PEERCRED), in this process's user namespace, with CAP_NET_ADMIN in its
+ * effective set, the least any agent that can serve holds (nf_tables checks it of the
+ * sender). A uid-0 process without capabilities, or root in a user namespace of its own,
+ * that renamed its socket over the agent's gets nothing: not a byte of the request, not a
+ * descriptor. The process is pinned first: SO_PEERPIDFD (Linux 6.5+) names the one that
+ * listened; before 6.5, pidfd_open of SO_PEERCRED's pid (a pid reused between the peer's
+ * exit and that call is the residual race docs/agent.md names). /proc/PID is opened, then
+ * the pidfd asked whether that process still lives: a live pid is not reused, so the
+ * directory read afterwards is the pinned process's. */
+static int agent_peer_expected(int fd) {
     struct ucred cred;
     socklen_t len = sizeof cred;
-    /* Only root can have bound it (the directory is root's, mode 0700); check anyway. */
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != 0) {
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != 0 || cred.pid <= 0)
+        return 0;
+    int pidfd = -1;
+    len = sizeof pidfd;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD_, &pidfd, &len) != 0) {
+        if (errno != ENOPROTOOPT) return 0;
+        pidfd = (int)syscall(SYS_pidfd_open, cred.pid, 0);
+        if (pidfd < 0) return 0;
+    }
+    char path[32];
+    snprintf(path, sizeof path, "/proc/%d", (int)cred.pid);
+    int proc = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    int ok = 0;
+    if (proc >= 0 && (syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0 || errno == EPERM)) {
+        struct stat theirs, ours;
+        ok = fstatat(proc, "ns/user", &theirs, 0) == 0 && stat("/proc/self/ns/user", &ours) == 0 &&
+             theirs.st_dev == ours.st_dev && theirs.st_ino == ours.st_ino &&
+             agent_cap_eff(proc, CAP_NET_ADMIN_);
+    }
+    if (proc >= 0) close(proc);
+    close(pidfd);
+    return ok;
+}
+
+/* Whether /proc/PID/status (PID's directory open as `proc`) shows `cap` in CapEff. */
+static int agent_cap_eff(int proc, int cap) {
+    int fd = openat(proc, "status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    char buf[8192];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    const char *line = strstr(buf, "\nCapEff:\t");
+    if (!line) return 0;
+    char *end;
+    unsigned long long caps = strtoull(line + 9, &end, 16);
+    return end != line + 9 && *end == '\n' && (caps >> cap & 1);
+}
+
+/* A connected socket, or -1 (no agent, stale socket, full backlog: never wait here; a
+ * socket directory or a peer that is not the expected agent's: never talk to it).
+ * The directory first (issue 24 #2): owned by root and writable by nobody else (the agent
+ * makes it 0700; a kubelet's DirectoryOrCreate makes it 0755), so no other user can put a
+ * socket there. It is opened once and the socket reached through that descriptor
+ * (/proc/self/fd/N/NAME), so the directory checked is the one connected in even if the path
+ * is renamed meanwhile. A uid-0 process can still rename its own socket in: the peer check
+ * is what stops it. */
+static int agent_connect(const char *path) {
+    const char *slash = strrchr(path, '/');
+    const char *name = slash ? slash + 1 : path;
+    char dir[PATH_MAX];
+    size_t dir_len = slash ? (size_t)(slash - path) : 0;
+    if (!*name || dir_len >= sizeof dir) return -1;
+    if (slash) {
+        memcpy(dir, path, dir_len);
+        dir[dir_len] = 0;
+        if (!dir_len) strcpy(dir, "/");
+    } else {
+        strcpy(dir, ".");
+    }
+    int dfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return -1;
+    struct stat st;
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    int fd = -1;
+    if (fstat(dfd, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == 0 &&
+        !(st.st_mode & (S_IWGRP | S_IWOTH)) &&
+        snprintf(addr.sun_path, sizeof addr.sun_path, "/proc/self/fd/%d/%s", dfd, name) <
+            (int)sizeof addr.sun_path)
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
         close(fd);
-        return -1;
+        fd = -1;
+    }
+    close(dfd);
+    if (fd >= 0 && !agent_peer_expected(fd)) {
+        close(fd);
+        fd = -1;
     }
     return fd;
 }
@@ -270,15 +361,28 @@ static void write_fd_all(int fd, const unsigned char *p, size_t n) {
     }
 }
 
+/* How long after sending its request this launcher waits for the result, given the
+ * deadline the agent announced in ACCEPT (0: an agent that announces none): that deadline,
+ * at most AGENT_MAX_REQUEST_MS, plus AGENT_MARGIN_MS (issue 24 #7: a stopped agent held an
+ * ADD 124 s, past the kubelet's 2-minute runtime timeout). The agent kills a request at its
+ * deadline, so the margin is only ever spent on an agent that cannot (stopped, wedged);
+ * then the one-shot path redoes the request, which is safe: the agent's work is reads plus
+ * at most one atomic, idempotent transaction per family. */
+static long long agent_total_ms(uint32_t announced) {
+    long long request = announced ? announced : AGENT_DEFAULT_REQUEST_MS;
+    if (request > AGENT_MAX_REQUEST_MS) request = AGENT_MAX_REQUEST_MS;
+    return request + AGENT_MARGIN_MS;
+}
+
 /* The agent's answer: returns only if the caller must fall back; a RESULT exits here. */
 static void await_reply(struct agent_call *c) {
     const char *timeouts = getenv("CNIBOX_AGENT_TIMEOUTS"); /* "ACCEPT_MS,TOTAL_MS" */
-    long long accept_ms = AGENT_ACCEPT_MS, total_ms = AGENT_TOTAL_MS;
+    long long accept_ms = AGENT_ACCEPT_MS, total_ms = 0;
     if (timeouts && *timeouts) {
         char *end;
         long long a = strtoll(timeouts, &end, 10), t = *end == ',' ? strtoll(end + 1, NULL, 10) : 0;
         if (a > 0) accept_ms = a;
-        if (t > 0) total_ms = t;
+        if (t > 0 && t < AGENT_MAX_REQUEST_MS + AGENT_MARGIN_MS) total_ms = t;
     }
     long long start = now_ms(), deadline = start + accept_ms;
     int accepted = 0;
@@ -286,9 +390,11 @@ static void await_reply(struct agent_call *c) {
         unsigned char head[8];
         if (recv_all(c->conn, head, sizeof head, deadline) != 0) return;
         uint32_t type = get32(head), len = get32(head + 4);
-        if (type == FRAME_ACCEPT && len == 0 && !accepted) {
+        if (type == FRAME_ACCEPT && (len == 0 || len == 4) && !accepted) {
+            unsigned char announced[4] = {0};
+            if (len && recv_all(c->conn, announced, 4, deadline) != 0) return;
             accepted = 1;
-            deadline = start + total_ms;
+            deadline = start + (total_ms ? total_ms : agent_total_ms(get32(announced)));
             continue;
         }
         if (type != FRAME_RESULT || !accepted || len < 12 || len > AGENT_MAX_REPLY) return;

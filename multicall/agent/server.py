@@ -392,7 +392,7 @@ class Server:
             return None
         self.forget_reading(fd)
         try:
-            got.conn.send(accept_frame(), socket.MSG_DONTWAIT)
+            got.conn.send(accept_frame(self.options.request_timeout), socket.MSG_DONTWAIT)
         except OSError:
             got.close()
             return None

@@ -7,8 +7,10 @@ Request: a 48-byte header ("CBXAGNT1", the 16-char build hash, then u32 LE: desc
 argc, envc, strings length, stdin length, 0), the strings (argv, env "K=V", cwd; each
 NUL-terminated), the stdin bytes. The descriptors named by the flags ride on the header's
 bytes as SCM_RIGHTS, in flag order.
-Replies: frames of u32 type, u32 length, payload: ACCEPT (empty), FALLBACK (reason, ASCII),
-RESULT (u32 exit code, u32 stdout length, u32 stderr length, stdout, stderr).
+Replies: frames of u32 type, u32 length, payload: ACCEPT (u32 milliseconds the agent gives the
+request from its accept, its --request-timeout: the launcher bounds its wait by it, issue 24
+#7; empty from agents before it), FALLBACK (reason, ASCII), RESULT (u32 exit code, u32 stdout
+length, u32 stderr length, stdout, stderr).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from multicall.core.limits import NETWORK_CONFIG
 MAGIC = b"CBXAGNT1"
 HEADER = struct.Struct("<8s16sIIIIII")
 FRAME = struct.Struct("<II")
+ACCEPT_BODY = struct.Struct("<I")  # the request's deadline in ms, from the accept
 RESULT_HEAD = struct.Struct("<III")
 HASH_LEN = 16
 # The build id of an agent run from source (no launcher): no launcher's hash is ever this.
@@ -165,8 +168,10 @@ def frame(kind: int, payload: bytes = b"") -> bytes:
     return FRAME.pack(kind, len(payload)) + payload
 
 
-def accept_frame() -> bytes:
-    return frame(FRAME_ACCEPT)
+def accept_frame(timeout: float) -> bytes:
+    """ACCEPT, telling the caller how long the agent gives its request (`timeout` seconds
+    from the accept; the launcher waits that plus a margin, capped, then falls back)."""
+    return frame(FRAME_ACCEPT, ACCEPT_BODY.pack(min(int(timeout * 1000), 0xFFFFFFFF)))
 
 
 def fallback_frame(reason: str) -> bytes:
@@ -183,14 +188,14 @@ class Reply:
 
     kind: int
     reason: str = ""
-    code: int = 0
+    code: int = 0  # RESULT's exit code; ACCEPT's request deadline in ms (0: not told)
     stdout: bytes = b""
     stderr: bytes = b""
 
 
 def parse_reply(kind: int, payload: bytes) -> Reply:
-    if kind == FRAME_ACCEPT:
-        return Reply(kind)
+    if kind == FRAME_ACCEPT and len(payload) in {0, ACCEPT_BODY.size}:
+        return Reply(kind, code=ACCEPT_BODY.unpack(payload)[0] if payload else 0)
     if kind == FRAME_FALLBACK:
         return Reply(kind, reason=payload.decode("ascii", "replace"))
     if kind == FRAME_RESULT and len(payload) >= RESULT_HEAD.size:

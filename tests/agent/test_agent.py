@@ -330,6 +330,141 @@ def test_fallback_when_the_agent_does_not_answer(node: Node, agent: AgentProcess
         os.kill(agent.pid, signal.SIGCONT)
 
 
+# An impostor (issue 24 #2): a uid-0 process that can write the socket directory renames its
+# own socket over the agent's, then records what a caller hands it and answers "fall back",
+# as the audit's did (before, it got the host's / as O_PATH, both netns and a netlink socket).
+IMPOSTOR = r"""
+import json, os, socket, struct, sys
+path, report = sys.argv[1], sys.argv[2]
+sock = socket.socket(socket.AF_UNIX)
+sock.bind(path + ".impostor")
+sock.listen(8)
+os.rename(path + ".impostor", path)
+with open("/proc/self/status") as f:
+    cap_eff = [line.split()[1] for line in f if line.startswith("CapEff:")][0]
+userns = os.stat("/proc/self/ns/user").st_ino
+with open(report + ".tmp", "w") as f:
+    json.dump({"cap_eff": cap_eff, "userns": userns}, f)
+os.rename(report + ".tmp", report + ".ready")
+sock.settimeout(60)
+conn, _ = sock.accept()
+conn.settimeout(10)
+got, fds = 0, 0
+while True:
+    try:
+        data, anc, _, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(16 * 4))
+    except OSError:
+        break
+    for level, kind, payload in anc:
+        if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS):
+            fds += len(payload) // 4
+    if not data:
+        break
+    if not got:
+        conn.sendall(struct.pack("<II", 2, 4) + b"nope")
+    got += len(data)
+with open(report, "w") as f:
+    json.dump({"bytes": got, "fds": fds}, f)
+"""
+
+
+@pytest.mark.parametrize("who", ["uid 0 without capabilities", "root in a user namespace"])
+def test_an_impostor_socket_gets_nothing_and_the_add_runs_one_shot(
+    node: Node, agent: AgentProcess, tmp_path: Path, who: str
+) -> None:
+    """Issue 24 #2: the launcher talks only to the agent it expects (uid 0 in its own user
+    namespace, CAP_NET_ADMIN effective). An impostor that took the socket path over gets not
+    a byte and not a descriptor; the ADD succeeds through the one-shot path."""
+    if who == "uid 0 without capabilities":
+        require_tool("setpriv")
+        prefix = ["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]
+    else:
+        require_tool("unshare")
+        prefix = ["unshare", "--user", "--map-root-user"]
+    report = tmp_path / "impostor.json"
+    impostor = subprocess.Popen(
+        [*prefix, sys.executable, "-c", IMPOSTOR, agent.socket, str(report)]
+    )
+    try:
+        ready = Path(f"{report}.ready")
+        _wait(ready.exists, "the impostor's socket")
+        premise = json.loads(ready.read_text())
+        if who == "uid 0 without capabilities":
+            assert int(premise["cap_eff"], 16) == 0
+        else:
+            assert premise["userns"] != os.stat("/proc/self/ns/user").st_ino
+        _fallback_add(node, via(agent))
+        impostor.wait(timeout=30)
+    finally:
+        impostor.kill()
+        impostor.wait()
+    assert json.loads(report.read_text()) == {"bytes": 0, "fds": 0}
+    assert agent.served("ADD") == 0
+
+
+@pytest.mark.parametrize(
+    ("how", "used"),
+    [("group-writable", False), ("other-writable", False), ("not root's", False),
+     ("0755 (a kubelet's DirectoryOrCreate)", True)],
+)  # fmt: skip
+def test_only_a_socket_directory_nobody_else_can_write_is_used(
+    node: Node, tmp_path: Path, how: str, used: bool
+) -> None:
+    """Issue 24 #2: the launcher uses the agent only when the socket's directory is root's and
+    writable by nobody else (else another user could have put a socket there); the ADD
+    then runs one-shot and the agent serves nothing."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    mode = {"group-writable": 0o770, "other-writable": 0o703}.get(how, 0o755)
+    os.chmod(run_dir, mode)
+    if how == "not root's":
+        os.chmod(run_dir, 0o700)
+        os.chown(run_dir, 65534, 65534)
+    with built_agent(tmp_path, run_dir / "agent.sock") as agent:
+        pod_ns = node.rig.pod().netns
+        result = node.run(node.env(pod_ns, MESHED, **via(agent)), node.stdin())
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert_meshed(pod_ns, "nft")
+        assert unpacked(node) is not used
+        assert agent.served("ADD") == int(used)
+
+
+def test_a_frozen_agent_holds_an_add_no_longer_than_its_announced_deadline(
+    node: Node, tmp_path: Path
+) -> None:
+    """Issue 24 #7: an agent stopped mid-request (SIGSTOP of the parent and its workers) held
+    the ADD 124 s, past the kubelet's 2-minute runtime timeout. ACCEPT now tells the launcher
+    the agent's request deadline (--request-timeout, here 3 s); the launcher waits that plus
+    its 5 s margin, then runs the ADD one-shot, and the pod gets its rules."""
+    agent = built_agent(tmp_path, tmp_path / "run" / "agent.sock", extra=["--request-timeout", "3"])
+    with agent:
+        pod_ns = node.rig.pod().netns
+        node.api.mode = "hang"  # the worker's GET waits: the request is mid-way
+        before = len(node.api.requests)
+        started = time.monotonic()
+        proc = node.popen(node.env(pod_ns, MESHED, **via(agent)), node.stdin())
+        stopped: list[int] = []
+        try:
+            _wait(lambda: len(node.api.requests) > before, "the worker's GET")
+            for pid in [agent.pid, *agent.workers()]:
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+            node.api.mode = "ok"  # the one-shot path's own GET is answered
+            out, err = proc.communicate(timeout=100)
+            elapsed = time.monotonic() - started
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, out + err
+    assert unpacked(node), "no one-shot run: something else answered"
+    assert_meshed(pod_ns, "nft")
+    # 3 s announced + 5 s margin, then a one-shot start (unpack included) on a loaded machine.
+    assert 8 <= elapsed < 45, elapsed
+
+
 def test_legacy_dual_stack_and_check_served_as_one_shot(node: Node, agent: AgentProcess) -> None:
     """A worker runs a one-family legacy apply in-process (effects/firewall/legacy.py rule 3);
     a dual-stack one still takes a child per table operation, and CHECK reads both families:

@@ -248,7 +248,7 @@ def test_agent_accepting_passes(node: Node, api: KubeApi, tmp_path: Path) -> Non
                 left = parse_header(head).body_len
                 while left > 0 and (chunk := conn.recv(left)):
                     left -= len(chunk)
-                conn.sendall(accept_frame())
+                conn.sendall(accept_frame(60.0))
 
     threading.Thread(target=serve, daemon=True).start()
     try:

@@ -104,7 +104,12 @@ def test_replies() -> None:
     assert (reply.code, reply.stdout, reply.stderr) == (1, b"out", b"err\n")
     assert length == len(frame) - proto.FRAME.size
     assert proto.parse_reply(proto.FRAME_FALLBACK, b"other build").reason == "other build"
-    assert proto.accept_frame() == proto.FRAME.pack(proto.FRAME_ACCEPT, 0)
+    accept = proto.accept_frame(60.0)
+    assert accept == proto.FRAME.pack(proto.FRAME_ACCEPT, 4) + (60000).to_bytes(4, "little")
+    assert proto.parse_reply(proto.FRAME_ACCEPT, accept[proto.FRAME.size :]).code == 60000
+    assert proto.parse_reply(proto.FRAME_ACCEPT, b"").code == 0  # an agent before issue 24 #7
+    with pytest.raises(proto.ProtocolError):
+        proto.parse_reply(proto.FRAME_ACCEPT, b"\0\0")
     with pytest.raises(proto.ProtocolError):
         proto.parse_reply(proto.FRAME_RESULT, proto.RESULT_HEAD.pack(0, 5, 0) + b"abc")
 
