@@ -30,6 +30,9 @@ JITTER = 1.0
 
 @dataclass(slots=True)
 class Backoff:
+    """One loop's back-off state: the streak of failures since its last progress and the
+    current base delay (rules 1-2)."""
+
     initial: float = INITIAL
     cap: float = CAP
     reset_after: float = RESET_AFTER
