@@ -36,7 +36,8 @@ serve a request, the plugin runs as a one-shot process (docs/agent.md).
   --pod-cache MODE         on (default) or off: list and watch this node's pods and the
                            namespaces, and answer an ADD's GETs from them when they may
                            (docs/pod-cache.md); needs the API identity and the node name
-  --node-name NAME         this node (default $NODE_NAME)
+  --node-name NAME         this node (default $NODE_NAME, else the hostname lowercased:
+                           the kubelet's default name, without --hostname-override)
   --log-level LEVEL        debug, info (default), warn, error
   --log-format FORMAT      plain (logrus text, the default) or json
   -h, --help               this text
@@ -146,13 +147,18 @@ def start_pod_cache(
         raise UsageError(f"--pod-cache {opts['pod-cache']}: expected on or off")
     if opts["pod-cache"] == "off":
         return None
+    import socket
+
     from multicall.agent.keeper_process import api_config
     from multicall.agent.pod_cache_process import PodCacheProcess
+    from multicall.core.node_name import node_name
 
-    node = opts["node-name"] or env.get("NODE_NAME", "")
+    node = node_name(opts["node-name"], env, socket.gethostname())
     config = api_config(opts["kubeconfig"], env)
     if not node or config is None:
-        missing = "no node name (--node-name, $NODE_NAME)" if not node else "no API identity"
+        missing = (
+            "no node name (--node-name, $NODE_NAME, hostname)" if not node else "no API identity"
+        )
         log("info", f"pod cache: off: {missing}; every ADD reads the API")
         return None
     return PodCacheProcess.start(config, node, env, log)

@@ -206,6 +206,26 @@ class TestImages:
             if kind == "path":
                 assert value.startswith("/"), dependency
 
+    def test_talos_agent_service_has_the_keepers_view(self) -> None:
+        """The service's keeper sees what the chart's agent sees (templates/agent.yaml): the
+        CNI config dir and the runtime's CNI cache (flags and read-only mounts) and the pods'
+        netns with propagation from the host (rslave: netns bound after the start appear);
+        every mount point is a directory of the extension's read-only container root."""
+        service = yaml.safe_load((PACKAGING / "talos" / "cnibox-agent.yaml").read_text())
+        container = service["container"]
+        args = container["args"]
+        assert args[args.index("--cni-net-dir") + 1] == "/etc/cni/net.d"
+        assert args[args.index("--cni-cache-dir") + 1] == "/var/lib/cni"
+        mounts = {m["destination"]: m for m in container["mounts"]}
+        for path in ("/etc/cni/net.d", "/var/run/netns", "/var/lib/cni"):
+            assert mounts[path]["source"] == path
+            assert "ro" in mounts[path]["options"]
+            assert "rw" not in mounts[path]["options"]
+        assert {"rbind", "rslave"} <= set(mounts["/var/run/netns"]["options"])
+        layout = json.loads((PACKAGING / "talos" / "layout.json").read_text())
+        root = "rootfs/usr/local/lib/containers/cnibox-agent"
+        assert {f"{root}{path}" for path in mounts} <= set(layout["dirs"])
+
     def test_talos_manifest_fields(self) -> None:
         """manifest.yaml carries the fields Talos reads, at this version of cnibox."""
         manifest = yaml.safe_load((PACKAGING / "talos" / "manifest.yaml").read_text())
