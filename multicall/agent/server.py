@@ -221,13 +221,17 @@ class Server:
     def listen(self) -> None:
         """Bind a new listening socket under a temporary name and rename it over the socket
         path (rule 1). The temporary name is this process's alone: two agents starting at
-        once may have the same pid (each pid 1 of its container), so it carries a random
-        token too, and bind() fails rather than reuse an existing name (O_EXCL-like)."""
+        once may have the same pid (each pid 1 of its container), so it is a random token,
+        and bind() fails rather than reuse an existing name (O_EXCL-like). It sits in the
+        socket's directory under a name as long as the socket's (a sun_path has 108 bytes:
+        a temporary name longer than the socket's made a path that fits fail)."""
         path = self.options.socket_path
         directory = os.path.dirname(path) or "."
         if not os.path.isdir(directory):
             os.makedirs(directory, mode=0o700)
-        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
+        # As long as the socket's own name (at least 9 bytes): whatever path fits, fits.
+        token = secrets.token_hex(16)[: max(8, len(os.path.basename(path)) - 1)]
+        tmp = os.path.join(directory, f".{token}")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             sock.bind(tmp)
@@ -800,7 +804,9 @@ class Server:
                 self.accept_clients()  # callers that connected before it was removed
                 self.listen()
             except OSError as exc:
-                self.note("rebind", "error", f"cannot listen on {path} again: {exc.strerror}")
+                self.note(
+                    "rebind", "error", f"cannot listen on {path} again: {exc.strerror or exc}"
+                )
                 return
             self.log("warning", f"{path} was removed: listening on it again")
             return

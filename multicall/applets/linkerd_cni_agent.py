@@ -129,7 +129,7 @@ def serve(server: Server, opts: Mapping[str, str], log: Log) -> int:
     try:
         server.bind()  # a bad --admin-addr: UsageError; a busy port: CniboxError (exit 1)
     except OSError as exc:
-        log("error", f"cannot listen on {opts['socket']}: {exc.strerror}")
+        log("error", f"cannot listen on {opts['socket']}: {exc.strerror or exc}")
         if server.admin is not None:
             server.admin.stop()
         return 1

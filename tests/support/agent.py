@@ -80,6 +80,14 @@ class AgentProcess:
         self._reader = threading.Thread(target=read, daemon=True)
         self._reader.start()
         if not ready.wait(timeout) or self.proc.poll() is not None:
+            # Reaped and its pipe closed here: left to the collector, the pipe's warning
+            # would fail whichever test runs next.
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            self._reader.join(5)
+            if self.proc.stderr is not None:
+                self.proc.stderr.close()
             raise AssertionError(f"agent did not start: {''.join(self.log)}")
         return self
 
