@@ -178,33 +178,54 @@ def _restarting(
 ) -> None:  # pragma: no cover - in the child
     """`fds`: the stop pipe's read end, the metrics socket's keeper end."""
     _orphan_guard(agent)
-    stop_r = fds[0]
+
+    def started(pid: int) -> None:
+        log("info", f"keeper started (pid {pid}, mode {settings.mode.value})")
+
+    restart_loop(
+        "keeper",
+        fds[0],
+        log,
+        lambda me, restarts: _keep(settings, env, fds, (me, restarts), log),
+        started,
+    )
+
+
+def restart_loop(
+    what: str,
+    stop_r: int,
+    log: Log,
+    child: Callable[[int, int], NoReturn],
+    started: Callable[[int], None] | None = None,
+) -> None:  # pragma: no cover - in the child
+    """The supervisor's loop, for the keeper and the pod cache alike: fork `child(supervisor
+    pid, restarts so far)`, wait for it or for the stop pipe; on stop end it (SIGKILL after
+    STOP_WAIT), on its exit log and restart it after a delay that doubles up to RESTART_MAX
+    and starts over once a child lived that long."""
     me = os.getpid()
     delay = RESTART_FIRST
     restarts = 0
     while True:
-        started = time.monotonic()
+        began = time.monotonic()
         pid = os.fork()
         if pid == 0:
-            _keep(settings, env, fds, (me, restarts), log)
-        log("info", f"keeper started (pid {pid}, mode {settings.mode.value})")
+            child(me, restarts)
+        if started is not None:
+            started(pid)
         pidfd = os.pidfd_open(pid)
-        poll = select.poll()
-        poll.register(stop_r, select.POLLIN)
-        poll.register(pidfd, select.POLLIN)
-        ready = {fd for fd, _mask in poll.poll()}
+        ready, _, _ = select.select([stop_r, pidfd], [], [])
         os.close(pidfd)
         if stop_r in ready:
             if not _wait(pid, STOP_WAIT):
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-            break
+            return
         _pid, status = os.waitpid(pid, 0)
-        if time.monotonic() - started >= RESTART_MAX:
+        if time.monotonic() - began >= RESTART_MAX:
             delay = RESTART_FIRST
-        log("error", f"keeper exited ({_status(status)}); restarting in {delay:.0f}s")
+        log("error", f"{what} exited ({_status(status)}); restarting in {delay:.0f}s")
         if select.select([stop_r], [], [], delay)[0]:
-            break
+            return
         delay = min(delay * 2, RESTART_MAX)
         restarts += 1
 

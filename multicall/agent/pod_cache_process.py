@@ -31,19 +31,16 @@ import random
 import select
 import signal
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from multicall.agent.keeper_process import (
-    RESTART_FIRST,
-    RESTART_MAX,
     STOP_WAIT,
     _in_child,
     _orphan_guard,
-    _status,
     _wait,
+    restart_loop,
 )
 from multicall.agent.pod_cache import config_identity
 from multicall.core.kube.pod_cache import BEAT, MAX_RECORD, NAMESPACES, PODS, REDUCE, record_size
@@ -115,28 +112,11 @@ def _supervise(
     job: CacheJob, stop_r: int, feed_w: int, agent: int
 ) -> None:  # pragma: no cover - in the child
     _orphan_guard(agent)
-    me = os.getpid()
-    delay = RESTART_FIRST
-    while True:
-        started = time.monotonic()
-        pid = os.fork()
-        if pid == 0:
-            _in_child("pod cache", job.log, lambda: _watch(job, stop_r, feed_w, me))
-        pidfd = os.pidfd_open(pid)
-        ready, _, _ = select.select([stop_r, pidfd], [], [])
-        os.close(pidfd)
-        if stop_r in ready:
-            if not _wait(pid, STOP_WAIT):
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            return
-        _pid, status = os.waitpid(pid, 0)
-        if time.monotonic() - started >= RESTART_MAX:
-            delay = RESTART_FIRST
-        job.log("error", f"pod cache exited ({_status(status)}); restarting in {delay:.0f}s")
-        if select.select([stop_r], [], [], delay)[0]:
-            return
-        delay = min(delay * 2, RESTART_MAX)
+
+    def child(me: int, _restarts: int) -> NoReturn:
+        _in_child("pod cache", job.log, lambda: _watch(job, stop_r, feed_w, me))
+
+    restart_loop("pod cache", stop_r, job.log, child)
 
 
 def _watch(job: CacheJob, stop_r: int, feed_w: int, parent: int) -> None:  # pragma: no cover
