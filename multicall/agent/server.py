@@ -227,8 +227,9 @@ class Server:
         a temporary name longer than the socket's made a path that fits fail)."""
         path = self.options.socket_path
         directory = os.path.dirname(path) or "."
-        if not os.path.isdir(directory):
-            os.makedirs(directory, mode=0o700)
+        # The keeper, forked before this, creates the same directory for its records
+        # (`sandboxes` beside the socket): whichever comes first, the other goes on.
+        os.makedirs(directory, mode=0o700, exist_ok=True)
         # As long as the socket's own name (at least 9 bytes): whatever path fits, fits.
         token = secrets.token_hex(16)[: max(8, len(os.path.basename(path)) - 1)]
         tmp = os.path.join(directory, f".{token}")
