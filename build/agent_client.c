@@ -15,10 +15,10 @@
  * (agent_peer_expected). Anything else: one-shot, nothing handed over.
  *
  * Request (one stream; the descriptors ride on its first bytes as SCM_RIGHTS):
- *   header  48 bytes: "CBXAGNT1", 16-char build hash (the trailer's), then u32 LE each:
- *           flags (bit per descriptor sent, in this order: root, caller netns, CNI_NETNS,
- *           netlink socket made inside CNI_NETNS), argc, envc, strings length, stdin length,
- *           reserved 0
+ *   header  48 bytes: "CBXAGNT2", 16-char build hash (the trailer's), then u32 LE each:
+ *           flags (bit per descriptor sent, in this order: 2 caller netns, 4 CNI_NETNS,
+ *           8 netlink socket made inside CNI_NETNS; bit 1 was version 1's root directory),
+ *           argc, envc, strings length, stdin length, reserved 0
  *   strings argv..., env ("K=V")..., cwd: each NUL-terminated
  *   stdin   the bytes this process read from its stdin (all of it, up to AGENT_MAX_STDIN)
  * Replies (frames: u32 type, u32 length, payload):
@@ -28,6 +28,12 @@
  *            (at most 90 s) plus 5 s for the result, then falls back (agent_total_ms).
  *   FALLBACK reason: the agent asks the caller to run the one-shot path itself
  *   RESULT   u32 exit code, u32 stdout length, u32 stderr length, stdout, stderr
+ *   FILE     u32 operation, path (after ACCEPT): the agent asks this process to open, stat or
+ *            rotate one file for the request (issue 24: no root directory is handed over,
+ *            so whoever answers on the socket gets only files the request named). This
+ *            process checks the path (agent_file_allowed), does the operation with flags of
+ *            its own, never hands a directory, and answers 32 bytes: u32 errno, u32 st_mode,
+ *            u64 st_dev, u64 st_ino, u32 descriptor attached (SCM_RIGHTS), u32 refused.
  * Nothing reaches this process's stdout or stderr before a complete RESULT: up to that point
  * a fallback is always possible, and it is safe because the agent's work until then is reads
  * plus at most one atomic, idempotent firewall transaction per family (docs/agent.md).
@@ -40,7 +46,7 @@
 #include <sys/un.h>
 
 #define AGENT_DEFAULT_SOCKET "/var/run/linkerd-cni/agent.sock"
-#define AGENT_MAGIC "CBXAGNT1"
+#define AGENT_MAGIC "CBXAGNT2"
 #define AGENT_HEADER 48
 #define AGENT_MAX_STDIN (1u << 20) /* core/limits.py NETWORK_CONFIG, the plugin's own bound */
 #define AGENT_MAX_STRINGS (256u << 10)
@@ -52,7 +58,19 @@
 #define FRAME_ACCEPT 1
 #define FRAME_FALLBACK 2
 #define FRAME_RESULT 3
-#define FD_ROOT 1u
+#define FRAME_FILE 4
+#define FILE_READ 1
+#define FILE_READ_NOFOLLOW 2
+#define FILE_APPEND 3
+#define FILE_LOCK 4
+#define FILE_STAT 5
+#define FILE_ROTATE 6
+#define FILE_ANSWER 32
+#define AGENT_MAX_FILE_PATH 4096
+#define AGENT_MAX_FILE_OPS 256
+#define AGENT_MAX_GRANTED 8 /* files whose content may name more paths (kubeconfig, ...) */
+#define AGENT_MAX_GRANTED_BYTES (1u << 20)
+#define AGENT_LOCK_PATH "/run/xtables.lock" /* iptables' default lock: named by no request */
 #define FD_CALLER_NET 2u
 #define FD_TARGET_NET 4u
 #define FD_NETLINK 8u
@@ -65,13 +83,21 @@ extern char **environ;
 
 static int agent_cap_eff(int proc, int cap);
 
+struct granted {
+    char *path;
+    unsigned char *content; /* what it names is allowed too (agent_file_allowed) */
+    size_t len;
+};
+
 struct agent_call {
     int conn;
-    int fds[4];
+    int fds[3];
     unsigned flags, nfds;
     unsigned char *stdin_data;
     size_t stdin_len;
     int stdin_read; /* stdin consumed: the fallback must hand it over from memory */
+    struct granted granted[AGENT_MAX_GRANTED];
+    unsigned ngranted, asked;
 };
 
 static long long now_ms(void) {
@@ -86,6 +112,10 @@ static void put32(unsigned char *p, uint32_t v) {
 
 static uint32_t get32(const unsigned char *p) {
     return p[0] | p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void put64(unsigned char *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
 
 static const char *const AGENT_COMMANDS[] = {"ADD", "CHECK", "DEL", "STATUS", "GC", NULL};
@@ -331,7 +361,7 @@ static int send_request(struct agent_call *c, int argc, char **argv, const char 
 
     /* The descriptors travel with the header; the rest follows as plain bytes. */
     struct iovec iov = {buf, AGENT_HEADER};
-    char control[CMSG_SPACE(sizeof(int) * 4)];
+    char control[CMSG_SPACE(sizeof(int) * 3)];
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
     if (c->nfds) {
         memset(control, 0, sizeof control);
@@ -374,6 +404,133 @@ static long long agent_total_ms(uint32_t announced) {
     return request + AGENT_MARGIN_MS;
 }
 
+static int contains(const void *hay, size_t hay_len, const char *path, size_t len) {
+    return hay && len <= hay_len && memmem(hay, hay_len, path, len) != NULL;
+}
+
+/* Whether the request named `path` (issue 24, "hand over only what a request needs"): it
+ * occurs in this invocation's stdin (the network config names the kubeconfig and the
+ * log_file), its environment (XTABLES_LOCKFILE), iptables' default lock path, or a file
+ * already handed over (the kubeconfig names its token, CA and client files); or it is
+ * relative to the directory of such a file, which names the rest (client-go resolves a
+ * kubeconfig's relative paths so). A rogue agent gets no other file of this process's. */
+static int agent_file_allowed(const struct agent_call *c, const char *path, size_t len) {
+    if (contains(c->stdin_data, c->stdin_len, path, len) ||
+        contains(AGENT_LOCK_PATH, sizeof AGENT_LOCK_PATH - 1, path, len))
+        return 1;
+    for (char **e = environ; *e; e++)
+        if (contains(*e, strlen(*e), path, len)) return 1;
+    for (unsigned i = 0; i < c->ngranted; i++) {
+        const struct granted *g = &c->granted[i];
+        if (contains(g->content, g->len, path, len)) return 1;
+        const char *slash = strrchr(g->path, '/');
+        size_t dir = slash ? (size_t)(slash - g->path) + 1 : 0;
+        if (dir && len > dir && !memcmp(path, g->path, dir) &&
+            contains(g->content, g->len, path + dir, len - dir))
+            return 1;
+    }
+    return 0;
+}
+
+/* Keep what a regular file handed for reading says (its first AGENT_MAX_GRANTED_BYTES), for
+ * agent_file_allowed. pread: the agent reads the same descriptor from offset 0. */
+static void agent_grant(struct agent_call *c, const char *path, int fd, off_t size) {
+    if (c->ngranted >= AGENT_MAX_GRANTED) return;
+    size_t want = size > (off_t)AGENT_MAX_GRANTED_BYTES ? AGENT_MAX_GRANTED_BYTES : (size_t)size;
+    struct granted *g = &c->granted[c->ngranted];
+    g->content = malloc(want ? want : 1);
+    g->path = strdup(path);
+    if (!g->content || !g->path) {
+        free(g->content);
+        free(g->path);
+        return;
+    }
+    size_t got = 0;
+    while (got < want) {
+        ssize_t n = pread(fd, g->content + got, want - got, (off_t)got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    g->len = got;
+    c->ngranted++;
+}
+
+/* One FILE frame: check, do, answer. -1: a malformed frame or a lost connection (the
+ * caller falls back). The flags are this process's per operation, never the agent's. */
+static int agent_file(struct agent_call *c, const unsigned char *payload, uint32_t len,
+                      long long deadline) {
+    if (len <= 4 || len > 4 + AGENT_MAX_FILE_PATH) return -1;
+    uint32_t op = get32(payload);
+    size_t path_len = len - 4;
+    char path[AGENT_MAX_FILE_PATH + 1];
+    memcpy(path, payload + 4, path_len);
+    path[path_len] = 0;
+    if (op < FILE_READ || op > FILE_ROTATE || memchr(path, 0, path_len)) return -1;
+    uint32_t err = 0, refused = 0;
+    struct stat st = {0};
+    int fd = -1;
+    const int common = O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
+    if (++c->asked > AGENT_MAX_FILE_OPS || !agent_file_allowed(c, path, path_len)) {
+        refused = 1;
+    } else if (op == FILE_STAT) {
+        if (lstat(path, &st) != 0) err = (uint32_t)errno;
+    } else if (op == FILE_ROTATE) {
+        char rotated[AGENT_MAX_FILE_PATH + 3];
+        memcpy(rotated, path, path_len);
+        memcpy(rotated + path_len, ".1", 3);
+        if (rename(path, rotated) != 0) err = (uint32_t)errno;
+    } else {
+        int flags = op == FILE_READ            ? O_RDONLY | common
+                    : op == FILE_READ_NOFOLLOW ? O_RDONLY | O_NOFOLLOW | common
+                    : op == FILE_APPEND ? O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | common
+                                        : O_RDONLY | O_CREAT | common;
+        fd = open(path, flags, 0600);
+        if (fd < 0) {
+            err = (uint32_t)errno;
+        } else if (fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+            close(fd); /* never a directory: a descriptor to resolve any path from */
+            fd = -1;
+        } else if ((op == FILE_READ || op == FILE_READ_NOFOLLOW) && S_ISREG(st.st_mode)) {
+            agent_grant(c, path, fd, st.st_size);
+        }
+    }
+    unsigned char answer[FILE_ANSWER];
+    put32(answer, err);
+    put32(answer + 4, (uint32_t)st.st_mode);
+    put64(answer + 8, (uint64_t)st.st_dev);
+    put64(answer + 16, (uint64_t)st.st_ino);
+    put32(answer + 24, fd >= 0);
+    put32(answer + 28, refused);
+    struct iovec iov = {answer, sizeof answer};
+    char control[CMSG_SPACE(sizeof(int))];
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        memset(control, 0, sizeof control);
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof control;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    }
+    ssize_t n;
+    for (;;) {
+        n = sendmsg(c->conn, &msg, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EAGAIN) {
+            struct pollfd pfd = {c->conn, POLLOUT, 0};
+            long long left = deadline - now_ms();
+            if (left > 0 && poll(&pfd, 1, (int)left) > 0) continue;
+        }
+        break;
+    }
+    if (fd >= 0) close(fd);
+    if (n <= 0) return -1;
+    return send_all(c->conn, answer + n, sizeof answer - (size_t)n, deadline);
+}
+
 /* The agent's answer: returns only if the caller must fall back; a RESULT exits here. */
 static void await_reply(struct agent_call *c) {
     const char *timeouts = getenv("CNIBOX_AGENT_TIMEOUTS"); /* "ACCEPT_MS,TOTAL_MS" */
@@ -397,6 +554,13 @@ static void await_reply(struct agent_call *c) {
             deadline = start + (total_ms ? total_ms : agent_total_ms(get32(announced)));
             continue;
         }
+        if (type == FRAME_FILE && accepted && len <= 4 + AGENT_MAX_FILE_PATH) {
+            unsigned char payload[4 + AGENT_MAX_FILE_PATH];
+            if (recv_all(c->conn, payload, len, deadline) != 0 ||
+                agent_file(c, payload, len, deadline) != 0)
+                return;
+            continue;
+        }
         if (type != FRAME_RESULT || !accepted || len < 12 || len > AGENT_MAX_REPLY) return;
         unsigned char *body = malloc(len);
         if (!body || recv_all(c->conn, body, len, deadline) != 0) return;
@@ -412,6 +576,11 @@ static void await_reply(struct agent_call *c) {
 static void agent_release(struct agent_call *c) {
     for (unsigned i = 0; i < c->nfds; i++) close(c->fds[i]);
     c->nfds = 0;
+    for (unsigned i = 0; i < c->ngranted; i++) {
+        free(c->granted[i].path);
+        free(c->granted[i].content);
+    }
+    c->ngranted = 0;
     if (c->conn >= 0) close(c->conn);
     c->conn = -1;
 }
@@ -447,7 +616,6 @@ static void agent_try(int argc, char **argv, const char *hash) {
     if (c.conn < 0) return;
     long long deadline = now_ms() + AGENT_ACCEPT_MS;
     if (kind == 2 || read_stdin(&c) == 0) {
-        add_fd(&c, FD_ROOT, open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
         int home = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
         add_fd(&c, FD_CALLER_NET, home);
         const char *netns = getenv("CNI_NETNS");

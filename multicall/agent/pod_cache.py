@@ -169,7 +169,7 @@ def count_add(metrics: CacheMetrics, report: Mapping[str, object]) -> None:
 def config_identity(config: KubeConfig, read_ca: Callable[[str], str] | None = None) -> str:
     """`cluster_identity` of an API configuration: its endpoint and its trust (the CA's PEM
     text, "insecure", or "system" for the system's roots). `read_ca` reads a CA file (a
-    worker reads its caller's through the caller's root)."""
+    worker reads its caller's, which the caller opens)."""
     from multicall.core.limits import CA_FILE
     from multicall.effects.kube.config import endpoint, read_text_file
 

@@ -1,9 +1,10 @@
 """One request in a node agent's worker (read by the parent, agent/admission.py): check what
 the caller handed over, run the plugin through the seam in the caller's context, answer.
 
-The caller's context is passed explicitly, never installed in a global: its root and cwd
-as the `Files` every path of the request is opened through (effects/caller.py: the
-kubeconfig, its token and CA, the xtables lock file, the config's log_file), its pod netns,
+The caller's context is passed explicitly, never installed in a global: the caller itself
+as the `Files` every path of the request is opened by (agent/caller_files.py: the launcher
+opens the kubeconfig, its token and CA, the xtables lock file, the config's log_file when
+asked, and only paths the request named), its pod netns,
 its own netns and its netfilter netlink socket as descriptors in the `PluginRequest`, and
 this worker's `SingleUse` (agent/warm.py) to the firewall. A request this worker cannot
 serve without more than it has comes back as `PluginResult.served_elsewhere` (nothing was
@@ -90,7 +91,7 @@ class RequestWorker:
         try:
             authority = self.caller(conn)
             code, out, err, cni_code = self.run_request(
-                request, authority, firewall, ask=ask if self.pod_cache else None, reads=reads
+                conn, request, authority, firewall, ask=ask if self.pod_cache else None, reads=reads
             )
         except Fallback as exc:
             fell_back: dict[str, object] = {"command": command, "fallback": exc.reason}
@@ -135,6 +136,7 @@ class RequestWorker:
 
     def run_request(
         self,
+        conn: socket.socket,
         request: Request,
         authority: Authority,
         watched: list[RecordingFirewall] | None = None,
@@ -143,13 +145,14 @@ class RequestWorker:
         reads: list[CachedKube] | None = None,
     ) -> tuple[int, bytes, bytes, str]:
         """The plugin, in this process, in the caller's context: (exit code, stdout, log
-        lines, CNI error code or ""). `authority`: what the caller may have this worker do
+        lines, CNI error code or ""). `conn`: the caller, which opens the request's files
+        (agent/caller_files.py). `authority`: what the caller may have this worker do
         with its privileges. `watched` receives the firewall it used, `reads` the `Kube`
         port (the pod cache's, asked through `ask`; agent/pod_cache.py). Fallback when the
         caller must run it itself."""
+        from multicall.agent.caller_files import AskedFiles
         from multicall.core import agent_protocol as proto
         from multicall.effects import ns
-        from multicall.effects.caller import RootedFiles
         from multicall.effects.firewall.locks import XtablesLock
         from multicall.errors import NetnsError
         from multicall.plugin.ports import PluginDeps, RealFirewall
@@ -157,10 +160,9 @@ class RequestWorker:
         from multicall.plugin.run import PluginRequest, run_plugin
 
         fds = request.fds
-        root, home = fds.get(proto.FD_ROOT), fds.get(proto.FD_CALLER_NETNS)
-        target = fds.get(proto.FD_TARGET_NETNS)
-        if root is None or home is None:
-            raise Fallback("caller sent no root or netns")
+        home, target = fds.get(proto.FD_CALLER_NETNS), fds.get(proto.FD_TARGET_NETNS)
+        if home is None:
+            raise Fallback("caller sent no netns")
         netns_path = request.env.get("CNI_NETNS", "")
         if target is None and netns_path and request.command in ("ADD", "CHECK", "DEL"):
             # Never look the caller's path up here: it names a file of the caller's mount
@@ -184,7 +186,7 @@ class RequestWorker:
             except OSError as exc:
                 raise Fallback(f"cannot enter the caller's netns: {exc.strerror}") from None
             self.warmth.connections.drop_warm()  # dialled from the agent's netns, not the caller's
-        files = RootedFiles(root, request.cwd or "/")
+        files = AskedFiles(conn)
         err = io.BytesIO()
         plugin_request = PluginRequest(
             env=request.env,
@@ -199,7 +201,7 @@ class RequestWorker:
         # The request's API connection: the next request's warm one.
         self.warmth.connections.park_connections()
         # Legacy ADDs take the caller's xtables lock: its XTABLES_LOCKFILE (or
-        # /run/xtables.lock) opened through its root (locks.py rule 4), the lock the one-shot
+        # /run/xtables.lock) opened by the caller (locks.py rule 4), the lock the one-shot
         # plugin would take. A worker serves one request at a time, and exits after a legacy
         # apply: one of one family runs libiptc here instead of forking a child per table
         # operation (legacy.py rule 3).

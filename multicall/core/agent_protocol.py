@@ -3,14 +3,19 @@
 The client is the launcher (build/agent_client.c); this module is the agent's half and the
 tests' client. Pure: bytes in, values out.
 
-Request: a 48-byte header ("CBXAGNT1", the 16-char build hash, then u32 LE: descriptor flags,
+Request: a 48-byte header ("CBXAGNT2", the 16-char build hash, then u32 LE: descriptor flags,
 argc, envc, strings length, stdin length, 0), the strings (argv, env "K=V", cwd; each
-NUL-terminated), the stdin bytes. The descriptors named by the flags ride on the header's
-bytes as SCM_RIGHTS, in flag order.
+NUL-terminated), the stdin bytes. The descriptors named by the flags (the caller's netns,
+CNI_NETNS, a netfilter netlink socket made inside it) ride on the header's bytes as
+SCM_RIGHTS, in flag order. No root directory: version 1 handed the caller's "/" (issue 24
+"hand over only what a request needs"); version 2's agent asks for each file instead.
 Replies: frames of u32 type, u32 length, payload: ACCEPT (u32 milliseconds the agent gives the
 request from its accept, its --request-timeout: the launcher bounds its wait by it, issue 24
 #7; empty from agents before it), FALLBACK (reason, ASCII), RESULT (u32 exit code, u32 stdout
-length, u32 stderr length, stdout, stderr).
+length, u32 stderr length, stdout, stderr), FILE (u32 operation, the path): the agent asks
+the caller to open, stat or rotate one file, and the caller answers with FILE_ANSWER (fixed
+size, its descriptor as SCM_RIGHTS) after checking that the request named that path
+(docs/agent.md "Files the caller opens").
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dataclasses import dataclass
 
 from multicall.core.limits import NETWORK_CONFIG
 
-MAGIC = b"CBXAGNT1"
+MAGIC = b"CBXAGNT2"  # 2: no root descriptor, FILE frames instead (1 handed "/")
 HEADER = struct.Struct("<8s16sIIIIII")
 FRAME = struct.Struct("<II")
 ACCEPT_BODY = struct.Struct("<I")  # the request's deadline in ms, from the accept
@@ -33,13 +38,31 @@ SOURCE_BUILD = "source-tree-----"
 FRAME_ACCEPT = 1
 FRAME_FALLBACK = 2
 FRAME_RESULT = 3
+FRAME_FILE = 4  # agent -> caller: one file operation (FILE_*), answered by FILE_ANSWER
 
-# Descriptor flags, in the order the descriptors are sent.
-FD_ROOT = 1
+# FILE operations. The caller opens with flags of its own choosing per operation, never the
+# agent's: what the agent may get is a reader, an appender or a lock of a path the request
+# named, or a stat, or the log's one rotation (PATH -> PATH.1).
+FILE_READ = 1  # O_RDONLY|O_NONBLOCK|O_NOCTTY, following symlinks
+FILE_READ_NOFOLLOW = 2  # the same with O_NOFOLLOW
+FILE_APPEND = 3  # O_WRONLY|O_APPEND|O_CREAT|O_NOFOLLOW|O_NONBLOCK|O_NOCTTY, 0600: the log_file
+FILE_LOCK = 4  # O_RDONLY|O_CREAT|O_NONBLOCK|O_NOCTTY, 0600: the xtables lock
+FILE_STAT = 5  # lstat: mode, dev, ino (no descriptor)
+FILE_ROTATE = 6  # rename(PATH, PATH.1)
+FILE_OPS = frozenset(range(FILE_READ, FILE_ROTATE + 1))
+FILE_HEAD = struct.Struct("<I")
+# errno (0: done), st_mode, st_dev, st_ino, 1 when a descriptor rides on it, 1 when the
+# caller refused (a path the request did not name, too many operations): then the agent
+# hands the whole request back (FALLBACK) for the caller to run itself.
+FILE_ANSWER = struct.Struct("<IIQQII")
+MAX_FILE_PATH = 4096
+MAX_FILE_OPS = 256  # per request; the launcher refuses the rest
+
+# Descriptor flags, in the order the descriptors are sent (bit 1 was version 1's root).
 FD_CALLER_NETNS = 2
 FD_TARGET_NETNS = 4
 FD_NETLINK = 8
-FD_ORDER = (FD_ROOT, FD_CALLER_NETNS, FD_TARGET_NETNS, FD_NETLINK)
+FD_ORDER = (FD_CALLER_NETNS, FD_TARGET_NETNS, FD_NETLINK)
 
 # Bounds (the launcher's are the same or smaller): a request larger than these is refused
 # before it is read, a reply larger than MAX_OUTPUT is served by the one-shot path instead.
@@ -95,7 +118,7 @@ def parse_header(data: bytes) -> Header:
         raise ProtocolError("short header")
     magic, build, flags, argc, envc, strings_len, stdin_len, reserved = HEADER.unpack(data)
     if magic != MAGIC:
-        raise ProtocolError("not a cnibox agent request (bad magic)")
+        raise ProtocolError("not a cnibox agent request of this version (bad magic)")
     if flags & ~sum(FD_ORDER) or reserved:
         raise ProtocolError("unknown flags")
     if argc < 1 or argc > MAX_ARGS or envc > MAX_ENV:
@@ -204,3 +227,46 @@ def parse_reply(kind: int, payload: bytes) -> Reply:
             out = payload[RESULT_HEAD.size : RESULT_HEAD.size + out_len]
             return Reply(kind, code=code, stdout=out, stderr=payload[RESULT_HEAD.size + out_len :])
     raise ProtocolError(f"bad reply frame (type {kind}, {len(payload)} bytes)")
+
+
+def file_frame(op: int, path: str) -> bytes:
+    """FILE: the agent asks the caller for one operation on `path` (as the caller names it)."""
+    return frame(FRAME_FILE, FILE_HEAD.pack(op) + _encode(path))
+
+
+def parse_file_frame(payload: bytes) -> tuple[int, str]:
+    """(operation, path) of a FILE frame's payload; ProtocolError when malformed."""
+    if len(payload) <= FILE_HEAD.size or len(payload) > FILE_HEAD.size + MAX_FILE_PATH:
+        raise ProtocolError("bad file request length")
+    (op,) = FILE_HEAD.unpack_from(payload)
+    raw = payload[FILE_HEAD.size :]
+    if op not in FILE_OPS or b"\0" in raw:
+        raise ProtocolError("bad file request")
+    return op, _decode(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class FileAnswer:
+    """The caller's answer to a FILE frame (its descriptor, if any, travels beside it)."""
+
+    errno: int = 0
+    mode: int = 0
+    dev: int = 0
+    ino: int = 0
+    has_fd: bool = False
+    refused: bool = False
+
+
+def encode_file_answer(answer: FileAnswer) -> bytes:
+    return FILE_ANSWER.pack(
+        answer.errno, answer.mode, answer.dev, answer.ino, int(answer.has_fd), int(answer.refused)
+    )
+
+
+def parse_file_answer(data: bytes) -> FileAnswer:
+    if len(data) != FILE_ANSWER.size:
+        raise ProtocolError("short file answer")
+    err, mode, dev, ino, has_fd, refused = FILE_ANSWER.unpack(data)
+    if has_fd not in (0, 1) or refused not in (0, 1) or (refused and has_fd):
+        raise ProtocolError("bad file answer")
+    return FileAnswer(err, mode, dev, ino, bool(has_fd), bool(refused))

@@ -2,13 +2,15 @@
 a path another process named (the kubeconfig, its token and CA files, the xtables lock file,
 the config's log_file and its rotation).
 
-Two kinds:
+Three kinds:
 - `OWN_FILES`: this process's own view, the plain operations (the one-shot plugin, the
   installer, the repair controller, tests);
-- `RootedFiles(root_fd, cwd)`: another process's view, from descriptors it handed over (a
-  node agent's worker serving the launcher): every path is opened through the caller's root
-  with openat2(RESOLVE_IN_ROOT), so it resolves as in the caller's mount namespace even
-  though the agent's pod has another filesystem.
+- `RootedFiles(root_fd, cwd)`: a filesystem mounted elsewhere, through a directory this
+  process opened itself (the keeper's `--host-root`): every path is opened through it with
+  openat2(RESOLVE_IN_ROOT), so it resolves as on the node;
+- a node agent's worker asks its caller, the launcher, for each file it needs
+  (agent/caller_files.py `AskedFiles`): the caller opens it with its own authority, and
+  only a path the request named (issue 24: no root descriptor crosses the socket).
 
 Nothing here is process-wide: whoever serves a caller builds its `Files` and passes it
 down (plugin/ports.py `PluginDeps.files`); reading stays effects/inputs.py's (bounded,
@@ -38,15 +40,38 @@ class Files(Protocol):
         os.open raises it."""
         ...
 
-    def directory_of(self, path: str) -> tuple[int | None, str]:
-        """(a descriptor of `path`'s directory, the last component), for the *at calls
-        (`dir_fd=`) of code that opens, stats and renames in one directory; (None, path)
-        when plain paths do. The descriptor is the caller's to close."""
+    def lstat(self, path: str) -> FileStat:
+        """os.lstat(path) as that process sees it (OSError as os.lstat raises it)."""
         ...
 
-    def lexists(self, path: str) -> bool:
-        """os.path.lexists(path) as that process sees it."""
+    def rotate(self, path: str) -> None:
+        """os.replace(path, path + ".1"): a log file's one rotation."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class FileStat:
+    """What callers of `Files.lstat` look at: the file's type and identity."""
+
+    mode: int
+    dev: int
+    ino: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileStat:
+        return cls(st.st_mode, st.st_dev, st.st_ino)
+
+
+def exists(files: Files, path: str) -> bool:
+    """os.path.lexists through `files`: there unless lstat says it is missing (a path that is
+    there but not ours to look at is there, as lstat's EACCES is not "missing")."""
+    try:
+        files.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +81,11 @@ class OwnFiles:
     def open_fd(self, path: str, flags: int, mode: int = 0o666) -> int:
         return os.open(path, flags | os.O_CLOEXEC, mode)
 
-    def directory_of(self, path: str) -> tuple[int | None, str]:
-        return None, path
+    def lstat(self, path: str) -> FileStat:
+        return FileStat.of(os.lstat(path))
 
-    def lexists(self, path: str) -> bool:
-        return os.path.lexists(path)
+    def rotate(self, path: str) -> None:
+        os.replace(path, path + ".1")
 
 
 # Immutable and stateless: one value is as good as another.
@@ -78,25 +103,27 @@ class RootedFiles:
     def open_fd(self, path: str, flags: int, mode: int = 0o666) -> int:
         return _openat2_in_root(self.root_fd, os.path.join(self.cwd, path), flags, mode)
 
-    def directory_of(self, path: str) -> tuple[int | None, str]:
+    def lstat(self, path: str) -> FileStat:
+        fd = self.open_fd(path, os.O_PATH | os.O_NOFOLLOW)
+        try:
+            return FileStat.of(os.fstat(fd))
+        finally:
+            os.close(fd)
+
+    def rotate(self, path: str) -> None:
+        # Both names in one directory, resolved once through the root.
         directory, name = os.path.split(os.path.join(self.cwd, path))
         fd = _openat2_in_root(self.root_fd, directory or "/", os.O_PATH | os.O_DIRECTORY, 0)
-        return fd, name
-
-    def lexists(self, path: str) -> bool:
         try:
-            os.close(self.open_fd(path, os.O_PATH | os.O_NOFOLLOW))
-        except FileNotFoundError:
-            return False
-        except OSError:
-            return True  # there, but not ours to look at (as lstat's EACCES is not "missing")
-        return True
+            os.replace(name, name + ".1", src_dir_fd=fd, dst_dir_fd=fd)
+        finally:
+            os.close(fd)
 
 
 @cache
 def _open_how() -> Any:
     """struct open_how (linux/openat2.h), made once (a class: immutable once made). ctypes
-    is loaded only here, when a caller's root is used: most processes never need it."""
+    is loaded only here, when a mounted root is used: most processes never need it."""
     import ctypes
 
     class OpenHow(ctypes.Structure):

@@ -10,8 +10,8 @@ Rules of this module:
    read: the installer's reader (effects/fs.py `read_file`) words the same failures its way.
    Paths are opened as the process being served sees them: through the `Files` its
    caller passes (effects/caller.py; default `OWN_FILES`, a plain open(2)). A node agent's
-   worker passes the caller's root and cwd, so it reads the caller's kubeconfig, token and
-   CA with exactly these bounds and checks.
+   worker passes its caller, which opens them (agent/caller_files.py), so it reads the
+   caller's kubeconfig, token and CA with exactly these bounds and checks.
 2. Nothing is read beyond `limit + 1` bytes; an input over its limit (core/limits.py) is
    refused with `UnreadableInput` naming the input and the limit.
 3. Lines are streamed (`lines`) where an input may legitimately be large: one line in memory

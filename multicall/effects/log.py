@@ -25,6 +25,7 @@ from typing import BinaryIO
 
 from multicall.core import logs
 from multicall.effects.caller import OWN_FILES, Files
+from multicall.errors import ServeElsewhere
 
 LOG_FILE_MAX_BYTES = 10 << 20  # then PATH.1: at most ~20 MiB on disk
 
@@ -114,22 +115,27 @@ class LogFile:
         self.files = files
         self.fd = -1
         self.problem = ""
-        # Every call below is relative to the file's directory as the process it logs for
-        # sees it (`files`): the path itself, or (in a node agent's worker) the caller's
-        # directory resolved through its root (effects/caller.py), so the lines land on the
-        # node.
-        self.dir_fd: int | None = None
-        self.name = path
+        # Every path below is the file as the process it logs for sees it (`files`): the
+        # path itself, or (in a node agent's worker) the caller's file, opened by the
+        # caller (agent/caller_files.py), so the lines land on the node.
 
     def open(self) -> bool:
         problem = logs.log_file_problem(self.path)
         if problem is not None:
             self.problem = f"{self.path}: {problem}"
             return False
-        return self._guard(self._locate) and self._guard(self._open)
+        return self._guard(self._open)
 
     def write(self, data: bytes) -> bool:
-        return self.fd >= 0 and self._guard(lambda: self._write(data))
+        try:
+            return self.fd >= 0 and self._guard(lambda: self._write(data))
+        except ServeElsewhere as exc:
+            # Opened, then the caller that opens its files for an agent's worker stopped
+            # answering (agent/caller_files.py): the work goes on, the file is dropped
+            # (rule 1). Only the first open hands the request back, before any change.
+            self.problem = f"{self.path}: {exc.reason}"
+            self.close()
+            return False
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -138,12 +144,6 @@ class LogFile:
 
     def release(self) -> None:
         self.close()
-        if self.dir_fd is not None:
-            os.close(self.dir_fd)
-            self.dir_fd = None
-
-    def _locate(self) -> None:
-        self.dir_fd, self.name = self.files.directory_of(self.path)
 
     def _guard(self, action: Callable[[], None]) -> bool:
         try:
@@ -156,16 +156,16 @@ class LogFile:
 
     def _open(self) -> None:
         try:
-            existing = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
+            existing = self.files.lstat(self.path)
         except FileNotFoundError:
             pass
         else:
-            if not stat.S_ISREG(existing.st_mode):
+            if not stat.S_ISREG(existing.mode):
                 raise OSError(0, "not a regular file")
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         # O_NOFOLLOW, O_NONBLOCK and the check below hold even if the path changed since
         # lstat: a symlink is not followed, a FIFO does not hang the plugin.
-        fd = os.open(self.name, flags | os.O_NONBLOCK, 0o600, dir_fd=self.dir_fd)
+        fd = self.files.open_fd(self.path, flags | os.O_NONBLOCK, 0o600)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise OSError(0, "not a regular file")
@@ -180,8 +180,7 @@ class LogFile:
                 fcntl.flock(self.fd, fcntl.LOCK_EX)
             size = os.fstat(self.fd).st_size
             if size and size + len(data) > self.max_bytes:
-                os.replace(self.name, self.name + ".1", src_dir_fd=self.dir_fd,
-                           dst_dir_fd=self.dir_fd)  # fmt: skip
+                self.files.rotate(self.path)
                 self._open()
                 fcntl.flock(self.fd, fcntl.LOCK_EX)
             os.write(self.fd, data)
@@ -192,8 +191,8 @@ class LogFile:
     def _replaced(self) -> bool:
         """Whether the path names another file than the one open (rotated or removed)."""
         try:
-            st = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
+            st = self.files.lstat(self.path)
         except FileNotFoundError:
             return True
         mine = os.fstat(self.fd)
-        return (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino)
+        return (st.dev, st.ino) != (mine.st_dev, mine.st_ino)

@@ -402,6 +402,90 @@ def test_an_impostor_socket_gets_nothing_and_the_add_runs_one_shot(
     assert agent.served("ADD") == 0
 
 
+# A rogue agent that passes every check of the launcher's (root, the caller's user namespace,
+# CAP_NET_ADMIN: what a privileged pod with the socket directory mounted has) takes the socket
+# over, accepts the request and asks the launcher for files (issue 24: "no root directory
+# descriptor; the launcher opens the kubeconfig, token, CA, log file and xtables lock itself").
+ROGUE = r"""
+import json, os, socket, struct, sys
+path, report, asks = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+sock = socket.socket(socket.AF_UNIX)
+sock.bind(path + ".rogue")
+sock.listen(8)
+os.rename(path + ".rogue", path)
+open(report + ".ready", "w").close()
+sock.settimeout(60)
+conn, _ = sock.accept()
+conn.settimeout(10)
+head, fds, _, _ = socket.recv_fds(conn, 48, 8)
+while len(head) < 48:
+    head += conn.recv(48 - len(head))
+magic, _build, flags, _argc, _envc, strings, stdin, _ = struct.unpack("<8s16sIIIIII", head)
+rest = strings + stdin
+while rest:
+    rest -= len(conn.recv(rest))
+conn.sendall(struct.pack("<III", 1, 4, 10000))  # ACCEPT
+answers = []
+for op, asked in asks:
+    data = struct.pack("<I", op) + asked.encode()
+    conn.sendall(struct.pack("<II", 4, len(data)) + data)  # FILE
+    answer, got, _, _ = socket.recv_fds(conn, 32, 1)
+    err, mode, _dev, _ino, has_fd, refused = struct.unpack("<IIQQII", answer)
+    content = os.read(got[0], 64).decode("latin-1") if got else None
+    answers.append({"errno": err, "dir": mode >> 12 == 4, "fds": len(got),
+                    "refused": refused, "content": content})
+conn.sendall(struct.pack("<II", 2, 4) + b"nope")  # FALLBACK
+with open(report, "w") as f:
+    json.dump({"magic": magic.decode(), "flags": flags, "fds": len(fds), "answers": answers}, f)
+"""
+
+
+def test_a_rogue_agent_gets_only_the_files_the_request_named(
+    node: Node, agent: AgentProcess, tmp_path: Path
+) -> None:
+    """Issue 24 "hand over only what a request needs": the launcher hands no root directory
+    (protocol 1 handed "/", through which the audit's impostor read a 0600 host file) and
+    opens for the agent only paths the request named, with flags of its own: a rogue agent
+    that passes every peer check gets the config's kubeconfig, but not a secret file, not
+    /etc/shadow, not a directory (a descriptor to resolve any path from), not even a stat
+    of what was not named. The ADD then runs one-shot and succeeds."""
+    secret = tmp_path / "secret"
+    secret.write_text("TOPSECRET")
+    secret.chmod(0o600)
+    read, stat_op = 1, 5
+    asks = [
+        (read, str(secret)),
+        (stat_op, str(secret)),
+        (read, "/etc/shadow"),
+        (read, str(node.kubeconfig)),  # named by the network config on stdin
+        (read, "/"),  # "/" occurs in stdin, but a directory is never handed
+        (read, str(node.kubeconfig.parent)),
+    ]
+    report = tmp_path / "rogue.json"
+    rogue = subprocess.Popen(
+        [sys.executable, "-c", ROGUE, agent.socket, str(report), json.dumps(asks)]
+    )
+    try:
+        _wait(Path(f"{report}.ready").exists, "the rogue's socket")
+        _fallback_add(node, via(agent))
+        rogue.wait(timeout=30)
+    finally:
+        rogue.kill()
+        rogue.wait()
+    got = json.loads(report.read_text())
+    assert got["magic"] == "CBXAGNT2"
+    assert not got["flags"] & 1  # version 1's root directory
+    assert got["fds"] == 3  # the caller's netns, CNI_NETNS, a netlink socket made in it
+    secret_read, secret_stat, shadow, kubeconfig, root, parent = got["answers"]
+    for refused in (secret_read, secret_stat, shadow):
+        assert refused == {"errno": 0, "dir": False, "fds": 0, "refused": 1, "content": None}
+    assert kubeconfig["fds"] == 1
+    assert kubeconfig["content"] == node.kubeconfig.read_text()[:64]
+    for directory in (root, parent):
+        assert directory == {"errno": 0, "dir": True, "fds": 0, "refused": 0, "content": None}
+    assert agent.served("ADD") == 0
+
+
 @pytest.mark.parametrize(
     ("how", "used"),
     [("group-writable", False), ("other-writable", False), ("not root's", False),

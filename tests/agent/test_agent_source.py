@@ -262,13 +262,7 @@ def test_a_pod_netns_the_worker_cannot_trust_is_handed_back(
     problem is handed back before anything runs, for the one-shot path to word."""
     rig, _node, kubeconfig, agent = setup
     env = env_for(rig.pod().netns, MESHED)
-    flags, fds = (
-        proto.FD_ROOT | proto.FD_CALLER_NETNS,
-        [
-            os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
-            os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC),
-        ],
-    )
+    flags, fds = proto.FD_CALLER_NETNS, [os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)]
     if target == "regular file":
         plain = tmp_path / "not-a-netns"
         plain.write_bytes(b"")
@@ -400,14 +394,14 @@ def hand_over(agent: AgentProcess, env: dict[str, str], stdin: bytes, flags: int
 
     data = proto.encode_request(SOURCE_BUILD, ("linkerd-cni",), env, "/", stdin, flags)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    call = agent_client.Call(sock, fds)
+    call = agent_client.Call(sock, fds, [stdin, *(f"{k}={v}".encode() for k, v in env.items())])
     try:
         sock.settimeout(30)
         sock.connect(agent.socket)
         socket.send_fds(sock, [data[: proto.HEADER.size]], fds)
         sock.sendall(data[proto.HEADER.size :])
-        accepted = agent_client.read_reply(sock)
-        reply = agent_client.read_reply(sock)
+        accepted = agent_client.read_reply(sock, call)
+        reply = agent_client.read_reply(sock, call)
     finally:
         call.close()
     assert accepted is not None
@@ -494,7 +488,6 @@ def test_a_netlink_socket_that_is_not_the_pods_is_handed_back(
     else:
         netlink = _socket_in(where[made_in], *kind)
     fds = [
-        os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
         os.open(node.path, os.O_RDONLY | os.O_CLOEXEC),  # the caller's: the agent's
         os.open(pod_ns.path, os.O_RDONLY | os.O_CLOEXEC),
         netlink,

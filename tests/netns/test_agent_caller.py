@@ -1,10 +1,11 @@
-"""The firewall and the files as a node agent's worker reaches them (effects/caller.py, the
-descriptors passed explicitly), from source, in forked children that hold what a worker gets
-from the launcher: nf_tables
+"""The firewall and the files as a node agent's worker reaches them (agent/caller_files.py,
+the descriptors passed explicitly), from source, in forked children that hold what a worker
+gets from the launcher: nf_tables
 through the netlink socket the caller made inside the pod's netns, never entering it, with the
 hardened backend's batch sizing, generation-id guard and read-back verdicts (issue 12) working
 on that socket; legacy under the caller's xtables lock, and the config's log_file, both opened
-through the caller's root descriptor.
+by the caller on the worker's FILE requests: here a forked "caller" chrooted into a directory
+that stands for the node's /, answering as the launcher does (tests/support/agent_client.py).
 
 Every lock is a file under the test's own directory. Cost: about 3 s.
 """
@@ -23,17 +24,17 @@ from typing import Any
 
 import pytest
 
+from multicall.agent.caller_files import AskedFiles
 from multicall.core.firewall.model import Family, Mode, ProxyInitOptions
 from multicall.core.firewall.proxy_init import expected_table, strip_counters
 from multicall.effects import ns
-from multicall.effects.caller import RootedFiles
 from multicall.effects.firewall import engine
 from multicall.effects.firewall.locks import XtablesLock
 from multicall.effects.firewall.nft import NETLINK_NETFILTER, HandedSocket, NftBackend
 from multicall.errors import FirewallConflict
 from multicall.plugin.ports import PluginDeps, RealFirewall
 from multicall.plugin.run import PluginRequest, run_plugin
-from tests.support import require_tool
+from tests.support import agent_client, require_tool
 from tests.support.concurrency import Forked, add_env, add_stdin, flock_held, release
 from tests.support.fakes import FakeKube
 from tests.support.nft import big_change
@@ -53,7 +54,7 @@ class Handed:
     """What a worker holds of its caller, as it passes them down: its files, and the pod
     netns with the netlink socket the caller made in it."""
 
-    files: RootedFiles
+    files: AskedFiles
     pod: ns.NetnsRef
 
     @property
@@ -62,13 +63,43 @@ class Handed:
         return HandedSocket(self.pod.netlink_fd, self.pod.fd)
 
 
+def caller_in(
+    root: str, sock: socket.socket, named: tuple[str, ...], worker_end: socket.socket
+) -> Forked:
+    """A forked caller whose / is `root` (chroot), answering the FILE frames that arrive on
+    `sock` as the launcher does for a request that named `named`, until EOF (the worker's
+    end closed everywhere: this child's copy first)."""
+
+    def serve() -> int:
+        worker_end.close()
+        if root != "/":
+            os.chroot(root)
+            os.chdir("/")
+        call = agent_client.Call(sock, [], [os.fsencode(n) for n in named])
+        while (head := agent_client._exactly(sock, 8)) is not None:
+            kind, length = struct.unpack("<II", head)
+            assert kind == 4, kind  # FRAME_FILE: nothing else flows this way
+            agent_client.answer_file(call, agent_client._exactly(sock, length) or b"")
+        return call.asked
+
+    return Forked(serve)
+
+
 def as_worker(
-    pod: Netns, root: str, work: Callable[[Handed], object], *, enter: bool = False
+    pod: Netns,
+    root: str,
+    work: Callable[[Handed], object],
+    *,
+    enter: bool = False,
+    named: tuple[str, ...] = ("/run/xtables.lock",),
 ) -> Any:
-    """`work(handed)` in a forked child that holds what a worker gets from the launcher: the
-    caller's root (`root`), the pod netns and a netlink socket made inside it. Unless `enter`
-    (legacy: libiptc needs the netns entered) the child may not enter any netns: a setns
-    fails the test."""
+    """`work(handed)` in a forked child that holds what a worker gets from the launcher: a
+    caller whose / is `root` that opens the files the request `named`, the pod netns and a
+    netlink socket made inside it. Unless `enter` (legacy: libiptc needs the netns entered)
+    the child may not enter any netns: a setns fails the test."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    caller = caller_in(root, theirs, named, mine)
+    theirs.close()
 
     def child() -> object:
         target = os.open(pod.path, os.O_RDONLY | os.O_CLOEXEC)
@@ -76,7 +107,7 @@ def as_worker(
         ns.setns(target, ns.CLONE_NEWNET)  # as the launcher does: in, socket(), back
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
         ns.setns(home, ns.CLONE_NEWNET)
-        files = RootedFiles(os.open(root, os.O_PATH | os.O_CLOEXEC))
+        files = AskedFiles(mine)
         ref = ns.NetnsRef(pod.path, fd=target, netlink_fd=sock.detach(), for_caller=True)
 
         def entered(fd: int, path: str, *, for_caller: bool = False) -> None:
@@ -86,7 +117,13 @@ def as_worker(
             ns._switch = entered  # nft must not need setns
         return work(Handed(files, ref))
 
-    return release([Forked(child)])[0].result()
+    worker = Forked(child)
+    mine.close()
+    release([caller, worker])
+    try:
+        return worker.result()
+    finally:
+        caller.result()
 
 
 def test_a_batch_beyond_the_default_socket_buffers_through_the_callers_socket(rig: Rig) -> None:
@@ -264,7 +301,7 @@ def test_the_log_file_is_the_callers(rig: Rig, tmp_path: Path) -> None:
         log.close()
         return os.path.lexists(name)
 
-    assert as_worker(pod, str(host), work) is False
+    assert as_worker(pod, str(host), work, named=(name,)) is False
     current, rotated = host / name.lstrip("/"), host / (name.lstrip("/") + ".1")
     assert "line 5 of" in current.read_text()
     assert "line 3 of" in rotated.read_text()  # two ~90-byte lines per file
@@ -277,5 +314,5 @@ def test_the_log_file_is_the_callers(rig: Rig, tmp_path: Path) -> None:
         log.open_file(name, files=handed.files)
         return "" if log.file is not None else "refused"
 
-    assert as_worker(pod, str(host), planted) == "refused"
+    assert as_worker(pod, str(host), planted, named=(name,)) == "refused"
     assert not (host / "etc" / "target").exists()

@@ -21,7 +21,7 @@ def roundtrip(data: bytes, fds: list[int]) -> proto.Request:
 
 def test_request_roundtrip() -> None:
     env = {"CNI_COMMAND": "ADD", "CNI_NETNS": "/var/run/netns/x", "EMPTY": ""}
-    flags = proto.FD_ROOT | proto.FD_CALLER_NETNS | proto.FD_NETLINK
+    flags = proto.FD_CALLER_NETNS | proto.FD_TARGET_NETNS | proto.FD_NETLINK
     data = proto.encode_request(BUILD, ("linkerd-cni",), env, "/root", b'{"a": 1}\n', flags)
     req = roundtrip(data, [7, 8, 9])
     assert req.build == BUILD
@@ -29,7 +29,11 @@ def test_request_roundtrip() -> None:
     assert dict(req.env) == env
     assert req.cwd == "/root"
     assert req.stdin == b'{"a": 1}\n'
-    assert dict(req.fds) == {proto.FD_ROOT: 7, proto.FD_CALLER_NETNS: 8, proto.FD_NETLINK: 9}
+    assert dict(req.fds) == {
+        proto.FD_CALLER_NETNS: 7,
+        proto.FD_TARGET_NETNS: 8,
+        proto.FD_NETLINK: 9,
+    }
     assert req.command == "ADD"
 
 
@@ -84,7 +88,7 @@ def test_header_bounds(fields: dict[str, object], message: str) -> None:
 
 
 def test_body_must_match_its_header() -> None:
-    data = proto.encode_request(BUILD, ("a", "b"), {"K": "V"}, "/", b"in", proto.FD_ROOT)
+    data = proto.encode_request(BUILD, ("a", "b"), {"K": "V"}, "/", b"in", proto.FD_CALLER_NETNS)
     header = proto.parse_header(data[: proto.HEADER.size])
     body = data[proto.HEADER.size :]
     with pytest.raises(proto.ProtocolError, match="descriptors"):
@@ -237,3 +241,34 @@ def test_flags() -> None:
     for bad in (["--nope"], ["--socket"], ["--log-level", "loud"], ["--log-format", "xml"], ["x"]):
         with pytest.raises(UsageError):
             parse_args(bad)
+
+
+def test_version_1_and_its_root_descriptor_are_refused() -> None:
+    """Issue 24: a launcher of protocol 1 handed the caller's root directory (flag 1). An
+    agent of version 2 reads neither its magic nor that flag: such a caller runs one-shot."""
+    data = proto.encode_request(BUILD, ("a",), {}, "/", b"", proto.FD_CALLER_NETNS)
+    v1 = b"CBXAGNT1" + data[8 : proto.HEADER.size]
+    with pytest.raises(proto.ProtocolError, match="bad magic"):
+        proto.parse_header(v1)
+    root_flag = proto.HEADER.pack(proto.MAGIC, BUILD.encode(), 1, 1, 0, 2, 0, 0)
+    with pytest.raises(proto.ProtocolError, match="unknown flags"):
+        proto.parse_header(root_flag)
+
+
+def test_file_frames_roundtrip_and_bounds() -> None:
+    payload = proto.file_frame(proto.FILE_READ, "/etc/cni/net.d/ZZZ-kubeconfig")[proto.FRAME.size :]
+    assert proto.parse_file_frame(payload) == (proto.FILE_READ, "/etc/cni/net.d/ZZZ-kubeconfig")
+    for bad in (
+        proto.FILE_HEAD.pack(proto.FILE_READ),  # no path
+        proto.FILE_HEAD.pack(99) + b"/x",  # no such operation
+        proto.FILE_HEAD.pack(proto.FILE_READ) + b"/a\0b",  # a NUL inside
+        proto.FILE_HEAD.pack(proto.FILE_READ) + b"/" * (proto.MAX_FILE_PATH + 1),
+    ):
+        with pytest.raises(proto.ProtocolError):
+            proto.parse_file_frame(bad)
+    answer = proto.FileAnswer(errno=0, mode=0o100600, dev=3, ino=2**40, has_fd=True)
+    assert proto.parse_file_answer(proto.encode_file_answer(answer)) == answer
+    with pytest.raises(proto.ProtocolError):
+        proto.parse_file_answer(proto.FILE_ANSWER.pack(0, 0, 0, 0, 1, 1))  # refused with fd
+    with pytest.raises(proto.ProtocolError):
+        proto.parse_file_answer(b"short")

@@ -343,7 +343,7 @@ def test_iptables_verify_objects(data: bytes, option: str) -> None:
 AGENT_ENV = {"CNI_COMMAND": "ADD", "CNI_NETNS": "/var/run/netns/cni-1", "CNI_IFNAME": "eth0"}
 AGENT_SEEDS = [
     proto.encode_request(proto.SOURCE_BUILD, ("linkerd-cni",), AGENT_ENV, "/", b"{}", flags)
-    for flags in (0, proto.FD_ROOT | proto.FD_CALLER_NETNS, sum(proto.FD_ORDER))
+    for flags in (0, proto.FD_CALLER_NETNS, sum(proto.FD_ORDER))
 ]
 
 

@@ -17,9 +17,9 @@ Rules of this module:
    lock Istio's CNI uses as its pod-scoped xtables lock (`XTABLES_LOCKFILE=<netns path>`).
    Only then is the host-wide xtables lock taken, so cnibox holds it for one commit's time.
 4. The lock file is a path in the caller's mount namespace (the host's /run for the plugin the
-   runtime execs). A node agent's worker opens it through the caller's root descriptor
-   (`XtablesLock(files=RootedFiles(...))`, effects/caller.py) with the caller's
-   `XTABLES_LOCKFILE` (`XtablesLock(env=...)`),
+   runtime execs). A node agent's worker has the caller open it (`XtablesLock(files=
+   AskedFiles(...))`, agent/caller_files.py) with the caller's `XTABLES_LOCKFILE`
+   (`XtablesLock(env=...)`),
    so it takes exactly the lock the one-shot plugin in its place would take, whatever the
    agent's own filesystem is (docs/agent.md "Privileges"). `XtablesLock(path=...)` injects
    another path: the repair controller, which runs in a pod, passes the host's lock as that
@@ -47,7 +47,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from multicall.core.logs import MessageLog, quiet
-from multicall.effects.caller import OWN_FILES, Files
+from multicall.effects.caller import OWN_FILES, Files, exists
 from multicall.effects.ns import OWN_NETNS
 from multicall.errors import FirewallError
 
@@ -135,7 +135,7 @@ def _open_lock_file(path: str, files: Files, log: MessageLog) -> int | None:
         fd = files.open_fd(path, flags, 0o600)
     except OSError as exc:
         directory = os.path.dirname(path) or "."
-        if exc.errno == errno_mod.ENOENT and not files.lexists(directory):
+        if exc.errno == errno_mod.ENOENT and not exists(files, directory):
             log(f"no {directory} in this mount namespace: nobody here can hold the xtables lock")
             return None
         raise FirewallError(

@@ -17,8 +17,8 @@ Rules of this module:
 6. With `warm` (a node agent's worker only, never a one-shot process) the connection may have
    been made before the request arrived, and the connection a request ended with may be
    kept for the next one: effects/kube/warm.py says when. Files the client reads
-   (kubeconfig, token, CA) are read by effects/inputs.py, which a worker points at the
-   caller's root (effects/caller.py).
+   (kubeconfig, token, CA) are read by effects/inputs.py, which a worker points at its
+   caller (agent/caller_files.py: the launcher opens them).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ the CA it trusts (as an ssl context), the API deadline from the environment, and
 endpoint of the server URL; with client-go's wording of each failure.
 
 Files (kubeconfig, token, CA) are read bounded, non-blocking and regular files only
-(effects/inputs.py), which a node agent's worker points at the caller's root
-(effects/caller.py). What goes on the wire is checked first: the server URL and the token
+(effects/inputs.py), which a node agent's worker points at its caller
+(agent/caller_files.py). What goes on the wire is checked first: the server URL and the token
 (core/kube/kubeconfig.py `parse_server`, `check_token`) cannot inject headers.
 """
 
@@ -177,7 +177,7 @@ def tls_context(
         pem = config.ca_data.decode("ascii", "replace")
     elif config.ca_file:
         # Read as every input is (bounded, a regular file, no blocking open; in an agent's
-        # worker through the caller's root, `files`): OpenSSL's own fopen would wait forever on a
+        # worker opened by the caller, `files`): OpenSSL's own fopen would wait forever on a
         # FIFO and read /dev/zero without end.
         pem = read_text_file(
             config.ca_file, limit=CA_FILE, what="certificate-authority file", files=files

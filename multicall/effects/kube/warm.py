@@ -14,7 +14,7 @@ Rules (docs/agent.md, "Warm API connections"):
    (effects/http.py rule 3: retried once if the server closed it, never after a timeout).
 3. A worker that serves several requests (`park_connections`) keeps the connection a
    request ended with, when it is intact, as the next request's warm one. A kubeconfig that
-   trusts a CA file (read per request, through the caller's root) neither leaves nor adopts
+   trusts a CA file (read per request, opened by the caller) neither leaves nor adopts
    one.
 """
 
@@ -84,7 +84,7 @@ class WarmConnections:
     def warm_hint(self) -> dict[str, object] | None:
         """What `warm_up` needs to reach the API server of this process's last request (not
         its token: a warm connection sends nothing); None when it used a CA file (read per
-        request, through the caller's root) or CA data over MAX_HINT_CA."""
+        request, opened by the caller) or CA data over MAX_HINT_CA."""
         config = self._last_config
         if config is None:
             return None
