@@ -94,11 +94,16 @@ def session_agent(
     try:
         yield
     finally:
-        served = sum(v for k, v in agent.metrics().items() if "requests_total" in k)
+        metrics = agent.metrics()
+        served = sum(v for k, v in metrics.items() if "requests_total" in k)
+        # A file the launcher refused (agent/caller_files.py) falls back silently: the
+        # result is right either way, so count it here, where it would otherwise hide.
+        refused = {k: v for k, v in metrics.items() if "caller refused a file" in k and v}
         assert agent.stop() == 0, "".join(agent.log[-20:])
         print(f"\nsession agent served {served:.0f} requests")
     ran_libcni = any("test_linkerd_cni" in item.nodeid for item in request.session.items)
     assert served > 0 or not ran_libcni, "agent mode, but the agent served no request"
+    assert not refused, f"the launcher refused files the agent asked for: {refused}"
 
 
 @pytest.fixture(scope="session", autouse=True)

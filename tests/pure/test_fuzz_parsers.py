@@ -374,6 +374,35 @@ def test_agent_request(data: bytes, header: tuple[int, ...] | None, nfds: int) -
     assert sorted(request.fds) == [f for f in proto.FD_ORDER if head.flags & f]
 
 
+FILE_SEEDS = [
+    proto.file_frame(op, path)[proto.FRAME.size :]
+    for op, path in ((proto.FILE_READ, "/etc/cni/net.d/ZZZ-kubeconfig"), (proto.FILE_ROTATE, "l"))
+] + [proto.encode_file_answer(proto.FileAnswer(2, 0o100600, 1, 2, False, False))]
+
+
+@fuzz(examples=300)
+@given(data=st.one_of(mutated(FILE_SEEDS), st.binary(max_size=80)))
+def test_agent_file_frames(data: bytes) -> None:
+    """The FILE frame and its answer (protocol 2, agent/caller_files.py): an operation of the
+    fixed set on a path of 1..4096 bytes without a NUL, a well-formed answer (never a
+    descriptor and a refusal at once), or ProtocolError; nothing else."""
+    try:
+        op, path = proto.parse_file_frame(data)
+    except proto.ProtocolError:
+        pass
+    else:
+        assert op in proto.FILE_OPS
+        assert path
+        assert "\0" not in path
+        assert len(os.fsencode(path)) <= proto.MAX_FILE_PATH
+    try:
+        answer = proto.parse_file_answer(data)
+    except proto.ProtocolError:
+        return
+    assert not (answer.refused and answer.has_fd)
+    assert proto.parse_file_answer(proto.encode_file_answer(answer)) == answer
+
+
 STATUS_SEED = (
     b"Name:\tcnibox\nUmask:\t0022\nState:\tS (sleeping)\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n"
     b"CapInh:\t0000000000000000\nCapPrm:\t000001ffffffffff\nCapEff:\t000001ffffffffff\n"
