@@ -112,8 +112,9 @@ def test_idle_and_dripping_callers_do_not_delay_a_real_add_nor_fork_workers(
     setup: tuple[Rig, Netns, Path, AgentProcess],
 ) -> None:
     """Finding 4 and the acceptance's flood: 2,000 connections, 1,992 idle and 8 clients
-    dripping a byte every 0.5 s, do not hold real ADDs (their latency stays within twice the unloaded one, generously) and cost no
-    worker: a request gets one only once it is read whole."""
+    dripping a byte every 0.5 s, do not hold real ADDs (their latency stays within twice
+    the unloaded one, generously) and cost no worker: a request gets one only once it is
+    read whole."""
     rig, node, kubeconfig, agent = setup
 
     def add() -> float:
