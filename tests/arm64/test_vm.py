@@ -13,21 +13,14 @@ stage) and alone in `make test-arm64-vm`; needs root (netns for QEMU and the API
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.arm64 import vm
-from tests.arm64.artifact import arm64_artifact
-from tests.support import require_root, require_tool
-from tests.support.kubeapi import KubeApi
-from tests.support.libcni import conflist, primary_plugin
+from tests.arm64.vm_stage import booted, require_vm_stage
 from tests.support.oracles import SAVE
-from tests.support.pki import make_pki
 from tests.support.pods import MESHED
-from tests.support.rig import Rig
 from tests.support.scenarios import comparable_save, fixture_text
 
 pytestmark = [pytest.mark.binary, pytest.mark.netns, pytest.mark.slow]
@@ -62,46 +55,11 @@ def guest_script() -> str:
 @pytest.fixture(scope="module")
 def boot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vm.Boot]:
     """One boot running every step; the API server listens in QEMU's throwaway netns."""
-    if not os.environ.get("CNIBOX_ARM64_VM"):
-        pytest.skip("the arm64 VM stage runs in `make test-arm64` (CNIBOX_ARM64_VM=1)")
-    artifact = arm64_artifact()
-    require_root()
-    for tool in ("qemu-system-aarch64", "readelf", "nsenter"):
-        require_tool(tool)
-    if not vm.DEBS.is_dir():
-        pytest.fail(f"{vm.DEBS} missing: `make build ARCH=arm64` creates the arm64 root")
+    require_vm_stage()  # before a directory is made for nothing
     work = tmp_path_factory.mktemp("arm64-vm")
-    rig = Rig()
-    api = KubeApi(make_pki(work / "pki", extra_ips=(vm.GUEST_HOST,)))
-    try:
-        host = rig.netns("q")
-        api.add_pod(MESHED)
-        api.start(host.path)
-        kubeconfig = api.kubeconfig(work / "kubeconfig").read_text()
-        inputs = {
-            "kubeconfig": kubeconfig.replace(
-                "https://127.0.0.1:", f"https://{vm.GUEST_HOST}:"
-            ).encode(),
-            "pod.json": json.dumps(MESHED).encode(),
-        }
-        for mode in MODES:
-            plugin = conflist(
-                primary_plugin("bridge", Path("/tmp/ipam"), "10.89.0.0/24", "cbxbr0"),
-                "/in/kubeconfig",
-                linkerd={"iptables-mode": mode},
-            )["plugins"][1]
-            netconf = {**plugin, "cniVersion": "1.0.0", "name": "cbxnet"}
-            prev = {"cniVersion": "1.0.0", "ips": [{"address": "10.89.0.7/24"}]}
-            inputs[f"netconf-{mode}.json"] = json.dumps(netconf).encode()
-            inputs[f"add-{mode}.json"] = json.dumps({**netconf, "prevResult": prev}).encode()
-        result = vm.boot(
-            artifact, inputs, guest_script(), workdir=work, netns=host.path, timeout=BOOT_TIMEOUT
-        )
+    with booted(work, MODES, guest_script(), timeout=BOOT_TIMEOUT) as result:
         print(f"arm64 VM: booted, ran the {'/'.join(MODES)} steps, off in {result.seconds:.0f} s")
         yield result
-    finally:
-        api.stop()
-        rig.cleanup()
 
 
 def test_vm_booted_the_arm64_kernel(boot: vm.Boot) -> None:
