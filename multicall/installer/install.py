@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from multicall.core import mountinfo
+from multicall.core.go.encoding_json.encode import Rendered
 from multicall.core.installer import conflist, journal
 from multicall.core.installer.config import (
     InstallerConfig,
@@ -67,8 +68,12 @@ class Installer:
         self.state = State()
         self.network_config = b""
         self.plugin: dict[str, conflist.Json] = {}  # network_config, parsed once
+        self.rendered_plugin: Rendered | None = None  # and rendered once (conflist.py)
         self.journaled = b""  # the journal bytes on disk (skip identical rewrites)
         self.records_ready = False  # the records dir exists and is private
+        # Joined once: every config's record is written and dropped there (20,000 path
+        # joins per 10,000 configs otherwise); `config` is frozen and never replaced.
+        self.records_dir = config.records_dir
 
     # --- the undo journal (core/installer/journal.py) ----------------------------------------
 
@@ -173,7 +178,7 @@ class Installer:
     def write_record(self, record: journal.Record, *, durable: bool = True) -> None:
         """One config's record, before its change is made: one small file, whatever the
         number of configs (rule 1); not `durable`: the caller syncs a batch of them."""
-        records_dir = self.config.records_dir
+        records_dir = self.records_dir
         if not self.records_ready:
             fs.private_dir(self.config.state_dir, create=True)
             fs.private_dir(records_dir, create=True)
@@ -187,7 +192,7 @@ class Installer:
     def drop_record(self, path: str, *, durable: bool = True) -> None:
         """After the undo of one config: its record goes (not `durable`: the caller syncs a
         batch of them)."""
-        record = os.path.join(self.config.records_dir, os.path.basename(path))
+        record = os.path.join(self.records_dir, os.path.basename(path))
         if durable:
             fs.remove_durably(record)
         else:
@@ -215,6 +220,7 @@ class Installer:
             raise ConfigError("the linkerd network config must have type linkerd-cni")
         self.network_config = data
         self.plugin = plugin
+        self.rendered_plugin = conflist.render_plugin(plugin)
 
     def _read_source(self, name: str) -> bytes | None:
         kind, _, value = name.partition(":")
@@ -397,7 +403,7 @@ class Installer:
             return None
         try:
             document = conflist.parse_document(data, "existing CNI configuration")
-            merged = conflist.insert_linkerd(document, self.plugin)
+            merged = conflist.insert_linkerd(document, self.plugin, rendered=self.rendered_plugin)
             original = self._original_of(document, data)
         except ConfigError as exc:
             self.log.info(f"{path}: left alone: {exc.message}")

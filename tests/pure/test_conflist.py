@@ -45,6 +45,14 @@ class TestGoInstallerFixtures:
         assert out == (GO_DERIVED / HASHES[source]["result_file"]).read_bytes()
 
     @pytest.mark.parametrize("source", sorted(HASHES))
+    def test_insert_with_the_plugin_rendered_once_matches_upstream(self, source: str) -> None:
+        """The installer's path (the plugin rendered once, issue 30 item 6): upstream's bytes."""
+        plugin = conflist.parse_document(linkerd_config())
+        rendered = conflist.render_plugin(plugin)
+        out = insert_linkerd((TESTDATA / source).read_bytes(), plugin, rendered=rendered)
+        assert out == (GO_DERIVED / HASHES[source]["result_file"]).read_bytes()
+
+    @pytest.mark.parametrize("source", sorted(HASHES))
     def test_remove_matches_upstream_after_remove(self, source: str) -> None:
         """Removing linkerd again gives Go's revert output (its sha256 and bytes)."""
         result = (GO_DERIVED / HASHES[source]["result_file"]).read_bytes()
@@ -220,6 +228,21 @@ class TestLaws:
         assert json.loads(removed, parse_int=float) == json.loads(
             json.dumps(expected), parse_int=float
         )
+
+    @settings(max_examples=60, deadline=None)
+    @given(doc=st.one_of(_conflist, _plugin), plugin=_plugin)
+    def test_the_plugin_rendered_once_gives_the_same_bytes(
+        self, doc: dict[str, Json], plugin: dict[str, Json]
+    ) -> None:
+        """insert(c, p, rendered=render_plugin(p)) == insert(c, p) byte for byte, for lists
+        and single-plugin configs, whatever the plugin holds (nesting, HTML characters)."""
+        data = json.dumps(doc).encode()
+        try:
+            expected = insert_linkerd(data, plugin)
+        except ConfigError:
+            return  # refused alike: the rendered plugin is never looked at
+        rendered = conflist.render_plugin(plugin)
+        assert insert_linkerd(data, plugin, rendered=rendered) == expected
 
     @settings(max_examples=60, deadline=None)
     @given(data=st.binary(max_size=64))

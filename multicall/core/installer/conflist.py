@@ -25,7 +25,7 @@ import json
 from typing import Union
 
 from multicall.core.go.encoding_json.decode import scrub_text
-from multicall.core.go.encoding_json.encode import marshal
+from multicall.core.go.encoding_json.encode import Rendered, marshal
 from multicall.core.limits import CONFIG_JSON_VALUES, too_many_json_values
 from multicall.errors import ConfigError
 
@@ -117,12 +117,20 @@ def _plugins_of(document: dict[str, Json]) -> list[Json]:
     return plugins
 
 
-def insert_linkerd(existing: bytes | dict[str, Json], linkerd: bytes | dict[str, Json]) -> bytes:
+def insert_linkerd(
+    existing: bytes | dict[str, Json],
+    linkerd: bytes | dict[str, Json],
+    *,
+    rendered: Rendered | None = None,
+) -> bytes:
     """The config `existing` with the linkerd plugin `linkerd` chained last, Go-formatted.
     Either may be given parsed (`parse_document`'s, not changed here): the installer parses
-    its plugin once, and each config once for this and `remove_linkerd`."""
+    its plugin once, and each config once for this and `remove_linkerd`. `rendered`:
+    `render_plugin(linkerd)`, made once by a caller patching many configs (the same bytes
+    out, the plugin's share of the rendering not repeated per config)."""
     document = _parsed(existing, "existing CNI configuration")
-    plugin = _parsed(linkerd, "linkerd network configuration")
+    parsed = _parsed(linkerd, "linkerd network configuration")
+    plugin: Json = parsed if rendered is None else rendered
     if "type" in document:
         if is_linkerd(document):
             raise ConfigError("a single-plugin config of type linkerd-cni is not a primary config")
@@ -165,6 +173,11 @@ def is_cni_config_name(filename: str) -> bool:
     base = filename.rsplit("/", 1)[-1]
     dot = base.rfind(".")
     return dot >= 0 and base[dot:] in (".conf", ".conflist")
+
+
+def render_plugin(linkerd: dict[str, Json]) -> Rendered:
+    """The linkerd plugin as `insert_linkerd` writes it, for its `rendered`."""
+    return Rendered(marshal(linkerd, indent=2, sort_keys=True))
 
 
 def render_go_json(value: Json) -> bytes:
