@@ -331,7 +331,8 @@ class Sampler:
         if self._last is None or (now - self._at < 1.0 and not final):
             return
         current = tree(self.agent)
-        self.per_s.append((current.total - self._last.total) / (now - self._at))
+        if now - self._at >= 0.5:  # a last remainder shorter than that is a tick or two
+            self.per_s.append((current.total - self._last.total) / (now - self._at))
         for part in PARTS:
             self.parts[part] += current.cpu_ms[part] - self._last.cpu_ms[part]
         self.peak_pss_kb = max(self.peak_pss_kb, current.pss_kb)
