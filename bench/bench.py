@@ -37,7 +37,10 @@ the pod's nat table (Debian's iptables-save) equals upstream's golden for the mo
 agent|oneshot` runs one group of interleaved rows with their ratios (a quick measurement of
 one path); `--only native` the nftables mode against the nft mode (bench/native_rows.py);
 `--only keeper` the keeper's rows (bench/keeper_rows.py: its idle CPU with --keeper-pods
-watched pods, drift-to-repair latency, nft and legacy).
+watched pods, drift-to-repair latency, nft and legacy); `--only cache` the pod cache's
+(bench/cache_rows.py: API requests per ADD with the cache on and off, interleaved; the whole
+agent's CPU and memory with --keeper-pods watched pods, idle and while --churn-rate pods a
+second are replaced for --churn-seconds).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # before the imports below: bench/ is a package of REPO
 
 from bench.agent_rows import agent_rows  # noqa: E402
+from bench.cache_rows import cache_rows  # noqa: E402
 from bench.cri_rows import add_cri_rows, report_cri  # noqa: E402
 from bench.interleaved import oneshot_rows  # noqa: E402
 from bench.keeper_rows import keeper_rows  # noqa: E402
@@ -170,7 +174,7 @@ def run_bench(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces
     return 1 if failures else 0
 
 
-ONLY = ("agent", "oneshot", "native", "keeper")
+ONLY = ("agent", "oneshot", "native", "keeper", "cache")
 
 
 def run_only(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces) -> int:
@@ -196,6 +200,11 @@ def run_only(args: argparse.Namespace, spawner: Spawner, namespaces: Namespaces)
         elif args.only == "keeper":
             extra["keeper"] = keeper_rows(bench, binary, spawner.workdir, args.keeper_pods,
                                           args.iterations, args.keeper_windows, add)  # fmt: skip
+        elif args.only == "cache":
+            churn = (args.churn_rate, args.churn_seconds)
+            extra["cache"] = cache_rows(bench, binary, spawner.workdir, args.iterations,
+                                        args.keeper_pods, args.cache_idle_seconds, churn,
+                                        add)  # fmt: skip
         elif args.only == "native":
             extra["native"] = native_rows(bench, binary, impls, spawner.workdir,
                                           args.iterations, add=add)  # fmt: skip
@@ -356,11 +365,22 @@ def main() -> int:
         help="only one group of interleaved rows: the meshed and unmeshed ADDs through the "
         "agent, or the one-shot binary ADD, each with its replay (issue 11; no burst unless "
         "-c); or native: the nftables mode against the nft mode, one-shot and agent (issue 28); "
-        "or keeper: the keeper's rows (issue 26: idle cost, drift to repair, -n repairs per mode)",
+        "or keeper: the keeper's rows (issue 26: idle cost, drift to repair, -n repairs per mode); "
+        "or cache: the pod cache's (issue 26: API requests per ADD, cache on and off, -n ADDs "
+        "each; the agent's CPU and memory idle and under churn)",
     )
     parser.add_argument("--keeper-pods", type=int, default=100, help="pods the keeper watches")
     parser.add_argument(
         "--keeper-windows", type=int, default=6, help="10 s idle windows the keeper is measured"
+    )
+    parser.add_argument(
+        "--cache-idle-seconds", type=int, default=20, help="--only cache: idle seconds measured"
+    )
+    parser.add_argument(
+        "--churn-rate", type=float, default=5.0, help="--only cache: pods replaced per second"
+    )
+    parser.add_argument(
+        "--churn-seconds", type=int, default=30, help="--only cache: seconds of churn"
     )
     args = parser.parse_args()
     args.binary = args.binary or str(REPO / "dist" / "cnibox")
