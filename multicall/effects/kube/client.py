@@ -45,6 +45,8 @@ from multicall.effects.kube.config import DEFAULT_TIMEOUT, endpoint, read_token,
 from multicall.errors import KubeError
 
 if TYPE_CHECKING:
+    import ssl
+
     from multicall.effects.kube.warm import WarmConnections
 
 
@@ -68,9 +70,13 @@ class KubeClient:
         self.warm = warm
         self._token = read_token(config, files)  # `files`: whose filesystem the files are in
         # The CA is read now: a file that cannot be one fails before any connection.
-        new_context = new_client_context if warm is None else warm.new_client_context
         https = self.endpoint.scheme == "https"
-        self._tls = tls_context(config, new_context, files) if https else None
+        if not https:
+            self._tls: ssl.SSLContext | None = None
+        elif warm is None:
+            self._tls = tls_context(config, new_client_context, files)
+        else:
+            self._tls = warm.tls_context(config, files)  # one per trust setting (warm.py rule 4)
         self._conn: Connection | None = None
         if warm is not None:
             warm.remember(config)  # for the worker's `warm_hint`

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 from multicall.core.firewall.model import Family, TableChange
@@ -76,6 +77,9 @@ class Batch(NamedTuple):
     last_seq: int
 
 
+# Pure, and the same rules come again for every pod with the same options: an agent's worker
+# encoded the chart's default rules anew for each ADD (~0.9 ms of its ~8 ms). Bounded.
+@functools.lru_cache(maxsize=4096)
 def _rule_body(table: str, rule: Rule, family: Family) -> bytes:
     encoded = encode_rule_tokens(rule.spec, family)
     exprs = b"".join(encode_expr(e) for e in encoded.exprs)
