@@ -26,6 +26,16 @@ if TYPE_CHECKING:
     from multicall.effects.firewall.legacy.isolation import SingleUse
 
 
+# Parsed once by the parent (`preload`) so that the kubeconfig parser's imports are done.
+PRELOAD_KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
+
 class Warmth:
     """The agent's warm state: made once in the parent, copied into each worker by the fork
     (so what a worker changes is its own)."""
@@ -55,15 +65,27 @@ class Warmth:
     def preload(self) -> None:
         """Import once, in the parent, everything a request may need: workers fork from
         here."""
+        # Besides the request path's own modules, what a request imports on its way when
+        # first used: a worker that serves several requests pays that once, but each legacy
+        # request has a fresh fork of this parent (single-use), which paid it every time:
+        # PyYAML's loader and its regexes (the kubeconfig), datetime (through yaml), the
+        # caller's judgement, the record of what was programmed (~10 ms of a legacy ADD,
+        # found with py-spy).
         import ssl  # noqa: F401
 
+        from multicall.agent import authority, caller_files, keeper  # noqa: F401
         from multicall.core.cni import netconf, result, skel  # noqa: F401
         from multicall.core.firewall import diff, proxy_init  # noqa: F401
         from multicall.core.kube import pod_policy  # noqa: F401
-        from multicall.effects.firewall import engine, nft  # noqa: F401
+        from multicall.core.kube.kubeconfig import parse_kubeconfig
+        from multicall.effects import inputs, peer, sandbox_records  # noqa: F401
+        from multicall.effects.firewall import engine, locks, nft  # noqa: F401
+        from multicall.effects.firewall.legacy import isolation  # noqa: F401
         from multicall.effects.kube import client  # noqa: F401
         from multicall.errors import FirewallError
-        from multicall.plugin import commands, pod_inputs, ports, run  # noqa: F401
+        from multicall.plugin import commands, expected, pod_inputs, ports, recording, run  # noqa: F401
+
+        parse_kubeconfig(PRELOAD_KUBECONFIG, context=None)
 
         self.connections.keep_spare_tls_context()
         from multicall.effects import ns
