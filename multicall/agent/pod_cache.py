@@ -168,8 +168,9 @@ def count_add(metrics: CacheMetrics, report: Mapping[str, object]) -> None:
 
 def config_identity(config: KubeConfig, read_ca: Callable[[str], str] | None = None) -> str:
     """`cluster_identity` of an API configuration: its endpoint and its trust (the CA's PEM
-    text, "insecure", or "system" for the system's roots). `read_ca` reads a CA file (a
-    worker reads its caller's, which the caller opens)."""
+    text, "insecure", or "system" for the system's roots, and the name TLS verifies: its
+    tls-server-name, else the host, as effects/http.py `Endpoint.server_name` says). `read_ca`
+    reads a CA file (a worker reads its caller's, which the caller opens)."""
     from multicall.core.limits import CA_FILE
     from multicall.effects.kube.config import endpoint, read_text_file
 
@@ -185,7 +186,7 @@ def config_identity(config: KubeConfig, read_ca: Callable[[str], str] | None = N
         trust = reader(config.ca_file).strip()
     else:
         trust = "system"
-    return cluster_identity(e.hostport, e.scheme, e.prefix, trust)
+    return cluster_identity(e.hostport, e.scheme, e.prefix, trust, config.tls_server_name or e.host)
 
 
 class CachedKube:

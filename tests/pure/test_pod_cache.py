@@ -102,6 +102,32 @@ def test_every_other_case_asks_the_api() -> None:
     assert lookup(cache, web).miss == core.WATCH_DOWN
 
 
+def test_a_kubeconfig_verifying_another_server_name_is_another_cluster() -> None:
+    """tls-server-name is part of the trust (rule 2): the cache built from one kubeconfig
+    does not answer a caller whose TLS verifies (and sends as SNI) another name, which the
+    server's certificate may refuse. Naming the host itself is the same trust as no name."""
+    from dataclasses import replace
+
+    from multicall.agent.pod_cache import config_identity
+    from multicall.core.kube.kubeconfig import KubeConfig
+
+    base = KubeConfig(server="https://10.96.0.1:443", token="t", ca_data=b"PEM")
+    same = config_identity(base)
+    assert config_identity(KubeConfig(server="https://10.96.0.1:443", ca_data=b"PEM")) == same
+    assert config_identity(replace(base, tls_server_name="10.96.0.1")) == same
+    others = [
+        replace(base, tls_server_name="kubernetes.default.svc"),
+        replace(base, ca_data=b"ANOTHER CA"),
+        replace(base, server="https://10.96.0.1:6443"),
+        replace(base, server="https://10.96.0.1:443/prefix"),
+    ]
+    assert [config_identity(o) == same for o in others] == [False] * len(others)
+    named = replace(base, server="https://Kube.Example:443")
+    assert config_identity(replace(named, tls_server_name="kube.example")) == (
+        config_identity(named)
+    )
+
+
 def test_a_relist_answers_nothing_until_it_completes_and_forgets_what_it_did_not_list() -> None:
     a, b = pod("a"), pod("b")
     cache = synced(a, b)

@@ -147,6 +147,8 @@ class WatchApi:
     requests: list[Request] = field(default_factory=list)
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     namespaces: dict[str, dict[str, Any]] = field(default_factory=dict)  # listed and watched too
+    # GET only (a control-plane pod's ADD reads `default/kubernetes`); absent: 404
+    services: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     watches_served: int = 0
     events_sent: int = 0
@@ -421,8 +423,15 @@ class _Handler(JsonHandler):
         self._send(status, json.dumps(doc).encode())
 
     def _get_one(self, parts: list[str]) -> None:
-        """The plugin's GETs: one pod, or its namespace (no annotations)."""
+        """The plugin's GETs: one pod, its namespace (no annotations when not stored), or a
+        stored service."""
         api = self.server.api
+        if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 6 and parts[4] == "services":
+            with api._cond:
+                service = copy.deepcopy(api.services.get((parts[3], parts[5])))
+            if service is not None:
+                self._send(200, json.dumps(service).encode())
+                return
         if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 4:
             with api._cond:
                 stored = copy.deepcopy(api.namespaces.get(parts[3]))

@@ -275,12 +275,18 @@ class PodCache:
         return {"doc": found.record} if found.record is not None else {"miss": found.miss}
 
 
-def cluster_identity(hostport: str, scheme: str, prefix: str, trust: str) -> str:
+def cluster_identity(
+    hostport: str, scheme: str, prefix: str, trust: str, server_name: str = ""
+) -> str:
     """Which API server a configuration talks to, and how it trusts it: equal for the
     cache's configuration and a caller's kubeconfig when both reach the same server with the
-    same CA (or both the system's, or both none). The token is not part of it. A digest:
-    a worker's question stays small whatever the size of its CA bundle."""
-    text = json.dumps([scheme, hostport.lower(), prefix, trust])
+    same CA (or both the system's, or both none) and verify its certificate against the same
+    name (`server_name`: the kubeconfig's tls-server-name, else the server's host). That
+    name is trust too: a caller verifying another one may be refused by the certificate
+    where the cache's connection is not, and it is the SNI a proxy in front may route by.
+    The token is not part of it. A digest: a worker's question stays small whatever the
+    size of its CA bundle."""
+    text = json.dumps([scheme, hostport.lower(), prefix, trust, server_name.lower()])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
