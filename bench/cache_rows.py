@@ -74,7 +74,7 @@ class CacheNode:
 
     def gets(self) -> int:
         """GETs of one object so far (the plugin's pod and namespace reads)."""
-        return sum(1 for r in self.api.requests if r.method == "GET" and "?" not in r.path)
+        return len(self.api.object_gets())
 
     def bind(self, name: str) -> None:
         pod = copy.deepcopy(pods_from_golden(GOLDEN)[0])

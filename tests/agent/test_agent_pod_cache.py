@@ -55,7 +55,7 @@ class Node:
 
     def gets(self) -> list[str]:
         """The plugin's GETs so far (LIST and WATCH carry a query; a GET of one object not)."""
-        return [r.path for r in self.api.requests if r.method == "GET" and "?" not in r.path]
+        return self.api.object_gets()
 
     def synced(self, timeout: float = 30) -> dict[str, float]:
         end = time.monotonic() + timeout

@@ -71,7 +71,7 @@ class Node:
 
     def gets(self) -> list[str]:
         """GETs of one object so far (LIST and WATCH carry a query)."""
-        return [r.path for r in self.api.requests if r.method == "GET" and "?" not in r.path]
+        return self.api.object_gets()
 
     def put_namespace(self, name: str, annotations: dict[str, str] | None) -> None:
         meta: dict[str, Any] = {"name": name}

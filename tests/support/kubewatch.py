@@ -218,6 +218,11 @@ class WatchApi:
 
     # -- lifecycle
 
+    def object_gets(self) -> list[str]:
+        """The paths of the GETs of one object so far (a plugin's pod, namespace and service
+        reads): LIST and WATCH carry a query."""
+        return [r.path for r in self.requests if r.method == "GET" and "?" not in r.path]
+
     def start(self, netns: str | None = None) -> None:
         """Listen on 127.0.0.1 of `netns` (None: this process's own netns)."""
         self._netns = netns
