@@ -397,3 +397,27 @@ def test_an_agent_started_before_its_kubeconfig_serves_adds_then_starts_its_cach
         assert node.agent.proc.poll() is None
         assert [line for line in node.agent.log if "loaded after" in line]
         assert not [line for line in node.agent.log if "exited" in line]
+
+
+def test_a_rewritten_agent_kubeconfig_is_used_at_the_next_reconnect(bare_node: Node) -> None:
+    """install-cni rewrites its kubeconfig with a new token: the cache's watches, cut and
+    reconnecting, use the new file (the old token is refused), without an agent restart."""
+    node = bare_node
+    mine = node.tmp / "net.d" / "ZZZ-linkerd-cni-kubeconfig"
+    mine.parent.mkdir()
+    mine.write_text(node.api.kubeconfig_text())
+    node.agent = node.agent_process(kubeconfig=mine)
+    with node.agent:
+        pid = node.agent.pid
+        node.synced()
+        node.api.token = "rotated-token"  # the old token is refused from now on
+        written = mine.with_name(".tmp-kubeconfig")
+        written.write_text(node.api.kubeconfig_text(token="rotated-token"))
+        written.rename(mine)
+        node.api.restart()  # the watches are cut and reconnect
+        relists = 'cnibox_agent_pod_cache_relists_total{resource="pods"}'
+        wait_for(node, lambda: node.agent.metrics().get(relists, 0) >= 2, timeout=15)
+        node.synced(timeout=15)
+        assert node.agent.pid == pid
+        assert [line for line in node.agent.log if f"kubeconfig {mine} changed; reloaded" in line]
+        assert not [line for line in node.agent.log if "exited" in line]
