@@ -586,9 +586,10 @@ def _what(reasons: tuple[Reason, ...]) -> str:
 
 @dataclass(slots=True)
 class ApiEvents:
-    """Events through the agent's stream session (effects/kube/stream.py)."""
+    """Events through the agent's stream session (effects/kube/stream.py), as it is now
+    (agent/identity.py `Sessions`: made again when the agent's kubeconfig changed)."""
 
-    session: Session
+    session: Callable[[], Session]
     instance: str
     timeout: float = 5.0
 
@@ -601,7 +602,7 @@ class ApiEvents:
             ref, self.instance, time.time_ns(), action=action, note=note, reason=EVENT_REASON
         )
         doc["reportingController"] = "linkerd-cni-agent"
-        create_event(self.session, record.namespace, doc, self.timeout)
+        create_event(self.session(), record.namespace, doc, self.timeout)
         return True
 
 
@@ -609,12 +610,12 @@ class ApiEvents:
 class ApiPods:
     """Asks the API whether the recorded pod still runs (one GET, before a repair)."""
 
-    session: Session
+    session: Callable[[], Session]
 
     def gone(self, record: SandboxRecord) -> Refusal | None:
         from multicall.core.kube import paths
 
-        answer = self.session.request("GET", paths.pod(record.namespace, record.pod))
+        answer = self.session().request("GET", paths.pod(record.namespace, record.pod))
         if answer.status == 404:
             return Refusal.POD_GONE
         if answer.status != 200:

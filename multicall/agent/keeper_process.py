@@ -15,7 +15,11 @@ Rules of this module:
    else none. Without one the keeper posts no Event, does not ask for the pod before a
    repair (the netns identity and IP checks still guard it), and the repair's ADD reads
    the API through the kubeconfig its linkerd-cni entry names, as the one-shot plugin
-   does. That is logged once; it never fails the agent's start.
+   does. That is logged once; it never fails the agent's start. `--kubeconfig PATH` is
+   loaded here, in the keeper, not at the agent's start (agent/identity.py): while the
+   file does not exist or cannot be used yet (on Talos, until install-cni wrote it) the
+   keeper waits for it (logged once, retried on the back-off) and starts when it loads;
+   a rewritten file (a new token) is loaded again at the next Event, pod GET or repair.
 4. Metrics: a datagram socketpair made before the fork; the keeper sends a snapshot of its
    counters whenever they change (agent/keeper.py `publish`), the agent's poll loop reads
    each one as it arrives (`receive`) and its /metrics renders the latest (`render`) with
@@ -259,7 +263,9 @@ def _keep(
 
     def body() -> None:
         _orphan_guard(generation[0])
-        keeper = build_keeper(settings, env, log)
+        keeper = build_keeper(settings, env, log, fds[0])
+        if keeper is None:  # stopped while waiting for its kubeconfig
+            return
         keeper.report_fd = fds[1]
         keeper.metrics.restarts = generation[1]
         keeper.run(fds[0])
@@ -267,26 +273,43 @@ def _keep(
     _in_child("keeper", log, body)
 
 
-def build_keeper(settings: KeeperSettings, env: Mapping[str, str], log: Log) -> Keeper:
-    """The keeper of `settings`, with its API session when there is an API configuration."""
+def build_keeper(
+    settings: KeeperSettings, env: Mapping[str, str], log: Log, stop_fd: int
+) -> Keeper | None:
+    """The keeper of `settings`, with its API session when there is an API configuration;
+    None when `stop_fd` turned readable while it waited for --kubeconfig (rule 3)."""
+    from multicall.agent.identity import (
+        Current,
+        FollowedKube,
+        KubeconfigSource,
+        Sessions,
+        stop_sleep,
+    )
     from multicall.agent.keeper import ApiEvents, ApiPods, Keeper
     from multicall.effects.pod_sandbox import SandboxFinder
     from multicall.effects.sandbox_records import RecordStore
-    from multicall.plugin.in_place import ControllerKube, Repairer, node_xtables_lock
+    from multicall.plugin.in_place import Repairer, node_xtables_lock
     from multicall.plugin.ports import Kube, RealFirewall, RealKube
 
     finder = SandboxFinder(settings.cni_net_dir, settings.cni_cache_dir, settings.host_root)
     firewall = RealFirewall(lock=node_xtables_lock(settings.host_root))
-    config = api_config(settings.kubeconfig, env)
+    current: Current | None = None
+    if settings.kubeconfig:
+        source = KubeconfigSource(settings.kubeconfig, "keeper", log)
+        if source.wait(stop_sleep(stop_fd)) is None:
+            return None
+        current = source.current
+    else:
+        fixed = in_cluster_config(env)
+        if fixed is not None:
+            current = lambda: (fixed, 0)  # noqa: E731 - the service account's, fixed
     events: ApiEvents | NoEvents
     pods: ApiPods | NoPods
     kube: Kube
-    if config is not None:
-        from multicall.effects.kube.stream import ClientOptions, Session, Token
-
-        session = Session(config, Token(config), ClientOptions(kubeconfig=settings.kubeconfig))
-        events, pods = ApiEvents(session, settings.instance), ApiPods(session)
-        kube = ControllerKube(config)
+    if current is not None:
+        sessions = Sessions(current)
+        events, pods = ApiEvents(sessions, settings.instance), ApiPods(sessions)
+        kube = FollowedKube(current)
     else:
         log("info", "keeper: no API configuration (no --kubeconfig, no service account): "
             "no Events, pods not asked before a repair; a repair reads the API through "
@@ -304,22 +327,17 @@ def build_keeper(settings: KeeperSettings, env: Mapping[str, str], log: Log) -> 
     )
 
 
-def api_config(kubeconfig: str, env: Mapping[str, str]) -> KubeConfig | None:
-    """--kubeconfig (an error when it cannot be read), else the service account's, else None."""
-    from multicall.effects.kube.stream import (
-        SERVICE_ACCOUNT_DIR,
-        ClientOptions,
-        in_cluster_config,
-        load_config,
-    )
+def in_cluster_config(env: Mapping[str, str]) -> KubeConfig | None:
+    """The service account's configuration when its files exist, else None. (--kubeconfig
+    is loaded lazily by the processes that need it: agent/identity.py.)"""
+    from multicall.effects.kube.stream import SERVICE_ACCOUNT_DIR
+    from multicall.effects.kube.stream import in_cluster_config as load_in_cluster
 
-    if kubeconfig:
-        return load_config(ClientOptions(kubeconfig=kubeconfig), env)
     directory = env.get("SERVICE_ACCOUNT_DIR") or SERVICE_ACCOUNT_DIR
     if not os.path.isfile(os.path.join(directory, "token")):
         return None
     try:
-        return in_cluster_config(env)
+        return load_in_cluster(env)
     except Exception:  # noqa: BLE001 - KubeError: no API, as without the files
         return None
 

@@ -20,6 +20,14 @@ Rules of this module:
    (a line may exceed PIPE_BUF). A parent that stops reading blocks the watches, never grows
    memory.
 4. The process ends with the agent: EOF on its stop pipe, or PR_SET_PDEATHSIG.
+5. Its identity (docs/pod-cache.md): the service account's configuration, loaded by the
+   agent's start, or `--kubeconfig PATH`, loaded here (agent/identity.py): a file that does
+   not exist or cannot be used yet is waited for (logged once, retried on the back-off,
+   the parent told so: its `identity_waiting` gauge) and never fails the agent. A rewritten
+   file is loaded again at the next connect of each watch (a LIST page or a WATCH, and
+   every reconnect after a failure); one naming another API server or trust ends this
+   process, so the supervisor's next one lists from nothing under the new identity (the
+   parent drops what it held when the cluster changes: core/kube/pod_cache.py).
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ if TYPE_CHECKING:
 
 Log = Callable[[str, str], None]  # (level, message)
 Send = Callable[[Mapping[str, object]], None]
+Identity = Callable[[], "tuple[KubeConfig, int]"]  # the configuration and its generation
 ERROR_DELAY = 0.5  # the first retry after a failure; doubled up to MAX_ERROR_DELAY
 MAX_ERROR_DELAY = 30.0
 WATCH_TIMEOUT = 290  # kube-rs's timeoutSeconds
@@ -61,7 +70,8 @@ WATCH_TIMEOUT = 290  # kube-rs's timeoutSeconds
 class CacheJob:
     """What the cache process watches, with which identity, and where it logs."""
 
-    config: KubeConfig  # the agent's API identity (--kubeconfig, else the service account)
+    config: KubeConfig | None  # the service account's; None: load `kubeconfig` (rule 5)
+    kubeconfig: str  # --kubeconfig PATH, loaded lazily in the process; "" with `config`
     node: str
     log: Log
 
@@ -77,7 +87,7 @@ class PodCacheProcess:
 
     @classmethod
     def start(
-        cls, config: KubeConfig, node: str, env: Mapping[str, str], log: Log
+        cls, config: KubeConfig | None, kubeconfig: str, node: str, log: Log
     ) -> PodCacheProcess:
         stop_r, stop_w = os.pipe2(os.O_CLOEXEC)
         feed_r, feed_w = os.pipe2(os.O_CLOEXEC)
@@ -86,7 +96,7 @@ class PodCacheProcess:
         if pid == 0:  # pragma: no cover - in the child
             os.close(stop_w)
             os.close(feed_r)
-            job = CacheJob(config, node, log)
+            job = CacheJob(config, kubeconfig, node, log)
             _in_child("pod cache supervisor", log, lambda: _supervise(job, stop_r, feed_w, agent))
         os.close(stop_r)
         os.close(feed_w)
@@ -134,11 +144,12 @@ def _watch(job: CacheJob, stop_r: int, feed_w: int, parent: int) -> None:  # pra
                 except BrokenPipeError:  # the agent is gone
                     os._exit(0)
 
-    send({"k": "cluster", "id": config_identity(job.config)})
+    identity = _identity(job, stop_r, send)
+    send({"k": "cluster", "id": config_identity(identity()[0])})
     threads = [
         threading.Thread(
             target=run_watch,
-            args=(job, watch, send, stopping),
+            args=(job, identity, watch, send, stopping),
             name=f"pod cache {watch}",
             daemon=True,
         )
@@ -158,6 +169,31 @@ def _watch(job: CacheJob, stop_r: int, feed_w: int, parent: int) -> None:  # pra
     os._exit(0)  # the watch threads may be blocked in a read: nothing of theirs to finish
 
 
+def _identity(job: CacheJob, stop_r: int, send: Send) -> Identity:  # pragma: no cover
+    """Rule 5: the job's fixed configuration, or the kubeconfig's once it loaded (this
+    process ends here when the agent stops first)."""
+    from multicall.agent.identity import KubeconfigSource, stop_sleep
+
+    config = job.config
+    if config is not None:
+        return lambda: (config, 0)
+    source = KubeconfigSource(job.kubeconfig, "pod cache", job.log)
+    stopped = stop_sleep(stop_r)
+    told: list[bool] = []
+
+    def sleep(seconds: float) -> bool:
+        if not told:  # called only after a failed attempt: the parent's gauge turns 1
+            send({"k": "identity", "waiting": True})
+            told.append(True)
+        return stopped(seconds)
+
+    if source.wait(sleep) is None:
+        os._exit(0)
+    if told:
+        send({"k": "identity", "waiting": False})
+    return source.current
+
+
 def cursor_for(watch: str, node: str) -> WatchCursor:
     from multicall.core.kube.watch import Selector, WatchCursor
 
@@ -168,15 +204,27 @@ def cursor_for(watch: str, node: str) -> WatchCursor:
     return WatchCursor("/api/v1/namespaces", Selector(), timeout_seconds=WATCH_TIMEOUT)
 
 
-def run_watch(job: CacheJob, watch: str, send: Send, stopping: threading.Event) -> None:
-    """One watch until `stopping` (rule 2), on a connection of its own."""
-    from multicall.effects.kube.stream import ClientOptions, Session, Token
+def run_watch(
+    job: CacheJob, identity: Identity, watch: str, send: Send, stopping: threading.Event
+) -> None:
+    """One watch until `stopping` (rule 2), on a connection of its own, made again with a
+    kubeconfig loaded again (rule 5)."""
     from multicall.errors import KubeError
 
-    session = Session(job.config, Token(job.config), ClientOptions())
+    config, generation = identity()
+    cluster = config_identity(config)
+    session = _session(config)
     cursor = cursor_for(watch, job.node)
     failures = 0
     while not stopping.is_set():
+        config, now = identity()
+        if now != generation:
+            if config_identity(config) != cluster:
+                job.log("warning", "pod cache: the agent's kubeconfig now names another API "
+                        "server or trust; starting over with it")  # fmt: skip
+                os._exit(0)  # rule 5: the supervisor's next process lists from nothing
+            session.close()
+            session, generation = _session(config), now
         try:
             step(session, cursor, watch, send)
             failures = 0
@@ -190,6 +238,12 @@ def run_watch(job: CacheJob, watch: str, send: Send, stopping: threading.Event) 
             cursor.relist()  # rule 2: only a completed LIST makes the cache live again
             delay = min(ERROR_DELAY * 2.0 ** (failures - 1), MAX_ERROR_DELAY)
             stopping.wait(delay * random.uniform(0.8, 1.2))  # noqa: S311 - jitter
+
+
+def _session(config: KubeConfig) -> Session:
+    from multicall.effects.kube.stream import ClientOptions, Session, Token
+
+    return Session(config, Token(config), ClientOptions())
 
 
 def step(session: Session, cursor: WatchCursor, watch: str, send: Send) -> None:

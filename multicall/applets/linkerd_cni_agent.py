@@ -32,7 +32,10 @@ serve a request, the plugin runs as a one-shot process (docs/agent.md).
                            lock (default "": this is the node's /)
   --kubeconfig PATH        the agent's API identity: the keeper's Events and its pod GET
                            before a repair, the pod cache's list and watch (default the
-                           service account when mounted, else none)
+                           service account when mounted, else none). Loaded when they
+                           start: a file that does not exist or cannot be used yet is
+                           waited for (logged, retried), ADDs served meanwhile; a
+                           rewritten file is loaded again. Not "" nor a directory
   --pod-cache MODE         on (default) or off: list and watch this node's pods and the
                            namespaces, and answer an ADD's GETs from them when they may
                            (docs/pod-cache.md); needs the API identity and the node name
@@ -142,26 +145,28 @@ def start_pod_cache(
     opts: Mapping[str, str], env: Mapping[str, str], log: Log
 ) -> PodCacheProcess | None:
     """The pod cache's process (agent/pod_cache_process.py), or None (logged) when it is off
-    or cannot run: no node name, no API identity."""
+    or cannot run: no node name, no API identity. A --kubeconfig is not read here: the
+    process waits for it (agent/identity.py), so a file not written yet never fails the
+    agent's start (Talos: install-cni writes it after the agent started)."""
     if opts["pod-cache"] not in ("on", "off"):
         raise UsageError(f"--pod-cache {opts['pod-cache']}: expected on or off")
     if opts["pod-cache"] == "off":
         return None
     import socket
 
-    from multicall.agent.keeper_process import api_config
+    from multicall.agent.keeper_process import in_cluster_config
     from multicall.agent.pod_cache_process import PodCacheProcess
     from multicall.core.node_name import node_name
 
     node = node_name(opts["node-name"], env, socket.gethostname())
-    config = api_config(opts["kubeconfig"], env)
-    if not node or config is None:
+    config = None if opts["kubeconfig"] else in_cluster_config(env)
+    if not node or (config is None and not opts["kubeconfig"]):
         missing = (
             "no node name (--node-name, $NODE_NAME, hostname)" if not node else "no API identity"
         )
         log("info", f"pod cache: off: {missing}; every ADD reads the API")
         return None
-    return PodCacheProcess.start(config, node, env, log)
+    return PodCacheProcess.start(config, opts["kubeconfig"], node, log)
 
 
 def keeper_settings(opts: Mapping[str, str], env: Mapping[str, str]) -> KeeperSettings:
@@ -218,6 +223,8 @@ def parse_args(args: list[str]) -> dict[str, str]:
 
     line = usage.parse(args, usage.options(__doc__ or ""))
     opts = {name: line.value(f"--{name}", default) or "" for name, default in FLAGS.items()}
+    if line.has("--kubeconfig"):
+        _kubeconfig(opts["kubeconfig"])
     opts["log-level"], opts["log-format"] = logs.parse_log_options(
         opts["log-level"], opts["log-format"]
     )
@@ -233,6 +240,20 @@ def parse_args(args: list[str]) -> dict[str, str]:
 
         parse_address(opts["admin-addr"])
     return opts
+
+
+def _kubeconfig(path: str) -> None:
+    """What a --kubeconfig can never become: "" (an unset variable in a manifest; leave the
+    flag out for the service account) and a directory (a mount or a path gone wrong). A
+    file that does not exist or cannot be used yet is waited for (agent/identity.py)."""
+    import os
+
+    if not path:
+        raise UsageError(
+            '--kubeconfig "": expected a file (leave the flag out for the service account)'
+        )
+    if os.path.isdir(path):
+        raise UsageError(f"--kubeconfig {_shown(path)}: is a directory, expected a file")
 
 
 def _int(opts: Mapping[str, str], name: str, minimum: int) -> int:

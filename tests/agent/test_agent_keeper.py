@@ -290,3 +290,38 @@ def test_a_reboot_prunes_the_records_of_sandboxes_that_are_gone(agent_node: Agen
         assert save_text(pods[1], SAVE["nft"]) == upstream
         pods[1].exec(CHANGE["nft"])  # the one left is watched for real
         wait_for(lambda: save_text(pods[1], SAVE["nft"]) == upstream, "its repair")
+
+
+def test_a_keeper_started_before_its_kubeconfig_waits_for_it_then_repairs(
+    agent_node: AgentNode,
+) -> None:
+    """The Talos service's keeper (docs/agent.md "The agent's API identity"): given a
+    --kubeconfig install-cni has not written yet, the agent serves ADDs and the keeper
+    waits for the file, logged once; written, the keeper starts with it, without an agent
+    restart, and repairs (asking the API for the pod first, with that identity)."""
+    require_tool("nft")
+    entry = json.loads(conf(agent_node.kubeconfig, "nft"))
+    del entry["prevResult"], entry["cniVersion"], entry["name"]
+    net_dir = agent_node.net_dir(entry)
+    later = agent_node.tmp / "later" / "ZZZ-linkerd-cni-kubeconfig"
+    later.parent.mkdir()
+    flags = ["--cni-net-dir", str(net_dir), "--kubeconfig", str(later), "--pod-cache", "off"]
+    with agent_node.agent(extra=flags) as agent:
+        said = f"keeper: waiting for the agent's API identity: kubeconfig {later} does not"
+        wait_for(lambda: said in "".join(agent.log), "the keeper's wait logged")
+        pod_ns = pod_with_ip(agent_node.rig)
+        run(agent_node.node, agent, agent_node.kubeconfig, pod_ns, "ADD")
+        upstream = fixture_text("default-nft")
+        assert save_text(pod_ns, SAVE["nft"]) == upstream
+        written = later.with_name(".tmp")
+        written.write_text(agent_node.kubeconfig.read_text())
+        written.rename(later)
+        wait_for(lambda: f"keeper: kubeconfig {later} loaded after" in "".join(agent.log),
+                 "the keeper's kubeconfig loaded", timeout=15)  # fmt: skip
+        time.sleep(1.0)  # the keeper reads the record, its netlink socket subscribes
+        flush_nat(pod_ns)
+        wait_for(lambda: save_text(pod_ns, SAVE["nft"]) == upstream, "the repair", timeout=10)
+        log = "".join(agent.log)
+        assert log.count("keeper: waiting for the agent's API identity") == 1
+        assert "no API configuration" not in log
+        assert "keeper exited" not in log

@@ -44,12 +44,12 @@ class Node:
     agent: AgentProcess
     tmp: Path
 
-    def agent_process(self) -> AgentProcess:
+    def agent_process(self, kubeconfig: Path | None = None) -> AgentProcess:
         return AgentProcess(
             self.tmp / "run" / "agent.sock",
             argv=[sys.executable, "-m", "multicall"],
             env={"PYTHONPATH": str(REPO), "NODE_NAME": NODE},
-            extra=["--kubeconfig", str(self.kubeconfig), "--keeper", "off"],
+            extra=["--kubeconfig", str(kubeconfig or self.kubeconfig), "--keeper", "off"],
             netns=self.netns.path,
         )
 
@@ -74,7 +74,8 @@ class Node:
 
 
 @pytest.fixture
-def node(tmp_path: Path, pki: Pki) -> Iterator[Node]:
+def bare_node(tmp_path: Path, pki: Pki) -> Iterator[Node]:
+    """The node netns and the stand-in, no agent started yet."""
     require_root()
     require_tool("iptables-nft-save")
     rig, api = Rig(), WatchApi(pki)
@@ -85,14 +86,18 @@ def node(tmp_path: Path, pki: Pki) -> Iterator[Node]:
         kubeconfig.write_text(api.kubeconfig_text())
         api.apply({"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": "emojivoto"}})
         placeholder = AgentProcess(tmp_path / "unused.sock")
-        state = Node(rig, netns, api, kubeconfig, placeholder, tmp_path)
-        state.agent = state.agent_process()
-        with state.agent:
-            state.synced()
-            yield state
+        yield Node(rig, netns, api, kubeconfig, placeholder, tmp_path)
     finally:
         api.stop()
         rig.cleanup()
+
+
+@pytest.fixture
+def node(bare_node: Node) -> Iterator[Node]:
+    bare_node.agent = bare_node.agent_process()
+    with bare_node.agent:
+        bare_node.synced()
+        yield bare_node
 
 
 def bound(name: str, node: str = NODE, **annotations: str) -> dict[str, Any]:
@@ -338,3 +343,81 @@ def test_more_pods_than_the_bound_are_not_kept_and_read_from_the_api(node: Node)
         before = len(node.gets())
     assert results == [0, 1]  # the pod GET only: its namespace is cached
     assert node.agent.metrics()['cnibox_agent_pod_cache_misses_total{reason="not cached"}'] == 1
+
+
+@pytest.mark.parametrize("first", ["missing", "malformed"])
+def test_an_agent_started_before_its_kubeconfig_serves_adds_then_starts_its_cache(
+    bare_node: Node, first: str
+) -> None:
+    """Talos: the agent service starts at boot, before install-cni wrote the kubeconfig
+    it is given (docs/agent.md "The agent's API identity"). It starts, serves ADDs (with
+    each config's own kubeconfig), says what it waits for; when the file is written, its
+    pod cache lists and answers, without a restart of the agent."""
+    node = bare_node
+    later = node.tmp / "net.d" / "ZZZ-linkerd-cni-kubeconfig"
+    later.parent.mkdir()
+    if first == "malformed":  # install-cni caught mid-write
+        later.write_text("apiVersion: v1\nclusters: [")
+    node.agent = node.agent_process(kubeconfig=later)
+    with node.agent:
+        pid = node.agent.pid
+        said = "pod cache: waiting for the agent's API identity: kubeconfig " + str(later)
+        wait_for(node, lambda: any(said in line for line in node.agent.log), timeout=10)
+        why = "does not exist yet" if first == "missing" else "cannot be used yet"
+        assert [line for line in node.agent.log if said in line and why in line]
+        metrics = node.agent.metrics()
+        assert metrics["cnibox_agent_pod_cache_identity_waiting"] == 1
+        assert node.agent.get("/readyz")[0] == 200  # ADDs are served: ready
+        web = node.apply(bound("web"))
+        pod_ns = node.rig.pod().netns
+        code, out, err = run(node, client(node), env_for(pod_ns, web))
+        assert code == 0, (out, err)
+        assert save_text(pod_ns, SAVE["nft"]) == fixture_text("default-nft")
+        metrics = node.agent.metrics()
+        assert node.agent.served() == 1
+        assert metrics[API] == 1
+        assert metrics['cnibox_agent_pod_cache_misses_total{reason="not synced"}'] == 1
+        # install-cni writes the file (a new file renamed into place)
+        written = later.with_name(".tmp-kubeconfig")
+        written.write_text(node.api.kubeconfig_text())
+        written.rename(later)
+        metrics = node.synced(timeout=15)
+        assert metrics["cnibox_agent_pod_cache_identity_waiting"] == 0
+        second = node.apply(bound("web-2"))
+        wait_for(node, lambda: node.agent.metrics().get(
+            'cnibox_agent_pod_cache_objects{resource="pods"}') == 2)  # fmt: skip
+        before = len(node.gets())
+        pod_ns = node.rig.pod().netns
+        code, out, err = run(node, client(node), env_for(pod_ns, second))
+        assert code == 0, (out, err)
+        assert node.gets()[before:] == []  # answered by the cache
+        assert node.agent.metrics()[CACHE] == 1
+        assert node.agent.pid == pid
+        assert node.agent.proc is not None
+        assert node.agent.proc.poll() is None
+        assert [line for line in node.agent.log if "loaded after" in line]
+        assert not [line for line in node.agent.log if "exited" in line]
+
+
+def test_a_rewritten_agent_kubeconfig_is_used_at_the_next_reconnect(bare_node: Node) -> None:
+    """install-cni rewrites its kubeconfig with a new token: the cache's watches, cut and
+    reconnecting, use the new file (the old token is refused), without an agent restart."""
+    node = bare_node
+    mine = node.tmp / "net.d" / "ZZZ-linkerd-cni-kubeconfig"
+    mine.parent.mkdir()
+    mine.write_text(node.api.kubeconfig_text())
+    node.agent = node.agent_process(kubeconfig=mine)
+    with node.agent:
+        pid = node.agent.pid
+        node.synced()
+        node.api.token = "rotated-token"  # the old token is refused from now on
+        written = mine.with_name(".tmp-kubeconfig")
+        written.write_text(node.api.kubeconfig_text(token="rotated-token"))
+        written.rename(mine)
+        node.api.restart()  # the watches are cut and reconnect
+        relists = 'cnibox_agent_pod_cache_relists_total{resource="pods"}'
+        wait_for(node, lambda: node.agent.metrics().get(relists, 0) >= 2, timeout=15)
+        node.synced(timeout=15)
+        assert node.agent.pid == pid
+        assert [line for line in node.agent.log if f"kubeconfig {mine} changed; reloaded" in line]
+        assert not [line for line in node.agent.log if "exited" in line]

@@ -226,6 +226,24 @@ class TestImages:
         root = "rootfs/usr/local/lib/containers/cnibox-agent"
         assert {f"{root}{path}" for path in mounts} <= set(layout["dirs"])
 
+    def test_talos_agent_service_has_an_api_identity(self) -> None:
+        """The service's identity is the kubeconfig install-cni writes (its default
+        KUBECONFIG_FILE_NAME in the CNI config dir the service mounts), a path the agent's
+        own command line accepts before the file exists (docs/agent.md "The agent's API
+        identity")."""
+        from multicall.applets.linkerd_cni_agent import parse_args
+        from multicall.core.installer.config import DEFAULTS
+
+        service = yaml.safe_load((PACKAGING / "talos" / "cnibox-agent.yaml").read_text())
+        container = service["container"]
+        args = container["args"]
+        kubeconfig = args[args.index("--kubeconfig") + 1]
+        assert kubeconfig == f"{DEFAULTS['DEST_CNI_NET_DIR']}/{DEFAULTS['KUBECONFIG_FILE_NAME']}"
+        mounts = {m["destination"]: m for m in container["mounts"]}
+        assert mounts["/etc/cni/net.d"]["source"] == "/etc/cni/net.d"
+        assert "rbind" in mounts["/etc/cni/net.d"]["options"]
+        assert parse_args(args[1:])["kubeconfig"] == kubeconfig  # not there here: accepted
+
     def test_talos_manifest_fields(self) -> None:
         """manifest.yaml carries the fields Talos reads, at this version of cnibox."""
         manifest = yaml.safe_load((PACKAGING / "talos" / "manifest.yaml").read_text())

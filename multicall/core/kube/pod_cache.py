@@ -15,6 +15,11 @@ Rules of this module:
    InitDone): nothing is answered from a list half read, and memory holds one generation.
 4. The cache answers a pod GET only when every condition of `lookup_pod` holds; anything else
    is a miss with a reason from MISS_REASONS, and the ADD asks the API.
+5. A cache process that names another cluster than the one it named before (the agent's
+   kubeconfig now reaches another server, or trusts it otherwise) empties both stores: what
+   was listed with one identity never answers a caller of another. While the process
+   waits for the agent's kubeconfig (docs/agent.md), it says so (`waiting`): not synced,
+   and a gauge, not an unready agent (ADDs are served, from the API).
 """
 
 from __future__ import annotations
@@ -192,13 +197,14 @@ class PodCache:
     stores: dict[str, Store] = field(default_factory=lambda: {w: Store(LIMITS[w]) for w in WATCHES})
     cluster: str = ""  # `cluster_identity` of the cache's API configuration
     beat_at: float | None = None  # monotonic seconds of the last message from the process
+    waiting: bool = False  # for the agent's kubeconfig (rule 5)
 
     def feed(self, message: Mapping[str, object], now: float) -> None:
         """One message of the cache process (`feed_line` of agent/pod_cache_process.py)."""
         self.beat_at = now
         kind = message.get("k")
-        if kind == "cluster":
-            self.cluster = str(message.get("id", ""))
+        if kind in ("cluster", "identity"):
+            self._identity(message)
             return
         store = self.stores.get(str(message.get("w", "")))
         if store is None:
@@ -225,6 +231,18 @@ class PodCache:
                 store.dropped += 1
             else:
                 store.put(key, record, record_size(record))
+
+    def _identity(self, message: Mapping[str, object]) -> None:
+        """Rule 5: the cluster the process lists from, or whether it waits for one."""
+        if message.get("k") == "identity":
+            self.waiting = message.get("waiting") is True
+            return
+        cluster = str(message.get("id", ""))
+        if self.cluster and cluster != self.cluster:  # counters kept
+            for store in self.stores.values():
+                store.objects, store.listing, store.sizes, store.size = {}, None, {}, 0
+                store.synced = store.live = False
+        self.cluster = cluster
 
     def usable(self, watch: str, cluster: str, now: float) -> str:
         """ "" when `watch` may answer for a caller of `cluster`, else the miss reason."""
@@ -357,6 +375,13 @@ def render_cache(metrics: CacheMetrics, cache: PodCache | None) -> str:
                 "Objects not kept because they exceeded the cache's bounds (their ADDs read "
                 "the API).",
                 [({"resource": w}, s.dropped) for w, s in sorted(stores.items())],
+            ),
+            text_family(
+                "cnibox_agent_pod_cache_identity_waiting",
+                "gauge",
+                "1 while the pod cache waits for the agent's kubeconfig (--kubeconfig names "
+                "a file that does not exist or cannot be used yet; ADDs read the API).",
+                [({}, int(cache is not None and cache.waiting))],
             ),
         ]
     )
