@@ -105,17 +105,25 @@ test-binary: deps build zipapp
 	export CNIBOX=$(CURDIR)/dist/cnibox CNIBOX_PYZ=$(CURDIR)/dist/cnibox.pyz
 	$(call run_pytest,tests)
 
-# The end-to-end suites that run linkerd-cni once more, with a node agent serving the whole
-# session (tests/conftest.py session_agent; docs/agent.md): the libcni driver scenarios, the
-# installer's chain under libcni, the 10 000-port ADDs (one batch over the caller's socket),
-# the empty root and the launcher. tests/agent and the CRI suite's agent mode run in
-# test-binary already.
+# The end-to-end suites that run linkerd-cni once more, through node agents
+# (tests/conftest.py session_agent, tests/support/session_agents.py; docs/agent.md): first
+# an agent with every capability (the Talos service) serving the whole session: the libcni
+# driver scenarios, the installer's chain under libcni, the 10 000-port ADDs (one batch over
+# the caller's socket), the empty root and the launcher. Then the suites whose plugin calls
+# reach an agent again, through agents confined to the chart's capabilities on their callers'
+# network (issue 24): `chart` NET_ADMIN + SYS_ADMIN (legacy, plain; nft with the keeper, the
+# default), `chart-nft` NET_ADMIN alone (nft, keeper off). tests/agent and the CRI suite's
+# agent mode run in test-binary already.
 AGENT_SUITES := tests/netns/test_linkerd_cni.py tests/netns/test_install_cni_end_to_end.py \
 	tests/netns/test_firewall_hardening.py::test_10000_ports_leave_what_upstream_leaves \
 	tests/binary/test_empty_root.py tests/binary/test_launcher.py
+CHART_AGENT_SUITES := $(wordlist 1,3,$(AGENT_SUITES))
 test-agent: deps build
-	export CNIBOX=$(CURDIR)/dist/cnibox CNIBOX_TEST_AGENT=1
-	$(call run_pytest,$(AGENT_SUITES))
+	export CNIBOX=$(CURDIR)/dist/cnibox
+	CNIBOX_TEST_AGENT=1 $(PY) -m pytest $(AGENT_SUITES) $(PYTEST_ARGS)
+	for mode in chart chart-nft; do
+		CNIBOX_TEST_AGENT=$$mode $(PY) -m pytest $(CHART_AGENT_SUITES) $(PYTEST_ARGS)
+	done
 
 # The containerd CRI suite alone (it also runs inside test-binary): docs/cri-tests.md.
 test-cri: deps build

@@ -6,9 +6,10 @@ or compilers: go, openssl, skopeo, umoci), tests/netns/ (root and throwaway netw
 namespaces), tests/binary/ (the built single file, `make test-binary`), tests/cri/ (the built
 file under containerd, driven through its CRI; docs/cri-tests.md).
 `CNIBOX=/path/to/binary` runs the command-level suites against a built executable instead
-of `python -m multicall`. `CNIBOX_TEST_AGENT=1` (with CNIBOX) runs them all with a node agent
-serving the session (`cnibox agent`, CNIBOX_AGENT_SOCKET pointing at it); without it, no
-agent is used even if one runs on the machine (CNIBOX_AGENT_SOCKET="").
+of `python -m multicall`. `CNIBOX_TEST_AGENT=1` (with CNIBOX) runs them all through a node
+agent with every capability (the Talos service), `=chart` and `=chart-nft` through agents
+confined to the chart's capabilities on their callers' network (tests/support/session_agents.py);
+without it, no agent is used even if one runs on the machine (CNIBOX_AGENT_SOCKET="").
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pytest
 from tests.support import require_root, require_tool
 from tests.support.pki import Pki, make_pki
 from tests.support.rig import Rig
+from tests.support.session_agents import CHART_HANDED_BACK, MODES, SessionAgents
 
 
 @pytest.fixture(scope="session")
@@ -48,16 +50,6 @@ def private_xtables_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
         os.environ["XTABLES_LOCKFILE"] = previous
 
 
-@pytest.fixture
-def rig() -> Iterator[Rig]:
-    require_root()
-    r = Rig()
-    try:
-        yield r
-    finally:
-        r.cleanup()
-
-
 def _host_firewall() -> str:
     out = []
     for tool in ("iptables-nft-save", "iptables-legacy-save", "ip6tables-nft-save"):
@@ -68,42 +60,63 @@ def _host_firewall() -> str:
     return "\n".join(re.sub(r"\[\d+:\d+\]", "[-]", line) for line in lines)
 
 
-def agent_mode() -> bool:
-    return os.environ.get("CNIBOX_TEST_AGENT", "") == "1"
+def agent_mode() -> str:
+    """CNIBOX_TEST_AGENT: "" (no agent) or one of session_agents.MODES."""
+    return os.environ.get("CNIBOX_TEST_AGENT", "")
 
 
 @pytest.fixture(scope="session", autouse=True)
 def session_agent(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[None]:
-    """The agent every plugin invocation of the session goes through, in agent mode. A
-    session that ran the libcni suite must have been served by it (not silently by the
-    fallback)."""
-    if not agent_mode():
+) -> Iterator[SessionAgents | None]:
+    """The agents every plugin invocation of the session goes through, in agent mode
+    (tests/support/session_agents.py). A session that ran the libcni suite must have been
+    served by them (not silently by the fallback), and a chart agent may hand back only
+    what the chart's capabilities cannot serve."""
+    mode = agent_mode()
+    if not mode:
         os.environ["CNIBOX_AGENT_SOCKET"] = ""
-        yield
+        yield None
         return
     binary = os.environ.get("CNIBOX")
-    if not binary or os.geteuid() != 0:
-        pytest.exit("CNIBOX_TEST_AGENT=1 needs CNIBOX (the built file) and root", returncode=2)
-    from tests.support.agent import AgentProcess
-
-    run_dir = tmp_path_factory.mktemp("agent")
-    agent = AgentProcess(run_dir / "agent.sock", argv=[binary]).start()
-    os.environ["CNIBOX_AGENT_SOCKET"] = agent.socket
+    if mode not in MODES or not binary or os.geteuid() != 0:
+        pytest.exit(
+            f"CNIBOX_TEST_AGENT={mode} needs CNIBOX (the built file), root, and one of "
+            f"{', '.join(MODES)}",
+            returncode=2,
+        )
+    agents = SessionAgents(mode, binary, tmp_path_factory.mktemp("agent"))
     try:
-        yield
+        yield agents.start()
     finally:
-        metrics = agent.metrics()
-        served = sum(v for k, v in metrics.items() if "requests_total" in k)
-        # A file the launcher refused (agent/caller_files.py) falls back silently: the
-        # result is right either way, so count it here, where it would otherwise hide.
-        refused = {k: v for k, v in metrics.items() if "caller refused a file" in k and v}
-        assert agent.stop() == 0, "".join(agent.log[-20:])
-        print(f"\nsession agent served {served:.0f} requests")
+        metrics = agents.stop()
+    served = sum(v for k, v in metrics.items() if k.startswith("cnibox_agent_requests_total{"))
+    handed_back = {
+        k.split('reason="', 1)[1].rstrip('"}'): int(v)
+        for k, v in metrics.items()
+        if k.startswith("cnibox_agent_fallbacks_total") and v
+    }
+    print(f"\nsession agents ({mode}, {agents.started} started) served {served:.0f} requests, "
+          f"handed back {handed_back}")  # fmt: skip
     ran_libcni = any("test_linkerd_cni" in item.nodeid for item in request.session.items)
     assert served > 0 or not ran_libcni, "agent mode, but the agent served no request"
-    assert not refused, f"the launcher refused files the agent asked for: {refused}"
+    # A file the launcher refused (agent/caller_files.py) falls back silently: the result
+    # is right either way, so count it here, where it would otherwise hide.
+    assert "caller refused a file" not in handed_back, handed_back
+    if agents.per_node:
+        assert set(handed_back) <= CHART_HANDED_BACK, handed_back
+
+
+@pytest.fixture
+def rig(session_agent: SessionAgents | None) -> Iterator[Rig]:
+    require_root()
+    r = Rig()
+    if session_agent is not None:
+        r.on_node, r.on_remove = session_agent.node_added, session_agent.node_removed
+    try:
+        yield r
+    finally:
+        r.cleanup()
 
 
 @pytest.fixture(scope="session", autouse=True)

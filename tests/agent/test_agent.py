@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from tests.support import REPO, require_root, require_tool
-from tests.support.agent import AgentProcess
+from tests.support.agent import CHART_CAPS, AgentProcess
 from tests.support.artifact import artifact_path
 from tests.support.concurrency import flock_held
 from tests.support.kubeapi import KubeApi
@@ -828,20 +828,6 @@ def _wait(check: Any, what: str, timeout: float = 20) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-# The agent's capabilities as the chart renders them (packaging/helm: drop ALL, add NET_ADMIN;
-# SYS_ADMIN too for legacy/plain and for the keeper, which is on by default), as setpriv
-# prefixes: a root process's permitted and effective sets after exec are its bounding set.
-CHART_CAPS = {
-    "all (the Talos service)": [],
-    "chart, nft, keeper off: NET_ADMIN": [
-        "setpriv", "--inh-caps=-all", "--bounding-set=-all,+net_admin"
-    ],
-    "chart default: NET_ADMIN, SYS_ADMIN": [
-        "setpriv", "--inh-caps=-all", "--bounding-set=-all,+net_admin,+sys_admin"
-    ],
-}  # fmt: skip
 
 
 @pytest.mark.parametrize(("caps", "mode"), [

@@ -20,6 +20,19 @@ from tests.support import cnibox_argv
 READY = re.compile(r"agent ready on ")
 ADMIN = re.compile(r"admin endpoints on \S+ \(port (\d+)\)")
 
+# The agent's capabilities as the chart renders them (packaging/helm: drop ALL, add NET_ADMIN;
+# SYS_ADMIN too for the keeper, which is on by default), as setpriv prefixes: a root
+# process's permitted and effective sets after exec are its bounding set.
+CHART_CAPS = {
+    "all (the Talos service)": [],
+    "chart, nft, keeper off: NET_ADMIN": [
+        "setpriv", "--inh-caps=-all", "--bounding-set=-all,+net_admin"
+    ],
+    "chart default: NET_ADMIN, SYS_ADMIN": [
+        "setpriv", "--inh-caps=-all", "--bounding-set=-all,+net_admin,+sys_admin"
+    ],
+}  # fmt: skip
+
 
 class AgentProcess:
     def __init__(

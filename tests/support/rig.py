@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 NETNS_DIR = "/var/run/netns"
@@ -79,6 +80,10 @@ class Rig:
     made: list[Netns] = field(default_factory=list)
     subnet_octet: int = field(default_factory=lambda: 1 + (os.getpid() + next(_counter)) % 250)
     _hosts: itertools.count[int] = field(default_factory=lambda: itertools.count(2))
+    # Told of each node netns made and before it is removed: an agent-mode session's
+    # per-node agents (tests/support/session_agents.py).
+    on_node: Callable[[Netns], None] | None = None
+    on_remove: Callable[[Netns], None] | None = None
 
     def netns(self, kind: str = "ns") -> Netns:
         ns = Netns(unique_name(kind))
@@ -95,6 +100,8 @@ class Rig:
             node.ip("link", "add", bridge, "type", "bridge")
             node.ip("addr", "add", f"10.88.{self.subnet_octet}.1/24", "dev", bridge)
             node.ip("link", "set", bridge, "up")
+        if self.on_node is not None:
+            self.on_node(node)
         return node
 
     def pod(
@@ -120,9 +127,13 @@ class Rig:
         return Pod(pod_ns, "eth0", addr, host_veth)
 
     def remove(self, ns: Netns) -> None:
-        run(["ip", "netns", "del", ns.name], check=False)
-        if ns in self.made:
-            self.made.remove(ns)
+        try:
+            if self.on_remove is not None:
+                self.on_remove(ns)
+        finally:
+            run(["ip", "netns", "del", ns.name], check=False)
+            if ns in self.made:
+                self.made.remove(ns)
 
     def cleanup(self) -> None:
         for ns in reversed(list(self.made)):
