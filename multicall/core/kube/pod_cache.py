@@ -5,7 +5,9 @@ cache may answer an ADD's GET, and why not otherwise; its metrics (docs/pod-cach
 Rules of this module:
 1. A record keeps only the fields `core/kube/objects.py` parses (names of containers and
    init containers, annotations, labels) plus the identity the cache checks (uid,
-   resourceVersion, spec.nodeName). `parse_pod` of a record equals `parse_pod` of the object.
+   resourceVersion, spec.nodeName) and, when set, deletionTimestamp (the keeper does not
+   repair a terminating pod: core/keeper.py `pod_gone`). `parse_pod` of a record equals
+   `parse_pod` of the object.
 2. Memory is bounded: at most MAX_PODS pods and MAX_NAMESPACES namespaces, each record at
    most MAX_RECORD bytes of JSON, and MAX_BYTES of records per resource. What does not fit
    is not kept (an older version of it is dropped too): a lookup then misses and the ADD
@@ -92,16 +94,20 @@ def reduce_pod(doc: Mapping[str, object]) -> dict[str, object] | None:
         return None
     version = meta.get("resourceVersion")
     node = spec.get("nodeName")
+    kept: dict[str, object] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": uid,
+        "resourceVersion": version if isinstance(version, str) else "",
+        "annotations": _strings(meta.get("annotations")),
+        "labels": _strings(meta.get("labels")),
+    }
+    deleting = meta.get("deletionTimestamp")
+    if isinstance(deleting, str) and deleting:
+        kept["deletionTimestamp"] = deleting
     return {
         "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": uid,
-            "resourceVersion": version if isinstance(version, str) else "",
-            "annotations": _strings(meta.get("annotations")),
-            "labels": _strings(meta.get("labels")),
-        },
+        "metadata": kept,
         "spec": {
             "nodeName": node if isinstance(node, str) else "",
             "containers": _names(spec.get("containers")),
