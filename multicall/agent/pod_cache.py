@@ -277,7 +277,13 @@ class CachedPodApi:
         return self.client.get_namespace(name)
 
     def get_service(self, namespace: str, name: str) -> Service:
-        self.stats.api_requests += 1  # not cached: control-plane pods only
+        """A control-plane pod's `default/kubernetes` (the one service watched)."""
+        from multicall.core.kube.objects import parse_service
+
+        found = self._cached({"what": "service", "ns": namespace, "name": name})
+        if not isinstance(found, str):
+            return parse_service(found)
+        self.stats.api_requests += 1
         return self.client.get_service(namespace, name)
 
     def close(self) -> None:

@@ -408,3 +408,70 @@ def test_the_keeper_asks_the_cache_whether_the_pod_is_gone_then_the_api() -> Non
         is Refusal.POD_GONE
     )  # no answer in time
     assert asked_api == ["old", "new", "web", "web", "web"]
+
+
+KUBERNETES = {
+    "kind": "Service",
+    "apiVersion": "v1",
+    "metadata": {"name": "kubernetes", "namespace": "default", "uid": "s1",
+                 "resourceVersion": "9", "labels": {"component": "apiserver"}},
+    "spec": {"clusterIP": "10.96.0.1", "ports": [
+        {"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        KUBERNETES["spec"],
+        {"ports": [{"port": "443"}]},  # parse_service's errors are the record's too
+        {"ports": "443"},
+        {"ports": [443]},
+        {},
+        None,
+    ],
+)
+def test_a_service_record_parses_as_the_service_it_came_from(spec: object) -> None:
+    from multicall.core.kube.objects import parse_service
+    from multicall.errors import ConfigError
+
+    doc = {**KUBERNETES, "spec": spec} if spec is not None else {
+        k: v for k, v in KUBERNETES.items() if k != "spec"
+    }  # fmt: skip
+    record = core.reduce_service(doc)
+    assert record is not None
+    assert core.reduce_service(record) == record
+    assert "clusterIP" not in json.dumps(record)
+
+    def parsed(d: Mapping[str, object]) -> object:
+        try:
+            return parse_service(d)
+        except ConfigError as exc:
+            return exc.message
+
+    assert parsed(record) == parsed(doc)
+
+
+def test_the_kubernetes_service_is_answered_when_its_watch_is_synced_and_live() -> None:
+    from multicall.core.kube.objects import ServicePort
+
+    web = pod("web")
+    cache = synced(web)
+    question = {"what": "service", "ns": "default", "name": "kubernetes", "cluster": CLUSTER}
+    assert cache.answer(question, NOW) == {"miss": core.NOT_SYNCED}
+    for message in ({"k": "init", "w": core.SERVICES}, {"k": "put", "w": core.SERVICES,
+                    "o": KUBERNETES}, {"k": "done", "w": core.SERVICES}):  # fmt: skip
+        cache.feed(message, NOW)
+    assert cache.answer({**question, "name": "other"}, NOW) == {"miss": core.NOT_CACHED}
+    assert cache.answer({**question, "cluster": ""}, NOW) == {"miss": core.OTHER_CLUSTER}
+    calls: list[str] = []
+    client = CountingApi()
+    stats = AddStats()
+    api = CachedPodApi(client, lambda q: cache.answer(q, NOW), CLUSTER, "uid-web", stats)
+    service = api.get_service("default", "kubernetes")
+    assert service.ports == (ServicePort(443, 6443),)
+    assert client.calls == calls
+    assert stats.api_requests == 0
+    api.get_service("default", "other")  # not watched: the API
+    assert client.calls == ["service"]
+    assert stats.api_requests == 1
