@@ -483,3 +483,45 @@ def test_the_keeper_asks_the_cache_and_a_restarted_keeper_gets_a_fresh_channel(
                 os.kill(keepers()[-1], signal.SIGKILL)
                 wait_for(node, lambda: len(keepers()) == 2, timeout=15)
         assert "no channel to the agent's pod cache" not in "".join(node.agent.log)
+
+
+def test_the_kubernetes_service_arrives_through_its_watch_and_answers_a_control_plane_add(
+    node: Node,
+) -> None:
+    """The service created after the cache listed (a WATCH event, not the LIST), then its
+    targetPort changed: control-plane ADDs through the agent read the service from the
+    cache, 0 GETs, and follow the change (the first ADD after the event arrived); each
+    programs what the one-shot plugin (with its 3 GETs) does."""
+    from tests.support.kubeapi import service_doc
+
+    services = 'cnibox_agent_pod_cache_objects{resource="services"}'
+    assert node.agent.metrics()[services] == 0
+    web = bound("destination-0")
+    web["metadata"].setdefault("labels", {})["linkerd.io/control-plane-component"] = "destination"
+    web = node.apply(web)
+    wait_for(node, lambda: node.agent.metrics().get(
+        'cnibox_agent_pod_cache_objects{resource="pods"}') == 1)  # fmt: skip
+
+    def add(argv: list[str]) -> tuple[int, str]:
+        pod_ns = node.rig.pod().netns
+        before = len(node.gets())
+        code, out, err = run(node, argv, env_for(pod_ns, web))
+        assert code == 0, (out, err)
+        tables = save_text(pod_ns, SAVE["nft"]).replace(pod_ns.name, "POD")
+        node.rig.remove(pod_ns)
+        return len(node.gets()) - before, tables
+
+    for target in (6443, 7443):
+        node.api.apply(service_doc([{"name": "https", "port": 443, "targetPort": target}]))
+        wait_for(node, lambda: node.agent.metrics()[services] == 1)
+        end = time.monotonic() + 15
+        while True:  # the change's event may still be on its way (its own watch)
+            gets, cached = add(client(node))
+            assert gets == 0
+            if f"--dports 443,{target} " in cached or time.monotonic() > end:
+                break
+            time.sleep(0.1)
+        gets, one_shot = add(ONE_SHOT)
+        assert gets == 3  # pod, namespace, service
+        assert f"--dports 443,{target} " in one_shot
+        assert cached == one_shot
