@@ -151,6 +151,14 @@ class KeeperProcess:
     def channel_fd(self) -> int:
         return self.channel.fileno() if self.channel is not None else -1
 
+    def detach_channel(self) -> int:
+        """In a forked worker: the channel's descriptor, for the worker to close, detached
+        from its object (whose collection must not close a reused number); -1 for none."""
+        if self.channel is None:
+            return -1
+        fd, self.channel = self.channel.detach(), None
+        return fd
+
     def answer(self, answerer: Callable[[bytes], bytes]) -> None:
         """The keeper's questions waiting on its channel, each answered by `answerer` (the
         parent's, as for a worker's: agent/server.py); at its end the channel is closed."""

@@ -128,6 +128,7 @@ class MetricsFeed(Protocol):
     def receive(self) -> None: ...
     def render(self) -> str: ...
     def channel_fd(self) -> int: ...
+    def detach_channel(self) -> int: ...
     def answer(self, answerer: Callable[[bytes], bytes]) -> None: ...
 
 
@@ -634,8 +635,8 @@ class Server:
             fds.append(self.pod_cache.fd)
         if self.feed is not None:
             fds.append(self.feed.fileno())  # the parent's alone to read
-            if self.feed.channel_fd() >= 0:
-                fds.append(self.feed.channel_fd())  # the keeper's alone to ask on
+            if (channel := self.feed.detach_channel()) >= 0:
+                fds.append(channel)  # the keeper's alone to ask on
         socks = [self.listener]
         socks += [w.ctl for w in self.workers.values()]
         socks += [w.conn for w in self.workers.values()]
