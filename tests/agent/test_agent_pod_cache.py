@@ -423,6 +423,25 @@ def test_a_rewritten_agent_kubeconfig_is_used_at_the_next_reconnect(bare_node: N
         assert not [line for line in node.agent.log if "exited" in line]
 
 
+def channel_holders(node: Node, keeper: int) -> set[int]:
+    """The processes holding the other end of `keeper`'s SOCK_SEQPACKET socket (its channel
+    to the pod cache): the agent's parent alone, no worker (`ss`: each unix socket's inode,
+    its peer's, and who holds it)."""
+    import re
+
+    out = node.netns.exec(["ss", "-xapH"])
+    peers, holders = {}, {}
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 8 or fields[0] != "u_seq":
+            continue
+        pids = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+        peers[fields[5]], holders[fields[5]] = fields[7], pids
+    mine = [inode for inode, pids in holders.items() if keeper in pids]
+    assert len(mine) == 1, out
+    return holders[peers[mine[0]]]
+
+
 def test_the_keeper_asks_the_cache_and_a_restarted_keeper_gets_a_fresh_channel(
     bare_node: Node,
 ) -> None:
@@ -479,6 +498,7 @@ def test_the_keeper_asks_the_cache_and_a_restarted_keeper_gets_a_fresh_channel(
             wait_for(node, lambda: save_text(pod_ns, SAVE["nft"]) == upstream, timeout=15)
             wait_for(node, lambda: repairs() == 1)
             assert node.gets()[before:] == []
+            assert channel_holders(node, keepers()[-1]) == {node.agent.pid}
             if not restarted:
                 os.kill(keepers()[-1], signal.SIGKILL)
                 wait_for(node, lambda: len(keepers()) == 2, timeout=15)
