@@ -21,7 +21,7 @@ Rules of this module:
 4. The cache answers a pod GET only when every condition of `lookup_pod` holds; anything else
    is a miss with a reason from MISS_REASONS, and the ADD asks the API.
 5. A cache process that names another cluster than the one it named before (the agent's
-   kubeconfig now reaches another server, or trusts it otherwise) empties both stores: what
+   kubeconfig now reaches another server, or trusts it otherwise) empties every store: what
    was listed with one identity never answers a caller of another. While the process
    waits for the agent's kubeconfig (docs/agent.md), it says so (`waiting`): not synced,
    and a gauge, not an unready agent (ADDs are served, from the API).
