@@ -625,6 +625,32 @@ class ApiPods:
         return pod_gone(answer.json(), record.uid)
 
 
+@dataclass(slots=True)
+class CachedPods:
+    """`ApiPods` with the parent's pod cache asked first (agent/pod_cache.py rule 4): a
+    record of the pod with the recorded UID answers (terminating: the same refusal as the
+    API's object); anything else (no record, another UID, the cache not synced, live or of
+    this cluster, no answer in time) is the API's GET, as without a cache. Another UID is
+    not taken as "replaced": a cache a moment behind could hold the older pod."""
+
+    api: ApiPods
+    ask: Callable[[dict[str, object]], dict[str, object] | None]
+    cluster: Callable[[], str]
+
+    def gone(self, record: SandboxRecord) -> Refusal | None:
+        from multicall.core.keeper import pod_gone
+
+        if record.uid:
+            answer = self.ask({
+                "what": "pod", "ns": record.namespace, "name": record.pod, "uid": record.uid,
+                "cluster": self.cluster(),
+            })  # fmt: skip
+            doc = answer.get("doc") if answer is not None else None
+            if isinstance(doc, Mapping):
+                return pod_gone(doc, record.uid)
+        return self.api.gone(record)
+
+
 # ----------------------------------------------------------------------------- the record
 
 

@@ -26,11 +26,19 @@ Rules of this module:
    the keeper process's CPU and memory read from /proc at the scrape. Only the parent reads
    the socket (its workers close their copy at fork); what arrives is decoded with fixed
    fields and label sets (core/keeper.py `decode_metrics`), anything else is dropped.
+5. The pod cache: each keeper process, at its start, makes a SOCK_SEQPACKET socketpair and
+   sends one end to the parent over its metrics socket (SCM_RIGHTS, the datagram
+   `CHANNEL`); the parent keeps the latest one it received (closing the one before: a
+   restarted keeper gets a fresh channel, and an answer meant for its predecessor is never
+   read by it) and answers the keeper's "Q" questions on it as it answers a worker's
+   (agent/pod_cache.py rules 1 and 4: the same questions and answers, no other). Workers
+   close the parent's end at fork. A keeper whose channel could not be sent asks the API.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import select
 import signal
@@ -44,6 +52,7 @@ from multicall.core.keeper import MAX_SNAPSHOT, KeeperMetrics, KeeperMode
 
 if TYPE_CHECKING:
     from multicall.agent.keeper import Keeper
+    from multicall.agent.pod_cache import Ask
     from multicall.core.keeper import Refusal, SandboxRecord
     from multicall.core.kube.kubeconfig import KubeConfig
     from multicall.effects.caller import Files
@@ -53,6 +62,7 @@ RESTART_FIRST = 1.0
 RESTART_MAX = 60.0
 STOP_WAIT = 10.0  # a keeper in the middle of a repair finishes it; then SIGKILL
 PR_SET_PDEATHSIG = 1
+CHANNEL = b"channel"  # the datagram carrying a keeper's end of its pod cache channel (rule 5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +87,7 @@ class KeeperProcess:
     report_r: int = -1  # the parent's end of the metrics socketpair
     metrics: KeeperMetrics = field(default_factory=KeeperMetrics)  # the latest snapshot
     keeper_pid: int = 0  # the keeper that sent it
+    channel: socket.socket | None = None  # the current keeper's questions (rule 5)
 
     @classmethod
     def start(cls, settings: KeeperSettings, env: Mapping[str, str], log: Log) -> KeeperProcess:
@@ -99,19 +110,75 @@ class KeeperProcess:
         return self.report_r
 
     def receive(self) -> None:
-        """Every snapshot waiting on the socket; the last valid one is kept."""
+        """Every datagram waiting on the socket: the last valid snapshot is kept, and the
+        last channel (rule 5)."""
         from multicall.core.keeper import decode_metrics
 
-        while self.report_r >= 0:
+        if self.report_r < 0:
+            return
+        sock = socket.socket(fileno=self.report_r)
+        try:
+            while True:
+                try:
+                    data, fds, _flags, _addr = socket.recv_fds(
+                        sock, MAX_SNAPSHOT + 1, 1, socket.MSG_CMSG_CLOEXEC
+                    )
+                except (BlockingIOError, InterruptedError):
+                    return
+                except OSError:
+                    return
+                if fds:
+                    self._new_channel(data, fds)
+                    continue
+                decoded = decode_metrics(data) if data else None
+                if decoded is not None:
+                    self.metrics, self.keeper_pid = decoded
+                if not data:
+                    return
+        finally:
+            sock.detach()  # report_r stays this object's to close (stop)
+
+    def _new_channel(self, data: bytes, fds: list[int]) -> None:
+        if data != CHANNEL or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            return
+        if self.channel is not None:
+            self.channel.close()  # the previous keeper's: it is gone
+        self.channel = socket.socket(fileno=fds[0])
+        self.channel.setblocking(False)
+
+    def channel_fd(self) -> int:
+        return self.channel.fileno() if self.channel is not None else -1
+
+    def detach_channel(self) -> int:
+        """In a forked worker: the channel's descriptor, for the worker to close, detached
+        from its object (whose collection must not close a reused number); -1 for none."""
+        if self.channel is None:
+            return -1
+        fd, self.channel = self.channel.detach(), None
+        return fd
+
+    def answer(self, answerer: Callable[[bytes], bytes]) -> None:
+        """The keeper's questions waiting on its channel, each answered by `answerer` (the
+        parent's, as for a worker's: agent/server.py); at its end the channel is closed."""
+        from multicall.agent.pod_cache import MAX_ANSWER
+
+        channel = self.channel
+        while channel is not None:
             try:
-                data = os.read(self.report_r, MAX_SNAPSHOT + 1)
+                msg = channel.recv(MAX_ANSWER)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
+                msg = b""
+            if not msg:
+                channel.close()
+                self.channel = None
                 return
-            decoded = decode_metrics(data) if data else None
-            if decoded is not None:
-                self.metrics, self.keeper_pid = decoded
+            if msg[:1] == b"Q":
+                with contextlib.suppress(OSError):  # a keeper gone: its EOF comes next
+                    channel.send(answerer(msg[1:]))
 
     def render(self) -> str:
         """The keeper's families for the agent's /metrics: its latest counters, and the
@@ -133,6 +200,9 @@ class KeeperProcess:
         if self.report_r >= 0:
             os.close(self.report_r)
             self.report_r = -1
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
         if not _wait(self.pid, STOP_WAIT + 5):
             log("warning", "keeper: did not stop in time; killed")
             with contextlib.suppress(ProcessLookupError):
@@ -263,7 +333,10 @@ def _keep(
 
     def body() -> None:
         _orphan_guard(generation[0])
-        keeper = build_keeper(settings, env, log, fds[0])
+        channel = open_channel(fds[1])
+        if channel is None:
+            log("warning", "keeper: no channel to the agent's pod cache; it asks the API")
+        keeper = build_keeper(settings, env, log, fds[0], _asker(channel))
         if keeper is None:  # stopped while waiting for its kubeconfig
             return
         keeper.report_fd = fds[1]
@@ -273,11 +346,46 @@ def _keep(
     _in_child("keeper", log, body)
 
 
+def open_channel(report_w: int) -> socket.socket | None:
+    """This keeper's end of a new channel to the parent, the other end sent to it over the
+    metrics socket (rule 5); None when it could not be sent."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    report = socket.socket(fileno=report_w)
+    try:
+        socket.send_fds(report, [CHANNEL], [theirs.fileno()])
+    except OSError:  # BlockingIOError: the parent's queue is full
+        mine.close()
+        return None
+    finally:
+        report.detach()
+        theirs.close()
+    return mine
+
+
+def _asker(channel: socket.socket | None) -> Ask | None:
+    if channel is None:
+        return None
+    numbers = itertools.count(1)
+
+    def ask(question: dict[str, object]) -> dict[str, object] | None:
+        from multicall.agent.pod_cache import ask_parent
+
+        return ask_parent(channel, question, next(numbers))
+
+    return ask
+
+
 def build_keeper(
-    settings: KeeperSettings, env: Mapping[str, str], log: Log, stop_fd: int
+    settings: KeeperSettings,
+    env: Mapping[str, str],
+    log: Log,
+    stop_fd: int,
+    ask: Ask | None = None,
 ) -> Keeper | None:
     """The keeper of `settings`, with its API session when there is an API configuration;
-    None when `stop_fd` turned readable while it waited for --kubeconfig (rule 3)."""
+    None when `stop_fd` turned readable while it waited for --kubeconfig (rule 3). `ask`:
+    the parent's pod cache (rule 5), asked before the API when there is an API
+    configuration (the cache has the same one)."""
     from multicall.agent.identity import (
         Current,
         FollowedKube,
@@ -285,7 +393,8 @@ def build_keeper(
         Sessions,
         stop_sleep,
     )
-    from multicall.agent.keeper import ApiEvents, ApiPods, Keeper
+    from multicall.agent.keeper import ApiEvents, ApiPods, CachedPods, Keeper
+    from multicall.agent.pod_cache import CachedControllerKube, ClusterOf
     from multicall.effects.pod_sandbox import SandboxFinder
     from multicall.effects.sandbox_records import RecordStore
     from multicall.plugin.in_place import Repairer, node_xtables_lock
@@ -304,12 +413,16 @@ def build_keeper(
         if fixed is not None:
             current = lambda: (fixed, 0)  # noqa: E731 - the service account's, fixed
     events: ApiEvents | NoEvents
-    pods: ApiPods | NoPods
+    pods: ApiPods | CachedPods | NoPods
     kube: Kube
     if current is not None:
         sessions = Sessions(current)
         events, pods = ApiEvents(sessions, settings.instance), ApiPods(sessions)
         kube = FollowedKube(current)
+        if ask is not None:
+            cluster = ClusterOf(current)
+            pods = CachedPods(pods, ask, cluster)
+            kube = CachedControllerKube(kube, ask, cluster)
     else:
         log("info", "keeper: no API configuration (no --kubeconfig, no service account): "
             "no Events, pods not asked before a repair; a repair reads the API through "

@@ -14,6 +14,11 @@ Rules of this module:
 3. A worker waits ASK_TIMEOUT at most for its answer; an answer to an earlier question
    (its number) is discarded. No answer, a miss, or a cache of another API server: the ADD
    asks the API through the kubeconfig its config names, as the one-shot plugin does.
+4. The keeper asks the same questions under the same rules, over its own channel (a
+   SOCK_SEQPACKET socketpair each keeper process makes at its start and hands to the parent
+   over its metrics socket: agent/keeper_process.py rule 5). Its in-place ADD reads with the
+   agent's own identity (`CachedControllerKube`); its "is the pod still there" before a
+   repair is answered by a record of the pod's UID (agent/keeper.py `CachedPods`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from multicall.core.kube.pod_cache import (
 from multicall.core.kube.watch import BodyLines
 
 if TYPE_CHECKING:
+    from multicall.agent.identity import Current, FollowedKube
     from multicall.core.kube.kubeconfig import KubeConfig
     from multicall.core.kube.objects import Namespace, Pod, Service
     from multicall.plugin.ports import PodApi, RealKube
@@ -271,8 +277,56 @@ class CachedPodApi:
         return self.client.get_namespace(name)
 
     def get_service(self, namespace: str, name: str) -> Service:
-        self.stats.api_requests += 1  # not cached: control-plane pods only
+        """A control-plane pod's `default/kubernetes` (the one service watched)."""
+        from multicall.core.kube.objects import parse_service
+
+        found = self._cached({"what": "service", "ns": namespace, "name": name})
+        if not isinstance(found, str):
+            return parse_service(found)
+        self.stats.api_requests += 1
         return self.client.get_service(namespace, name)
 
     def close(self) -> None:
         self.client.close()
+
+
+class ClusterOf:
+    """`config_identity` of the agent's own configuration as it is now (the keeper's),
+    computed again only when its generation changed; "" when it cannot be (a CA file not
+    readable): the cache then answers nothing (`other cluster`) and the API is asked."""
+
+    def __init__(self, current: Current) -> None:
+        self.current = current
+        self._generation = -1
+        self._cluster = ""
+
+    def __call__(self) -> str:
+        config, generation = self.current()
+        if generation != self._generation:
+            try:
+                self._cluster = config_identity(config)
+            except Exception:  # noqa: BLE001 - CniboxError, OSError: the API answers instead
+                self._cluster = ""
+            self._generation = generation
+        return self._cluster
+
+
+class CachedControllerKube:
+    """The keeper's `Kube` port (rule 4): `FollowedKube`'s (the agent's identity as it is at
+    each repair), with the pod and its namespace asked of the parent's cache first, under a
+    worker's rules: the runtime's K8S_POD_UID (the sandbox's CNI_ARGS) and the cluster."""
+
+    def __init__(self, real: FollowedKube, ask: Ask, cluster: ClusterOf) -> None:
+        self.real = real
+        self.ask = ask
+        self.cluster = cluster
+
+    def check_kubeconfig(self, path: str) -> None:
+        self.real.check_kubeconfig(path)
+
+    def connect(self, kubeconfig: str, env: Mapping[str, str]) -> PodApi:
+        from multicall.core.cni.skel import pod_uid
+
+        client = self.real.connect(kubeconfig, env)
+        uid = pod_uid(env.get("CNI_ARGS", ""))
+        return CachedPodApi(client, self.ask, self.cluster(), uid, AddStats())

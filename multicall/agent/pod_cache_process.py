@@ -1,6 +1,7 @@
-"""The pod cache's process: lists and watches this node's pods and the namespaces with the
-agent's own API identity, and feeds what it sees to the agent's parent through a pipe, one
-JSON line per message (core/kube/pod_cache.py `PodCache.feed`). docs/pod-cache.md.
+"""The pod cache's process: lists and watches this node's pods, the namespaces and the
+`default/kubernetes` service with the agent's own API identity, and feeds what it sees to
+the agent's parent through a pipe, one JSON line per message (core/kube/pod_cache.py
+`PodCache.feed`). docs/pod-cache.md.
 
 Rules of this module:
 1. It is a child of the agent forked before the server binds (as the keeper is,
@@ -8,14 +9,15 @@ Rules of this module:
    holds its loop: the parent reads short lines of records already reduced here. A
    supervisor restarts a watcher that dies (the keeper's back-off); while none runs, the
    parent hears no beat and the cache answers nothing (core/kube/pod_cache.BEAT_MAX).
-2. Two watches, one thread each (a watch blocks in its read): pods with `spec.nodeName` of
-   this node, and namespaces. kube-rs's watcher (core/kube/watch.py `WatchCursor`) on the
-   repair controller's client (effects/kube/stream.py): paginated LIST, WATCH from its
-   resourceVersion with bookmarks, 410 Gone -> LIST again. A failed or oversized step is
-   reported as "down" and is followed by a fresh LIST (not a resumed watch): a LIST that
-   completes is what proves the cache whole again; a watch that ends cleanly (its
-   timeoutSeconds) resumes from its resourceVersion and the cache stays live.
-3. The main thread writes a beat every BEAT seconds while both watch threads run (a thread
+2. Three watches, one thread each (a watch blocks in its read): pods with `spec.nodeName` of
+   this node, the namespaces, and the `kubernetes` service of `default` (field selector
+   `metadata.name=kubernetes`: one object). kube-rs's watcher (core/kube/watch.py
+   `WatchCursor`) on the repair controller's client (effects/kube/stream.py): paginated
+   LIST, WATCH from its resourceVersion with bookmarks, 410 Gone -> LIST again. A failed
+   or oversized step is reported as "down" and is followed by a fresh LIST (not a resumed
+   watch): a LIST that completes is what proves the cache whole again; a watch that ends
+   cleanly (its timeoutSeconds) resumes from its resourceVersion and the cache stays live.
+3. The main thread writes a beat every BEAT seconds while every watch thread runs (a thread
    that died ends the process: no beat covers a dead watch); all writes go through one lock
    (a line may exceed PIPE_BUF). A parent that stops reading blocks the watches, never grows
    memory.
@@ -51,7 +53,15 @@ from multicall.agent.keeper_process import (
     restart_loop,
 )
 from multicall.agent.pod_cache import config_identity
-from multicall.core.kube.pod_cache import BEAT, MAX_RECORD, NAMESPACES, PODS, REDUCE, record_size
+from multicall.core.kube.pod_cache import (
+    BEAT,
+    MAX_RECORD,
+    NAMESPACES,
+    PODS,
+    REDUCE,
+    WATCHES,
+    record_size,
+)
 
 if TYPE_CHECKING:
     from multicall.core.kube.kubeconfig import KubeConfig
@@ -153,7 +163,7 @@ def _watch(job: CacheJob, stop_r: int, feed_w: int, parent: int) -> None:  # pra
             name=f"pod cache {watch}",
             daemon=True,
         )
-        for watch in (PODS, NAMESPACES)
+        for watch in WATCHES
     ]
     for thread in threads:
         thread.start()
@@ -201,7 +211,13 @@ def cursor_for(watch: str, node: str) -> WatchCursor:
         return WatchCursor(
             "/api/v1/pods", Selector(fields=f"spec.nodeName={node}"), timeout_seconds=WATCH_TIMEOUT
         )
-    return WatchCursor("/api/v1/namespaces", Selector(), timeout_seconds=WATCH_TIMEOUT)
+    if watch == NAMESPACES:
+        return WatchCursor("/api/v1/namespaces", Selector(), timeout_seconds=WATCH_TIMEOUT)
+    return WatchCursor(  # SERVICES: the one a control-plane pod's ADD reads
+        "/api/v1/namespaces/default/services",
+        Selector(fields="metadata.name=kubernetes"),
+        timeout_seconds=WATCH_TIMEOUT,
+    )
 
 
 def run_watch(

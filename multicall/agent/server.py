@@ -121,12 +121,15 @@ RESERVED_FDS = 32
 
 
 class MetricsFeed(Protocol):
-    """Another process's metrics the loop reads as they arrive and /metrics includes (the
-    keeper's: agent/keeper_process.py)."""
+    """Another process's metrics the loop reads as they arrive and /metrics includes, and
+    its questions to the pod cache (the keeper's: agent/keeper_process.py rules 4-5)."""
 
     def fileno(self) -> int: ...
     def receive(self) -> None: ...
     def render(self) -> str: ...
+    def channel_fd(self) -> int: ...
+    def detach_channel(self) -> int: ...
+    def answer(self, answerer: Callable[[bytes], bytes]) -> None: ...
 
 
 def default_max_workers() -> int:
@@ -204,6 +207,7 @@ class Server:
         # caller's (a queued or served request holds its own too: EMFILE handles the rest).
         self.max_reading = max(1, min(admission.MAX_READING, budget // admission.FDS_PER_REQUEST))
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.keeper_channel = -1  # the keeper's questions, in the poll set (`follow_keeper`)
 
     # ------------------------------------------------------------------ setup
 
@@ -319,6 +323,10 @@ class Server:
             self.run_jobs()
         elif self.feed is not None and fd == self.feed.fileno():
             self.feed.receive()
+            self.follow_keeper()
+        elif self.feed is not None and self.keeper_channel >= 0 and fd == self.keeper_channel:
+            self.feed.answer(self.cache_answer)
+            self.follow_keeper()
         elif self.listener is not None and fd == self.listener.fileno():
             self.accept_clients()
         elif fd in self.workers:
@@ -627,6 +635,8 @@ class Server:
             fds.append(self.pod_cache.fd)
         if self.feed is not None:
             fds.append(self.feed.fileno())  # the parent's alone to read
+            if (channel := self.feed.detach_channel()) >= 0:
+                fds.append(channel)  # the keeper's alone to ask on
         socks = [self.listener]
         socks += [w.ctl for w in self.workers.values()]
         socks += [w.conn for w in self.workers.values()]
@@ -899,6 +909,7 @@ class Server:
         text = render(self.metrics, self.options.build) + render_cache(self.cache_metrics, cache)
         if self.feed is not None:
             self.feed.receive()  # a snapshot sent in this same round is counted
+            self.follow_keeper()
             text += self.feed.render()
         return text.encode()
 
@@ -913,14 +924,30 @@ class Server:
             self.log("error", "pod cache: its process is gone; ADDs read the API")
 
     def answer_pod_cache(self, worker: Worker, question: bytes) -> None:
+        with contextlib.suppress(OSError):  # a worker that went away: its EOF comes next
+            worker.ctl.send(self.cache_answer(question))
+
+    def cache_answer(self, question: bytes) -> bytes:
+        """The "A" message for a "Q" question, a worker's or the keeper's alike."""
         from multicall.agent.pod_cache import no_cache_answer
 
         if self.pod_cache is None:
-            answer = no_cache_answer(question)
-        else:
-            answer = self.pod_cache.answer(question, time.monotonic())
-        with contextlib.suppress(OSError):  # a worker that went away: its EOF comes next
-            worker.ctl.send(answer)
+            return no_cache_answer(question)
+        return self.pod_cache.answer(question, time.monotonic())
+
+    def follow_keeper(self) -> None:
+        """The keeper's current channel in the poll set (keeper_process.py rule 5): a new
+        one when a restarted keeper sent it, none after its end."""
+        assert self.feed is not None
+        fd = self.feed.channel_fd()
+        if fd == self.keeper_channel:
+            return
+        if self.keeper_channel >= 0:
+            with contextlib.suppress(KeyError):
+                self.poll.unregister(self.keeper_channel)
+        if fd >= 0:
+            self.poll.register(fd, select.POLLIN)
+        self.keeper_channel = fd
 
     def on_loop(self, job: Callable[[], T], timeout: float = LOOP_ANSWER) -> T | None:
         """Run `job` on the event loop's thread (from an admin thread); None when the loop

@@ -421,3 +421,127 @@ def test_a_rewritten_agent_kubeconfig_is_used_at_the_next_reconnect(bare_node: N
         assert node.agent.pid == pid
         assert [line for line in node.agent.log if f"kubeconfig {mine} changed; reloaded" in line]
         assert not [line for line in node.agent.log if "exited" in line]
+
+
+def channel_holders(node: Node, keeper: int) -> set[int]:
+    """The processes holding the other end of `keeper`'s SOCK_SEQPACKET socket (its channel
+    to the pod cache): the agent's parent alone, no worker (`ss`: each unix socket's inode,
+    its peer's, and who holds it)."""
+    import re
+
+    out = node.netns.exec(["ss", "-xapH"])
+    peers, holders = {}, {}
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 8 or fields[0] != "u_seq":
+            continue
+        pids = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+        peers[fields[5]], holders[fields[5]] = fields[7], pids
+    mine = [inode for inode, pids in holders.items() if keeper in pids]
+    assert len(mine) == 1, out
+    return holders[peers[mine[0]]]
+
+
+def test_the_keeper_asks_the_cache_and_a_restarted_keeper_gets_a_fresh_channel(
+    bare_node: Node,
+) -> None:
+    """The agent with its keeper in mode repair and its cache (agent/keeper_process.py rule
+    5): a pod ADDed through the agent, its nat table flushed; the keeper asks whether the
+    pod is still there and runs the ADD in place, both answered by the cache: 0 GETs. The
+    keeper killed: its supervisor's next keeper sends a new channel, and repairs with 0 GETs
+    too (without it, each question would wait for ASK_TIMEOUT and read the API)."""
+    import os
+    import re
+    import signal
+
+    node = bare_node
+    entry = json.loads(conf(node.kubeconfig))
+    del entry["prevResult"], entry["cniVersion"], entry["name"]
+    net_dir = node.tmp / "net.d"
+    net_dir.mkdir()
+    conflist = {"cniVersion": "1.0.0", "name": "cbxnet", "plugins": [entry]}
+    (net_dir / "10-cbxnet.conflist").write_text(json.dumps(conflist))
+    node.agent = node.agent_process()
+    node.agent.argv[node.agent.argv.index("off")] = "repair"
+    node.agent.argv += ["--cni-net-dir", str(net_dir)]
+    upstream = fixture_text("default-nft")
+    with node.agent:
+        node.synced()
+        web = node.apply(bound("web-k"))
+        wait_for(node, lambda: node.agent.metrics().get(
+            'cnibox_agent_pod_cache_objects{resource="pods"}') == 1)  # fmt: skip
+        pod_ns = node.rig.pod().netns
+        pod_ns.ip("addr", "add", "10.89.0.7/32", "dev", "lo")  # the repair checks it is there
+        before = len(node.gets())
+        code, out, err = run(node, client(node), env_for(pod_ns, web))
+        assert code == 0, (out, err)
+
+        def keepers() -> list[int]:
+            return [
+                int(p) for p in re.findall(r"keeper started \(pid (\d+)", "".join(node.agent.log))
+            ]
+
+        def repairs() -> float:
+            return sum(v for k, v in node.agent.metrics().items()
+                       if k.startswith("cnibox_agent_keeper_repairs_total"))  # fmt: skip
+
+        def watched() -> float:
+            return sum(v for k, v in node.agent.metrics().items()
+                       if k.startswith("cnibox_agent_keeper_sandboxes_watched"))  # fmt: skip
+
+        restarts = "cnibox_agent_keeper_restarts_total"
+        for restarted in (0, 1):  # a restarted keeper counts from 0 again
+            wait_for(node, lambda: node.agent.metrics().get(restarts) == restarted)  # noqa: B023
+            wait_for(node, lambda: watched() == 1)
+            time.sleep(0.5)  # its netlink socket subscribed
+            pod_ns.exec(["nft", "flush", "table", "ip", "nat"])
+            wait_for(node, lambda: save_text(pod_ns, SAVE["nft"]) == upstream, timeout=15)
+            wait_for(node, lambda: repairs() == 1)
+            assert node.gets()[before:] == []
+            assert channel_holders(node, keepers()[-1]) == {node.agent.pid}
+            if not restarted:
+                os.kill(keepers()[-1], signal.SIGKILL)
+                wait_for(node, lambda: len(keepers()) == 2, timeout=15)
+        assert "no channel to the agent's pod cache" not in "".join(node.agent.log)
+
+
+def test_the_kubernetes_service_arrives_through_its_watch_and_answers_a_control_plane_add(
+    node: Node,
+) -> None:
+    """The service created after the cache listed (a WATCH event, not the LIST), then its
+    targetPort changed: control-plane ADDs through the agent read the service from the
+    cache, 0 GETs, and follow the change (the first ADD after the event arrived); each
+    programs what the one-shot plugin (with its 3 GETs) does."""
+    from tests.support.kubeapi import service_doc
+
+    services = 'cnibox_agent_pod_cache_objects{resource="services"}'
+    assert node.agent.metrics()[services] == 0
+    web = bound("destination-0")
+    web["metadata"].setdefault("labels", {})["linkerd.io/control-plane-component"] = "destination"
+    web = node.apply(web)
+    wait_for(node, lambda: node.agent.metrics().get(
+        'cnibox_agent_pod_cache_objects{resource="pods"}') == 1)  # fmt: skip
+
+    def add(argv: list[str]) -> tuple[int, str]:
+        pod_ns = node.rig.pod().netns
+        before = len(node.gets())
+        code, out, err = run(node, argv, env_for(pod_ns, web))
+        assert code == 0, (out, err)
+        tables = save_text(pod_ns, SAVE["nft"]).replace(pod_ns.name, "POD")
+        node.rig.remove(pod_ns)
+        return len(node.gets()) - before, tables
+
+    for target in (6443, 7443):
+        node.api.apply(service_doc([{"name": "https", "port": 443, "targetPort": target}]))
+        wait_for(node, lambda: node.agent.metrics()[services] == 1)
+        end = time.monotonic() + 15
+        while True:  # the change's event may still be on its way (its own watch)
+            gets, cached = add(client(node))
+            assert gets == 0
+            if f"--dports 443,{target} " in cached or time.monotonic() > end:
+                break
+            time.sleep(0.1)
+        gets, one_shot = add(ONE_SHOT)
+        assert gets == 3  # pod, namespace, service
+        assert f"--dports 443,{target} " in one_shot
+        assert cached == one_shot

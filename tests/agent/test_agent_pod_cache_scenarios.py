@@ -99,7 +99,11 @@ class Node:
         self.wait_cached()
 
     def wait_cached(self, timeout: float = 30) -> None:
-        want = {OBJECTS.format("pods"): self.pods, OBJECTS.format("namespaces"): self.namespaces}
+        want = {
+            OBJECTS.format("pods"): self.pods,
+            OBJECTS.format("namespaces"): self.namespaces,
+            OBJECTS.format("services"): 1,  # default/kubernetes
+        }
         end = time.monotonic() + timeout
         while True:
             metrics = self.agent.metrics()
@@ -199,7 +203,7 @@ class Scenario:
     # What must be in the tables (or the log), so the scenario is the one it claims to be.
     expect: tuple[str, ...] = ()
     absent: tuple[str, ...] = ()
-    reads: tuple[str, ...] = ()  # GETs the cache does not answer (the service)
+    service: bool = False  # the ADD reads `default/kubernetes` (the cache answers it too)
 
 
 DEFAULT_NFT = {"iptables-nft-save": "default-nft"}
@@ -248,11 +252,11 @@ SCENARIOS = [
                      "--dports 4191,4190,9000 ", "--dports 3306 ")),
     Scenario("control-plane", base=lambda: labeled(
                  MESHED, **{"linkerd.io/control-plane-component": "destination"}),
-             expect=("--dports 443,6443 ",), reads=(SERVICE,)),
+             expect=("--dports 443,6443 ",), service=True),
     Scenario("control-plane-with-skip-outbound", base=lambda: labeled(
                  MESHED, **{"linkerd.io/control-plane-component": "identity"}),
              namespace={SKIP_OUT: "4567"}, expect=("--dports 4567,443,6443 ",),
-             reads=(SERVICE,)),
+             service=True),
     Scenario("host-network", base=host_network, fixtures=DEFAULT_NFT),
     Scenario("simulate", linkerd={"simulate": True}, absent=NO_RULES),
     Scenario("linkerd-init", base=lambda: WITH_INIT, namespace={SKIP_OUT: "5432"},
@@ -351,28 +355,31 @@ def run(node: Node, argv: list[str], pod: dict[str, Any], linkerd: dict[str, Any
         node.rig.remove(pod_ns)
 
 
-def through_cache(node: Node, pod: dict[str, Any], linkerd: dict[str, Any],
-                  reads: tuple[str, ...] = ()) -> Run:  # fmt: skip
-    """ADD and CHECK through the agent, answered by the cache: no GET of the pod or its
-    namespace (only `reads`, each once per command), the ADD counted as a cache answer."""
+def through_cache(node: Node, pod: dict[str, Any], linkerd: dict[str, Any]) -> Run:
+    """ADD and CHECK through the agent, answered by the cache: no GET of the pod, its
+    namespace or the `default/kubernetes` service, the ADD counted as a cache answer."""
     before, metrics = len(node.gets()), node.agent.metrics()
     client = [sys.executable, "-m", "tests.support.agent_client", node.agent.socket]
     outcome = run(node, client, pod, linkerd)
-    assert node.gets()[before:] == list(reads) * 2, outcome.add.log
+    assert node.gets()[before:] == [], outcome.add.log
     after = node.agent.metrics()
     assert after[CACHE] == metrics[CACHE] + 1, outcome.add.log
     assert after[API] == metrics[API]
-    assert after[REQUESTS] == metrics[REQUESTS] + len(reads)
+    assert after[REQUESTS] == metrics[REQUESTS]
     return outcome
 
 
-def one_shot(node: Node, pod: dict[str, Any], linkerd: dict[str, Any]) -> Run:
-    """The same ADD and CHECK by the one-shot plugin, which reads the pod from the API."""
+def one_shot(
+    node: Node, pod: dict[str, Any], linkerd: dict[str, Any], service: bool = False
+) -> Run:
+    """The same ADD and CHECK by the one-shot plugin, which reads the pod (and, `service`,
+    the `default/kubernetes` service) from the API."""
     before = len(node.gets())
     outcome = run(node, ONE_SHOT, pod, linkerd)
     meta = pod["metadata"]
     path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
     assert node.gets()[before:].count(path) == 2
+    assert node.gets()[before:].count(SERVICE) == (2 if service else 0)
     return outcome
 
 
@@ -394,8 +401,8 @@ def test_every_scenario_answered_by_the_cache_is_the_one_shot_result(
     node.put_namespace(namespace, case.namespace)
     pod = node.put_pod(bound(case.base(), namespace, "web-0", **case.pod))
     node.wait_cached()
-    cached = through_cache(node, pod, case.linkerd, case.reads)
-    api = one_shot(node, pod, case.linkerd)
+    cached = through_cache(node, pod, case.linkerd)
+    api = one_shot(node, pod, case.linkerd, case.service)
     same(cached.add, api.add)
     same(cached.check, api.check)
     assert cached.add.code == case.code, cached.add.log

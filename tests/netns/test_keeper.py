@@ -9,26 +9,39 @@ keeper runs on a thread inside the node netns, as the agent's keeper process wou
    each is detected and repaired (nft: within 1 s of the change, by the kernel's
    notification; legacy: within one sweep), with an Event and the metrics.
 3. DEL (the record removed) stops the watch; idle pods are never repaired.
+4. With the agent's pod cache (agent/pod_cache.py rule 4, asked over a channel as the
+   agent's parent answers it): discovery and repairs of pods the cache holds make no GET.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from multicall.agent.keeper import ApiEvents, ApiPods, Keeper
+from multicall.agent.identity import FollowedKube
+from multicall.agent.keeper import ApiEvents, ApiPods, CachedPods, Keeper
+from multicall.agent.pod_cache import Ask, CachedControllerKube, CacheFeed, ClusterOf, ask_parent
 from multicall.core.keeper import BackOff, KeeperMode
 from multicall.effects.kube.stream import Session
-from tests.netns.test_repair_controller import Node, driver, nat, node  # noqa: F401 - fixtures
+from tests.netns.test_repair_controller import (  # noqa: F401 - fixtures
+    NODE,
+    Node,
+    driver,
+    nat,
+    node,
+)
 from tests.support import require_tool
+from tests.support.kubewatch import pod_doc
 from tests.support.rig import Netns
 from tests.support.scenarios import fixture_text
 from tests.support.waiting import wait_for
@@ -73,6 +86,7 @@ def start_keeper(
     node: Node,  # noqa: F811
     net_dir: Path,
     mode: KeeperMode = KeeperMode.REPAIR,
+    ask: Ask | None = None,
 ) -> Running:
     from multicall.effects import ns
     from multicall.effects.kube.stream import ClientOptions, Token, load_config
@@ -91,13 +105,19 @@ def start_keeper(
     finder = SandboxFinder(str(net_dir), str(node.tmp / "cache"), "")
     firewall = RealFirewall()
     logs = node.logs
+    kube: ControllerKube | CachedControllerKube = ControllerKube(config)
+    pods: ApiPods | CachedPods = ApiPods(lambda: session)
+    if ask is not None:  # as agent/keeper_process.py `build_keeper` wraps them
+        current = lambda: (config, 0)  # noqa: E731
+        kube = CachedControllerKube(FollowedKube(current), ask, ClusterOf(current))
+        pods = CachedPods(ApiPods(lambda: session), ask, ClusterOf(current))
     keeper = Keeper(
         store=RecordStore(str(node.tmp / "records")),
         finder=finder,
-        repairer=Repairer(finder, ControllerKube(config), logs.append, firewall),
+        repairer=Repairer(finder, kube, logs.append, firewall),
         firewall=firewall,
         events=ApiEvents(lambda: session, "keeper-test"),
-        pods=ApiPods(lambda: session),
+        pods=pods,
         log=lambda level, line: logs.append(f"{level} {line}"),
         mode=mode,
         sweep_every=SWEEP,
@@ -228,3 +248,119 @@ def test_report_mode_reports_and_never_repairs(node: Node) -> None:  # noqa: F81
         assert running.keeper.metrics.refused["mode_report"] >= 1
     finally:
         running.stop()
+
+
+class Parent:
+    """The agent's parent as the keeper's channel sees it (agent/keeper_process.py rule 5):
+    a cache filled with the stand-in's objects, answering "Q" with `CacheFeed.answer`, on a
+    thread; every message counts as the cache process's beat."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        from multicall.effects.kube.stream import ClientOptions, load_config
+
+        self.feed_r, self.feed_w = os.pipe()
+        self.feed = CacheFeed(self.feed_r)
+        config = load_config(ClientOptions(kubeconfig=str(kubeconfig)), {})
+        self.cluster = ClusterOf(lambda: (config, 0))()
+        self.mine, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.asked: list[dict[str, Any]] = []
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def fill(self, pods: list[dict[str, Any]], namespaces: list[str]) -> None:
+        now = time.monotonic()
+        self.put({"k": "cluster", "id": self.cluster}, now)
+        for watch, docs in (("pods", pods), ("namespaces", [
+            {"kind": "Namespace", "metadata": {"name": n}} for n in namespaces
+        ])):  # fmt: skip
+            self.put({"k": "init", "w": watch}, now)
+            for doc in docs:
+                self.put({"k": "put", "w": watch, "o": doc}, now)
+            self.put({"k": "done", "w": watch}, now)
+
+    def put(self, message: dict[str, Any], now: float | None = None) -> None:
+        self.feed.cache.feed(message, time.monotonic() if now is None else now)
+
+    def serve(self) -> None:
+        while msg := self.theirs.recv(1 << 17):
+            self.put({"k": "beat"})
+            self.asked.append(json.loads(msg[1:]))
+            self.theirs.send(self.feed.answer(msg[1:], time.monotonic()))
+
+    def ask(self) -> Ask:
+        numbers = iter(range(1, 1 << 30))
+        return lambda question: ask_parent(self.mine, question, next(numbers))
+
+    def close(self) -> None:
+        self.mine.close()
+        self.thread.join(5)
+        self.theirs.close()
+        os.close(self.feed_r)
+        os.close(self.feed_w)
+
+
+def test_the_keeper_reads_the_pod_cache_for_discovery_and_repairs(
+    node: Node,  # noqa: F811
+) -> None:
+    """N unrecorded sandboxes (meshed, and not: linkerd-cni missing from the chain when they
+    started), their pods and namespace in the cache: discovery programs the meshed ones and
+    passes over the others with 0 GETs; a drift repair (the pod asked for first) makes 0
+    GETs; a pod the cache does not hold is read from the API (its GET, the namespace still
+    from the cache); a terminating pod in the cache is refused as the API's object is."""
+    upstream = fixture_text("default-nft")
+    meshed = [node.sandbox(f"web-{i}", with_linkerd=False) for i in range(3)]
+    plain = [sandbox_of(node, f"plain-{i}", meshed=False) for i in range(2)]
+    missed = node.sandbox("web-missed", with_linkerd=False)
+    net_dir = node.fix_chain_on_disk()
+    parent = Parent(node.kubeconfig)
+    parent.fill([pod for pod, _ in meshed + plain], ["app"])
+    before = len(node.api.object_gets())
+    running = start_keeper(node, net_dir, ask=parent.ask())
+    try:
+        wait_for(partial(repaired, running.keeper, 4), "the 4 meshed sandboxes programmed")
+        assert all(nat(netns) == upstream for _, netns in [*meshed, missed])
+        assert all("PROXY_INIT" not in nat(netns) for _, netns in plain)
+        assert node.api.object_gets()[before:] == ["/api/v1/namespaces/app/pods/web-missed"]
+        asked = [(q["what"], q["name"]) for q in parent.asked]
+        assert sorted(set(asked)) == sorted(
+            {("pod", f"web-{i}") for i in range(3)} | {("pod", "web-missed")}
+            | {("pod", f"plain-{i}") for i in range(2)} | {("namespace", "app")}
+        )  # fmt: skip
+        # drift: the pod asked for, then the ADD in place, all from the cache
+        before = len(node.api.object_gets())
+        restore(meshed[0][1], "nft", CHANGES["flush"])
+        wait_for(partial(repaired, running.keeper, 5), "the drift repaired")
+        assert nat(meshed[0][1]) == upstream
+        assert node.api.object_gets()[before:] == []
+        # terminating: refused from the cache's record, as from the API's object
+        terminating = {**meshed[1][0], "metadata": {
+            **meshed[1][0]["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}  # fmt: skip
+        parent.put({"k": "put", "w": "pods", "o": terminating})
+        restore(meshed[1][1], "nft", CHANGES["flush"])
+        wait_for(lambda: running.keeper.metrics.refused["pod_terminating"] == 1, "the refusal")
+        assert node.api.object_gets()[before:] == []
+        assert nat(meshed[1][1]) != upstream
+    finally:
+        running.stop()
+        parent.close()
+
+
+def sandbox_of(
+    node: Node,  # noqa: F811
+    name: str,
+    *,
+    meshed: bool,
+) -> tuple[dict[str, Any], Netns]:
+    """`Node.sandbox` of a pod the proxy injector left alone (`meshed` False)."""
+    doc = pod_doc(name, None, node=NODE)
+    if not meshed:
+        doc["spec"]["initContainers"] = []
+        doc["spec"]["containers"] = [{"name": "app"}]
+    stored = node.api.apply(doc)
+    netns = node.rig.pod().netns
+    proc = node.runtime.run(
+        "add", node.chain(with_linkerd=False), netns.path,
+        container_id=f"c{netns.name}", pod=("app", name), pod_uid=stored["metadata"]["uid"],
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return stored, netns

@@ -186,3 +186,41 @@ def test_why_a_pod_no_longer_owns_its_sandbox(
         metrics = KeeperMetrics()
         metrics.count_refusal(refusal)
         assert f'refused_total{{reason="{refusal.value}"}} 1' in metrics.render()
+
+
+def test_the_parent_keeps_the_latest_keepers_channel_and_answers_on_it(
+    feed: tuple[KeeperProcess, int],
+) -> None:
+    """agent/keeper_process.py rule 5: a keeper's channel arrives over the metrics socket;
+    a restarted keeper's replaces it (the old end closed); anything else with descriptors
+    is closed unread; questions are answered by the parent's answerer, EOF closes it."""
+    from multicall.agent.keeper_process import CHANNEL, open_channel
+
+    process, keeper = feed
+    first = open_channel(keeper)
+    assert first is not None
+    process.receive()
+    assert process.channel_fd() >= 0
+    second = open_channel(keeper)  # the supervisor's next keeper
+    assert second is not None
+    process.receive()
+    first.settimeout(1)
+    assert first.recv(16) == b""  # the parent closed its end of the first keeper's channel
+    stray_r, stray_w = os.pipe()
+    with socket.socket(fileno=os.dup(keeper)) as sock:
+        socket.send_fds(sock, [b"not " + CHANNEL], [stray_r])
+    os.close(stray_r)
+    process.receive()
+    os.set_blocking(stray_w, False)
+    with pytest.raises(BrokenPipeError):  # no reader left: the parent closed what it got
+        os.write(stray_w, b"x")
+    os.close(stray_w)
+    second.send(b'Q{"n":1}')
+    second.send(b"not a question")
+    process.answer(lambda question: b"A" + question)
+    second.settimeout(1)
+    assert second.recv(100) == b'A{"n":1}'
+    second.close()
+    process.answer(lambda question: b"A")
+    assert process.channel_fd() == -1
+    first.close()

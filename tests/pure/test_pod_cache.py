@@ -10,7 +10,7 @@ import re
 import socket
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -355,3 +355,123 @@ def test_the_cache_process_sends_a_list_then_events_and_drops_what_is_too_large(
     cursor.list_page({"metadata": {"resourceVersion": "12"}, "items": []})
     with pytest.raises(KubeError, match="size limit"):
         step(session, cursor, PODS, sent.append)  # type: ignore[arg-type]
+
+
+def test_a_terminating_pods_record_keeps_its_deletion_timestamp() -> None:
+    doc = pod("web")
+    assert "deletionTimestamp" not in json.dumps(reduce_pod(doc))
+    doc["metadata"]["deletionTimestamp"] = "2026-12-05T00:00:00Z"
+    record = reduce_pod(doc)
+    assert record is not None
+    assert record["metadata"]["deletionTimestamp"] == "2026-12-05T00:00:00Z"  # type: ignore[index]
+    assert parse_pod(record) == parse_pod(doc)
+
+
+def test_the_keeper_asks_the_cache_whether_the_pod_is_gone_then_the_api() -> None:
+    """agent/keeper.py `CachedPods`: a record of the recorded UID answers (a terminating one
+    refused as the API's object is); no record, another UID, a cache that cannot answer: the
+    API's GET, as without a cache."""
+    from multicall.agent.keeper import CachedPods
+    from multicall.core.keeper import Refusal, SandboxRecord
+
+    web, old = pod("web"), pod("old")
+    dying = pod("dying")
+    dying["metadata"]["deletionTimestamp"] = "2026-12-05T00:00:00Z"
+    cache = synced(web, old, dying)
+    asked_api: list[str] = []
+
+    class Api:
+        def gone(self, record: SandboxRecord) -> Refusal | None:
+            asked_api.append(record.pod)
+            return Refusal.POD_GONE
+
+    def record(name: str, uid: str) -> SandboxRecord:
+        return cast(
+            SandboxRecord, type("R", (), {"namespace": "emojivoto", "pod": name, "uid": uid})
+        )
+
+    def ask(question: dict[str, object]) -> dict[str, object]:
+        return cache.answer(question, NOW)
+
+    pods = CachedPods(cast(Any, Api()), ask, lambda: CLUSTER)
+    assert pods.gone(record("web", "uid-web")) is None
+    assert pods.gone(record("dying", "uid-dying")) is Refusal.POD_TERMINATING
+    assert asked_api == []
+    assert pods.gone(record("old", "uid-newer")) is Refusal.POD_GONE  # the API says so
+    assert pods.gone(record("new", "uid-new")) is Refusal.POD_GONE
+    assert pods.gone(record("web", "")) is Refusal.POD_GONE
+    assert CachedPods(cast(Any, Api()), ask, lambda: "").gone(record("web", "uid-web")) is (
+        Refusal.POD_GONE
+    )  # another cluster
+    assert (
+        CachedPods(cast(Any, Api()), lambda q: None, lambda: CLUSTER).gone(record("web", "uid-web"))
+        is Refusal.POD_GONE
+    )  # no answer in time
+    assert asked_api == ["old", "new", "web", "web", "web"]
+
+
+KUBERNETES = {
+    "kind": "Service",
+    "apiVersion": "v1",
+    "metadata": {"name": "kubernetes", "namespace": "default", "uid": "s1",
+                 "resourceVersion": "9", "labels": {"component": "apiserver"}},
+    "spec": {"clusterIP": "10.96.0.1", "ports": [
+        {"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        KUBERNETES["spec"],
+        {"ports": [{"port": "443"}]},  # parse_service's errors are the record's too
+        {"ports": "443"},
+        {"ports": [443]},
+        {},
+        None,
+    ],
+)
+def test_a_service_record_parses_as_the_service_it_came_from(spec: object) -> None:
+    from multicall.core.kube.objects import parse_service
+    from multicall.errors import ConfigError
+
+    doc = {**KUBERNETES, "spec": spec} if spec is not None else {
+        k: v for k, v in KUBERNETES.items() if k != "spec"
+    }  # fmt: skip
+    record = core.reduce_service(doc)
+    assert record is not None
+    assert core.reduce_service(record) == record
+    assert "clusterIP" not in json.dumps(record)
+
+    def parsed(d: Mapping[str, object]) -> object:
+        try:
+            return parse_service(d)
+        except ConfigError as exc:
+            return exc.message
+
+    assert parsed(record) == parsed(doc)
+
+
+def test_the_kubernetes_service_is_answered_when_its_watch_is_synced_and_live() -> None:
+    from multicall.core.kube.objects import ServicePort
+
+    web = pod("web")
+    cache = synced(web)
+    question = {"what": "service", "ns": "default", "name": "kubernetes", "cluster": CLUSTER}
+    assert cache.answer(question, NOW) == {"miss": core.NOT_SYNCED}
+    for message in ({"k": "init", "w": core.SERVICES}, {"k": "put", "w": core.SERVICES,
+                    "o": KUBERNETES}, {"k": "done", "w": core.SERVICES}):  # fmt: skip
+        cache.feed(message, NOW)
+    assert cache.answer({**question, "name": "other"}, NOW) == {"miss": core.NOT_CACHED}
+    assert cache.answer({**question, "cluster": ""}, NOW) == {"miss": core.OTHER_CLUSTER}
+    calls: list[str] = []
+    client = CountingApi()
+    stats = AddStats()
+    api = CachedPodApi(client, lambda q: cache.answer(q, NOW), CLUSTER, "uid-web", stats)
+    service = api.get_service("default", "kubernetes")
+    assert service.ports == (ServicePort(443, 6443),)
+    assert client.calls == calls
+    assert stats.api_requests == 0
+    api.get_service("default", "other")  # not watched: the API
+    assert client.calls == ["service"]
+    assert stats.api_requests == 1

@@ -20,6 +20,7 @@ import base64
 import contextlib
 import copy
 import json
+import re
 import socket
 import ssl
 import threading
@@ -171,8 +172,13 @@ class WatchApi:
         with self._cond:
             doc = copy.deepcopy(dict(pod))
             meta = doc.setdefault("metadata", {})
+            kind = doc.get("kind")
             store: dict[Any, dict[str, Any]] = (
-                self.namespaces if doc.get("kind") == "Namespace" else self.pods
+                self.namespaces
+                if kind == "Namespace"
+                else self.services
+                if kind == "Service"
+                else self.pods
             )
             key = meta["name"] if store is self.namespaces else (meta["namespace"], meta["name"])
             old = store.get(key)
@@ -276,7 +282,13 @@ class WatchApi:
         self, query: Mapping[str, str], resource: str = "Pod"
     ) -> tuple[int, dict[str, Any]]:
         labels, fields = query.get("labelSelector", ""), query.get("fieldSelector", "")
-        objects = self.namespaces if resource == "Namespace" else self.pods
+        objects: Mapping[Any, dict[str, Any]] = (
+            self.namespaces
+            if resource == "Namespace"
+            else self.services
+            if resource == "Service"
+            else self.pods
+        )
         limit = int(query.get("limit", "0") or 0)
         with self._cond:
             if "continue" in query:
@@ -411,6 +423,11 @@ class _Handler(JsonHandler):
         parts = urlsplit(self.path)
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
         resource = {"/api/v1/pods": "Pod", "/api/v1/namespaces": "Namespace"}.get(parts.path)
+        in_namespace = re.fullmatch(r"/api/v1/namespaces/([^/]+)/services", parts.path)
+        if in_namespace:  # a namespace's services: its namespace is one more field term
+            resource = "Service"
+            terms = [query.get("fieldSelector", ""), f"metadata.namespace={in_namespace[1]}"]
+            query["fieldSelector"] = ",".join(filter(None, terms))
         if resource is None:
             self._get_one(parts.path.strip("/").split("/"))
             return

@@ -1,11 +1,16 @@
-"""The node agent's pod cache as pure state: the pods bound to this node and the namespaces,
-as two watches (core/kube/watch.py) report them, reduced to what an ADD reads; when the
-cache may answer an ADD's GET, and why not otherwise; its metrics (docs/pod-cache.md).
+"""The node agent's pod cache as pure state: the pods bound to this node, the namespaces and
+the `default/kubernetes` service, as three watches (core/kube/watch.py) report them, reduced
+to what an ADD reads; when the cache may answer an ADD's GET, and why not otherwise; its
+metrics (docs/pod-cache.md).
 
 Rules of this module:
 1. A record keeps only the fields `core/kube/objects.py` parses (names of containers and
    init containers, annotations, labels) plus the identity the cache checks (uid,
-   resourceVersion, spec.nodeName). `parse_pod` of a record equals `parse_pod` of the object.
+   resourceVersion, spec.nodeName) and, when set, deletionTimestamp (the keeper does not
+   repair a terminating pod: core/keeper.py `pod_gone`). `parse_pod` of a record equals
+   `parse_pod` of the object. A service's keeps its name, namespace, resourceVersion and
+   each port's `port` and `targetPort` (what `parse_service` reads): `parse_service` of a
+   record is that of the object, its errors included.
 2. Memory is bounded: at most MAX_PODS pods and MAX_NAMESPACES namespaces, each record at
    most MAX_RECORD bytes of JSON, and MAX_BYTES of records per resource. What does not fit
    is not kept (an older version of it is dropped too): a lookup then misses and the ADD
@@ -16,7 +21,7 @@ Rules of this module:
 4. The cache answers a pod GET only when every condition of `lookup_pod` holds; anything else
    is a miss with a reason from MISS_REASONS, and the ADD asks the API.
 5. A cache process that names another cluster than the one it named before (the agent's
-   kubeconfig now reaches another server, or trusts it otherwise) empties both stores: what
+   kubeconfig now reaches another server, or trusts it otherwise) empties every store: what
    was listed with one identity never answers a caller of another. While the process
    waits for the agent's kubeconfig (docs/agent.md), it says so (`waiting`): not synced,
    and a gauge, not an unready agent (ADDs are served, from the API).
@@ -33,11 +38,13 @@ from multicall.core.openmetrics import text_family
 
 PODS = "pods"
 NAMESPACES = "namespaces"
-WATCHES = (PODS, NAMESPACES)
+SERVICES = "services"  # `default/kubernetes` only: a control-plane pod's ADD reads it
+WATCHES = (PODS, NAMESPACES, SERVICES)
 # The kubelet's --max-pods is 110 by default and rarely above 250: twice the largest node
 # seen, with room for pods still listed while their replacements start.
 MAX_PODS = 2048
 MAX_NAMESPACES = 10_000
+MAX_SERVICES = 4  # the watch selects one object by name
 # A record is a pod's annotations, labels and a few names: Linkerd's injector writes under
 # 2 KiB of annotations. kube-apiserver allows 256 KiB of them; a pod above MAX_RECORD is not
 # cached (its ADD reads the API) so that an answer fits one control message of a worker.
@@ -92,16 +99,20 @@ def reduce_pod(doc: Mapping[str, object]) -> dict[str, object] | None:
         return None
     version = meta.get("resourceVersion")
     node = spec.get("nodeName")
+    kept: dict[str, object] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": uid,
+        "resourceVersion": version if isinstance(version, str) else "",
+        "annotations": _strings(meta.get("annotations")),
+        "labels": _strings(meta.get("labels")),
+    }
+    deleting = meta.get("deletionTimestamp")
+    if isinstance(deleting, str) and deleting:
+        kept["deletionTimestamp"] = deleting
     return {
         "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": uid,
-            "resourceVersion": version if isinstance(version, str) else "",
-            "annotations": _strings(meta.get("annotations")),
-            "labels": _strings(meta.get("labels")),
-        },
+        "metadata": kept,
         "spec": {
             "nodeName": node if isinstance(node, str) else "",
             "containers": _names(spec.get("containers")),
@@ -126,18 +137,48 @@ def reduce_namespace(doc: Mapping[str, object]) -> dict[str, object] | None:
     }
 
 
+def reduce_service(doc: Mapping[str, object]) -> dict[str, object] | None:
+    """A service's record (rule 1): its ports as `parse_service` reads them, anything that is
+    not a port object kept as it is (so a malformed service fails the same way)."""
+    meta = _meta(doc)
+    name, namespace = meta.get("name"), meta.get("namespace")
+    if not (isinstance(name, str) and isinstance(namespace, str) and name and namespace):
+        return None
+    version = meta.get("resourceVersion")
+    spec = doc.get("spec")
+    if isinstance(spec, Mapping):
+        ports = spec.get("ports")
+        if isinstance(ports, list):
+            ports = [
+                {k: p[k] for k in ("port", "targetPort") if k in p} if isinstance(p, Mapping) else p
+                for p in ports
+            ]
+        spec = {"ports": ports} if "ports" in spec else {}
+    record: dict[str, object] = {
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "resourceVersion": version if isinstance(version, str) else "",
+        },
+    }
+    if spec is not None:
+        record["spec"] = spec
+    return record
+
+
 def record_size(record: Mapping[str, object]) -> int:
     return len(json.dumps(record, separators=(",", ":")))
 
 
-REDUCE = {PODS: reduce_pod, NAMESPACES: reduce_namespace}
-LIMITS = {PODS: MAX_PODS, NAMESPACES: MAX_NAMESPACES}
+REDUCE = {PODS: reduce_pod, NAMESPACES: reduce_namespace, SERVICES: reduce_service}
+LIMITS = {PODS: MAX_PODS, NAMESPACES: MAX_NAMESPACES, SERVICES: MAX_SERVICES}
 
 
 def key_of(watch: str, record: Mapping[str, object]) -> str:
     meta = _meta(record)
     name = str(meta.get("name", ""))
-    return f"{meta.get('namespace', '')}/{name}" if watch == PODS else name
+    return name if watch == NAMESPACES else f"{meta.get('namespace', '')}/{name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,13 +320,23 @@ class PodCache:
         record = self.stores[NAMESPACES].objects.get(name)
         return Lookup(record) if record is not None else Lookup(miss=NOT_CACHED)
 
+    def lookup_service(self, namespace: str, name: str, cluster: str, now: float) -> Lookup:
+        """Under the namespace's terms (the cluster, its watch listed and live); only the
+        `default/kubernetes` service is watched, any other is `not cached`."""
+        if reason := self.usable(SERVICES, cluster, now):
+            return Lookup(miss=reason)
+        record = self.stores[SERVICES].objects.get(f"{namespace}/{name}")
+        return Lookup(record) if record is not None else Lookup(miss=NOT_CACHED)
+
     def answer(self, query: Mapping[str, object], now: float) -> dict[str, object]:
-        """A worker's question ({"what": "pod"|"namespace", "ns", "name", "uid", "cluster"})
-        and the answer it gets: {"doc": record} or {"miss": reason}."""
+        """A worker's question ({"what": "pod"|"namespace"|"service", "ns", "name", "uid",
+        "cluster"}) and the answer it gets: {"doc": record} or {"miss": reason}."""
         cluster = str(query.get("cluster", ""))
         name = str(query.get("name", ""))
         if query.get("what") == "namespace":
             found = self.lookup_namespace(name, cluster, now)
+        elif query.get("what") == "service":
+            found = self.lookup_service(str(query.get("ns", "")), name, cluster, now)
         else:
             found = self.lookup_pod(
                 str(query.get("ns", "")), name, str(query.get("uid", "")), cluster, now
