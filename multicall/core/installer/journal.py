@@ -41,8 +41,14 @@ from multicall.core.limits import INSTALLER_FILE, KIB
 from multicall.errors import ConfigError
 
 VERSION = 2
+GROUP_VERSION = 3
 # One record: a config of at most INSTALLER_FILE bytes in base64, plus paths and digests.
 RECORD_LIMIT = INSTALLER_FILE * 4 // 3 + 64 * KIB
+# A group file's name: never a CNI config name (those end in .conf/.conflist), so never a
+# version 2 per-name record's; the number orders groups (a later group's record wins).
+GROUP_PREFIX = "group-"
+_GROUP_HEAD = b'{"records": ['
+_GROUP_TAIL = b'], "version": 3}\n'
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +116,69 @@ def encode_record(record: Record) -> bytes:
         "written": record.written,
     }
     return (json.dumps(doc, sort_keys=True) + "\n").encode()
+
+
+def encode_group_entry(record: Record) -> bytes:
+    """One record as it stands in a group (`encode_group`): the record without its version."""
+    doc = {
+        "path": record.path,
+        "original": None if record.original is None else _b64(record.original),
+        "mode": record.mode,
+        "written": record.written,
+    }
+    return json.dumps(doc, sort_keys=True).encode()
+
+
+def group_sizes(entries: list[bytes], limit: int = RECORD_LIMIT) -> list[int]:
+    """How many of `entries` (in order) each group file takes so that no group's bytes
+    exceed `limit`: a group closes before the entry that would overflow it; an entry alone
+    always fits (one 1 MiB config's record is below RECORD_LIMIT by its 64 KiB margin)."""
+    sizes: list[int] = []
+    room = limit - len(_GROUP_HEAD) - len(_GROUP_TAIL)
+    count = used = 0
+    for entry in entries:
+        need = len(entry) + (2 if count else 0)  # ", " between entries
+        if count and used + need > room:
+            sizes.append(count)
+            count = used = 0
+            need = len(entry)
+        count += 1
+        used += need
+    if count:
+        sizes.append(count)
+    return sizes
+
+
+def encode_group(entries: list[bytes]) -> bytes:
+    """A group file: many records (`encode_group_entry`), one line, sorted keys."""
+    return _GROUP_HEAD + b", ".join(entries) + _GROUP_TAIL
+
+
+def group_name(number: int) -> str:
+    return f"{GROUP_PREFIX}{number:09d}"
+
+
+def group_number(name: str) -> int | None:
+    """The number of the group file `name`; None when `name` is not a group file's."""
+    digits = name[len(GROUP_PREFIX) :]
+    if not name.startswith(GROUP_PREFIX) or not digits.isdigit() or not digits.isascii():
+        return None
+    return int(digits)
+
+
+def decode_group(data: bytes, *, net_dir: str) -> tuple[Record, ...]:
+    """The records of a group file, in order; ConfigError for anything rule 3 refuses."""
+    doc = _document(data, "undo record group")
+    if doc.get("version") != GROUP_VERSION:
+        raise ConfigError(f"the undo record group is not a version {GROUP_VERSION} group")
+    records: list[Record] = []
+    for item in _list(doc, "records"):
+        path = _text(item, "path")
+        if not _in_dir(path, net_dir):
+            raise ConfigError(f"the undo record group names {path!r}, which is not in {net_dir}")
+        original = None if _get(item, "original") is None else _unb64(item, "original", path)
+        records.append(Record(path, original, _mode(item, path), _text(item, "written")))
+    return tuple(records)
 
 
 def decode_record(data: bytes, *, net_dir: str, name: str) -> Record:
