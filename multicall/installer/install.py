@@ -74,6 +74,12 @@ class Installer:
         # Joined once: every config's record is written and dropped there (20,000 path
         # joins per 10,000 configs otherwise); `config` is frozen and never replaced.
         self.records_dir = config.records_dir
+        # Which record file holds each config's current record (a group, or a version 2
+        # per-name file), and the configs each file still holds a current record of: a
+        # file goes once it holds none (superseded by a later group, or undone).
+        self.holder: dict[str, str] = {}
+        self.members: dict[str, set[str]] = {}
+        self.next_group = 1
 
     # --- the undo journal (core/installer/journal.py) ----------------------------------------
 
@@ -144,25 +150,43 @@ class Installer:
         except FileNotFoundError:
             return
         net_dir = self.config.host_net_dir
+        groups: list[tuple[int, str]] = []
+        singles: list[str] = []
         for name in names:
             if fs.is_temp_name(name):
                 continue  # a record a killed run did not finish: its change was not made
+            number = journal.group_number(name)
+            if number is None:
+                singles.append(name)
+            else:
+                groups.append((number, name))
+                self.next_group = max(self.next_group, number + 1)
+        # Version 2 per-name records first, then groups in order: a later record of the
+        # same config (written after the earlier one was durable) wins.
+        for name in singles + [name for _, name in sorted(groups)]:
             path = os.path.join(directory, name)
             try:
                 data = fs.read_file(path, RECORD_LIMIT, what="undo record", follow=False)
                 if data is None:
                     continue
-                record = journal.decode_record(data, net_dir=net_dir, name=name)
+                if name in singles:
+                    records: tuple[journal.Record, ...] = (
+                        journal.decode_record(data, net_dir=net_dir, name=name),
+                    )
+                else:
+                    records = journal.decode_group(data, net_dir=net_dir)
             except ConfigError as exc:
                 errors.append(_naming(path, exc.message))
                 continue
-            self.state.records[record.path] = record
+            for record in records:
+                self.state.records[record.path] = record
+                self._hold(record.path, name)
 
     def adopt_version1(self) -> None:
         """Records for what a version 1 `undo.json` held, then `undo.json` without them."""
         if self.journaled and b'"patched"' in self.journaled:
-            for record in self.state.records.values():
-                self.write_record(record)
+            self.write_records(list(self.state.records.values()))
+            fs.sync_filesystem(self.records_dir)
             self.journaled = b""
             self.record()
 
@@ -175,9 +199,17 @@ class Installer:
         fs.write_atomic(self.config.journal_path, data, 0o600)
         self.journaled = data
 
-    def write_record(self, record: journal.Record, *, durable: bool = True) -> None:
-        """One config's record, before its change is made: one small file, whatever the
-        number of configs (rule 1); not `durable`: the caller syncs a batch of them."""
+    def write_record(self, record: journal.Record) -> None:
+        """One config's record, durable before its change is made (a group of one)."""
+        superseded = self.write_records([record])
+        fs.sync_filesystem(self.records_dir)
+        self.remove_superseded(superseded)
+
+    def write_records(self, records: Sequence[journal.Record]) -> list[str]:
+        """A batch's records, before their changes are made, in group files of at most
+        RECORD_LIMIT bytes (rule 1): one file creation per group, not per config. Not
+        durable: the caller syncs the records dir, then `remove_superseded` of the
+        returned names (files whose every record a new group replaced)."""
         records_dir = self.records_dir
         if not self.records_ready:
             fs.private_dir(self.config.state_dir, create=True)
@@ -185,18 +217,62 @@ class Installer:
             if fs.read_file(self.config.boot_file, 64, what="boot id", follow=False) is None:
                 fs.write_atomic(self.config.boot_file, _boot_id().encode() + b"\n", 0o600)
             self.records_ready = True
-        path = os.path.join(records_dir, os.path.basename(record.path))
-        write = fs.write_atomic if durable else fs.write_unsynced
-        write(path, journal.encode_record(record), 0o600)
+        entries = [journal.encode_group_entry(record) for record in records]
+        superseded: list[str] = []
+        start = 0
+        for size in journal.group_sizes(entries):
+            name = journal.group_name(self.next_group)
+            self.next_group += 1
+            data = journal.encode_group(entries[start : start + size])
+            fs.write_unsynced(os.path.join(records_dir, name), data, 0o600)
+            for record in records[start : start + size]:
+                emptied = self._hold(record.path, name)
+                if emptied:
+                    superseded.append(emptied)
+            start += size
+        return superseded
+
+    def remove_superseded(self, names: Sequence[str]) -> None:
+        """Record files no current record is in any more; only after the group replacing
+        them is durable. Not synced: one coming back after a crash is read before the
+        later group, which wins (rule 1)."""
+        for name in names:
+            if not self.members.get(name):
+                self.members.pop(name, None)
+                fs.unlink_unsynced(os.path.join(self.records_dir, name))
+
+    def _hold(self, path: str, name: str) -> str:
+        """`path`'s current record is now in the file `name`; returns the file it was in
+        when that file holds no current record any more ("" otherwise)."""
+        previous = self.holder.get(path)
+        self.holder[path] = name
+        self.members.setdefault(name, set()).add(path)
+        if previous is None or previous == name:
+            return ""
+        left = self.members.get(previous)
+        if left is not None:
+            left.discard(path)
+            if not left:
+                return previous
+        return ""
 
     def drop_record(self, path: str, *, durable: bool = True) -> None:
-        """After the undo of one config: its record goes (not `durable`: the caller syncs a
-        batch of them)."""
-        record = os.path.join(self.records_dir, os.path.basename(path))
-        if durable:
-            fs.remove_durably(record)
-        else:
-            fs.unlink_unsynced(record)
+        """After the undo of one config: its record goes, and with it the file holding it
+        once that file holds no other current record (not `durable`: the caller syncs a
+        batch of them). A group still holding others keeps the undone one, harmless: its
+        name is no longer what the installer left there, so a later undo leaves it."""
+        name = self.holder.get(path)
+        left = self.members.get(name or "")
+        if left is not None:
+            left.discard(path)
+        if name is not None and not left:
+            self.members.pop(name, None)
+            record = os.path.join(self.records_dir, name)
+            if durable:
+                fs.remove_durably(record)
+            else:
+                fs.unlink_unsynced(record)
+        self.holder.pop(path, None)
         del self.state.records[path]
 
     def forget(self) -> None:
@@ -445,10 +521,10 @@ class Installer:
         patches it again)."""
         if not batch:
             return
-        for patch in batch:
-            for record in self._records_of(patch):
-                self.write_record(record, durable=False)
+        records = [record for patch in batch for record in self._records_of(patch)]
+        superseded = self.write_records(records)
         fs.sync_filesystem(self.config.records_dir)
+        self.remove_superseded(superseded)
         staged: list[tuple[str, Patch]] = []
         try:
             for patch in batch:

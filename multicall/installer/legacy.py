@@ -48,12 +48,16 @@ def take_over(installer: Installer) -> int:
                     hint="restore the CNI configs it names by hand, then remove the file",
                 )
         found = bool(old.journaled or old.state.records)
-        moved = 0
+        taken = []
         for path, record in old.state.records.items():
             if path not in new.state.records:
                 new.state.records[path] = record
-                new.write_record(record)
-                moved += 1
+                taken.append(record)
+        moved = len(taken)
+        if taken:
+            superseded = new.write_records(taken)
+            fs.sync_filesystem(new.records_dir)
+            new.remove_superseded(superseded)
         for path, digest in old.state.copied.items():
             new.state.copied.setdefault(path, digest)
         new.state.kubeconfig = new.state.kubeconfig or old.state.kubeconfig

@@ -18,6 +18,7 @@ from tests.support.installer_host import (
     linkerd_count,
     make_host,
     put_config,
+    record_file,
     snapshot,
 )
 from tests.support.waiting import wait_for
@@ -172,13 +173,14 @@ class TestStateDir:
         before = snapshot(host.prefix)
         legacy = host.net_dir / ".cnibox-install-cni"
         assert host.run("--once", CNIBOX_STATE_DIR=str(legacy)).returncode == 0
-        assert (legacy / "patched" / "10-calico.conf").is_file()
+        assert record_file(legacy / "patched", "10-calico.conf").is_file()
         proc = host.run(then)
         assert proc.returncode == 0, proc.stderr
         assert not legacy.exists()
         if then == "--once":
             assert "took over the undo journal of an earlier cnibox" in proc.stderr
-            assert (host.bin_dir / ".cnibox-install-cni" / "patched" / "10-calico.conf").is_file()
+            records = host.bin_dir / ".cnibox-install-cni" / "patched"
+            assert record_file(records, "10-calico.conf").is_file()
             proc = host.run("--uninstall")
             assert proc.returncode == 0, proc.stderr
         assert snapshot(host.prefix) == before

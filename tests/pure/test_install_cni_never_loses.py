@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -15,7 +16,14 @@ from multicall.applets import install_cni
 from multicall.core.installer.journal import RECORD_LIMIT
 from multicall.effects import fs
 from multicall.installer import lock
-from tests.support.installer_host import TESTDATA, Host, linkerd_count, make_host, put_config
+from tests.support.installer_host import (
+    TESTDATA,
+    Host,
+    linkerd_count,
+    make_host,
+    put_config,
+    record_file,
+)
 from tests.support.waiting import wait_for
 
 STATE = ".cnibox-install-cni"
@@ -102,7 +110,8 @@ def big_conf(size: int, i: int) -> bytes:
 
 def test_a_large_journal_is_bounded_per_record_and_fully_undone(tmp_path: Path) -> None:
     """Item 3: 20 `.conf` files of 900 KB (a 24 MB journal as one document) are journaled
-    one record each, every record under its read limit, and all restored by --uninstall."""
+    one conversion per record file (a group never exceeds the read limit), and all restored
+    by --uninstall."""
     host = make_host(tmp_path)
     originals = {f"{i:02d}-big.conf": big_conf(900_000, i) for i in range(20)}
     for name, data in originals.items():
@@ -110,11 +119,60 @@ def test_a_large_journal_is_bounded_per_record_and_fully_undone(tmp_path: Path) 
     code, err = run(host, "--once")
     assert code == 0, err
     records = list((host.bin_dir / STATE / "patched").iterdir())
-    assert len(records) == 40  # each .conf (removed) and each .conflist (created)
+    assert len(records) == 20  # two 1.2 MB records never share a group
     assert max(r.stat().st_size for r in records) < RECORD_LIMIT
     code, err = run(host, "--uninstall")
     assert code == 0, err
     assert configs(host) == originals
+    assert not (host.bin_dir / STATE).exists()
+
+
+def version2_record(path: str, original: bytes | None, mode: int, written: str) -> bytes:
+    """A record as cnibox before record groups wrote it (its `encode_record`, spelled out
+    here so a change to the current encoder cannot hide a format change)."""
+    encoded = None if original is None else base64.b64encode(original).decode("ascii")
+    doc = {"version": 2, "path": path, "original": encoded, "mode": mode, "written": written}
+    return (json.dumps(doc, sort_keys=True) + "\n").encode()
+
+
+@pytest.mark.parametrize("then", ["--uninstall", "--once"])
+def test_an_upgraded_installer_undoes_version2_per_name_records(tmp_path: Path, then: str) -> None:
+    """A node an earlier cnibox installed, its journal one version 2 record per config name
+    (a `.conf` converted: its original only in the journal): the new code's --uninstall
+    restores every file byte for byte and name for name; after a new --once (a config the
+    primary CNI rewrote since: its record replaced by a group) too; nothing is left."""
+    host = make_host(tmp_path)
+    (host.net_dir / "10-a.conf").write_bytes(CONF)
+    (host.net_dir / "20-b.conflist").write_bytes(CONFLIST)
+    before = configs(host)
+    assert run(host, "--once")[0] == 0
+    records = host.bin_dir / STATE / "patched"
+    for group in list(records.iterdir()):
+        for item in json.loads(group.read_bytes())["records"]:
+            original = item["original"]
+            old = version2_record(
+                item["path"],
+                None if original is None else base64.b64decode(original),
+                item["mode"],
+                item["written"],
+            )
+            (records / item["path"].rsplit("/", 1)[-1]).write_bytes(old)
+        group.unlink()
+    assert sorted(p.name for p in records.iterdir()) == [
+        "10-a.conf",
+        "10-a.conflist",
+        "20-b.conflist",
+    ]
+    if then == "--once":
+        (host.net_dir / "20-b.conflist").write_bytes(CONFLIST)  # the primary CNI rewrites it
+        before["20-b.conflist"] = CONFLIST
+        code, err = run(host, "--once")
+        assert code == 0, err
+        assert linkerd_count(host.net_dir / "20-b.conflist") == 1
+        assert not (records / "20-b.conflist").exists()  # superseded by its group
+    code, err = run(host, "--uninstall")
+    assert code == 0, err
+    assert configs(host) == before
     assert not (host.bin_dir / STATE).exists()
 
 
@@ -125,7 +183,7 @@ def test_an_unreadable_record_fails_install_and_uninstall_clearly(tmp_path: Path
     (host.net_dir / "10-a.conf").write_bytes(CONF)
     put_config(host, "20-b.conflist")
     assert run(host, "--once")[0] == 0
-    record = host.bin_dir / STATE / "patched" / "10-a.conf"
+    record = record_file(host.bin_dir / STATE / "patched", "10-a.conf")
     record.write_bytes(b"x" * (RECORD_LIMIT + 1))
     (host.net_dir / "20-b.conflist").write_bytes(CONFLIST)  # the primary CNI rewrites it
     code, err = run(host, "--once")
@@ -134,7 +192,7 @@ def test_an_unreadable_record_fails_install_and_uninstall_clearly(tmp_path: Path
     assert (host.net_dir / "20-b.conflist").read_bytes() == CONFLIST  # not re-patched
     code, err = run(host, "--uninstall")
     assert code == 1
-    assert "10-a.conf: the undo record is larger than" in err
+    assert f"{record.name}: the undo record is larger than" in err
     assert "restore it by hand" in err
     assert "Traceback" not in err
     assert record.exists()
@@ -255,6 +313,9 @@ def test_install_flushes_per_batch_not_per_config(
     assert all(linkerd_count(host.net_dir / f"{i:04d}.conflist") == 1 for i in range(1000))
     assert flushes["fsync"] <= 20
     assert 1 <= flushes["syncfs"] <= 3
+    # One file creation per config (its .conflist) and one per group of records, not
+    # three per config: 1,000 records of 1 KB configs fit two groups of RECORD_LIMIT.
+    assert len(list((host.bin_dir / STATE / "patched").iterdir())) <= 2
     monkeypatch.undo()
     code, err = run(host, "--uninstall")
     assert code == 0, err

@@ -149,3 +149,15 @@ def count_linkerd(data: bytes) -> int:
     return sum(
         1 for p in conflist._plugins_of(conflist.parse_document(data)) if conflist.is_linkerd(p)
     )
+
+
+def record_file(records_dir: Path, name: str) -> Path:
+    """The file in the installer's records dir holding the current record of the config
+    `name` (a group file, or a version 2 per-name record): the last group naming it."""
+    found = records_dir / name
+    for path in sorted(records_dir.iterdir()):
+        if path.name.startswith("group-"):
+            doc = json.loads(path.read_bytes())
+            if any(item["path"].rsplit("/", 1)[-1] == name for item in doc["records"]):
+                found = path
+    return found

@@ -7,20 +7,29 @@ Rules of this module:
    configs (a rewrite of one whole journal per patch made installs quadratic):
    - `undo.json` (`encode`/`decode`): the binary the installer copied (path and SHA-256) and
      the kubeconfig it wrote. Links need no record: they are recognised by their target.
-   - one record per CNI config name the installer changed (`encode_record`/`decode_record`),
-     in the records dir under that same name: the bytes and mode the name held before the
-     installer first changed it (`original`, None when the installer created the name) and
-     the SHA-256 of what the installer left there (`written`, "" when it removed the name,
-     as when `x.conf` became `x.conflist`). A record is written before its change is made
-     (write-ahead) and holds at most one config (1 MiB, in base64), so `RECORD_LIMIT`
-     bounds every read.
+   - records of the CNI config names the installer changed, in group files in the records
+     dir (`encode_group`/`decode_group`, version 3): one per batch of configs patched
+     together, split so that no group exceeds `RECORD_LIMIT` (`group_sizes`; a record of a
+     1 MiB config, in base64, fits alone), so that limit bounds every read and a batch costs
+     one file creation per group, not one per config (on ext4 each creation costs 0.1-0.9 ms
+     in the kernel). A record: the bytes and mode the name held before the installer first
+     changed it (`original`, None when the installer created the name) and the SHA-256 of
+     what the installer left there (`written`, "" when it removed the name, as when `x.conf`
+     became `x.conflist`). A group is durable before any change it records is made
+     (write-ahead). Groups are named `group-<number>`, never a CNI config name; a later
+     group's record of a name replaces an earlier one (read in number order), and a file
+     goes once no current record is in it (every record in it replaced, or undone).
+   - version 2 per-name records (`decode_record`: a file named after its config, one record)
+     written by cnibox before groups are still read, before every group, and undone.
 2. Records are JSON (sorted keys, the original bytes in base64): readable by an operator and
-   a stable byte string, so writing the same record twice writes the same bytes. A record
-   is one line (the json module's C encoder: 10,000 configs write 20,000 records); one
+   a stable byte string, so writing the same record twice writes the same bytes. A group is
+   one line (the json module's C encoder: 10,000 configs write 20,000 records); a record
    written indented by an earlier version reads the same.
 3. Decoding trusts nothing: an unknown version, a wrong type, undecodable base64, a record
    whose path is not the config of its own name, or a path outside the CNI config dir
-   (configs) or bin dir (the binary) is a ConfigError. The installer never goes on as if
+   (configs) or bin dir (the binary) is a ConfigError. An unreadable group loses (to
+   undo) the originals of every config it records, not just one: the installer refuses
+   to install and `--uninstall` names the group file. The installer never goes on as if
    the journal were not there: it refuses to install, and `--uninstall` undoes what the
    readable records allow and then fails, naming the record to look at.
 4. A version 1 `undo.json` (one document holding every config, written by cnibox before
@@ -41,8 +50,14 @@ from multicall.core.limits import INSTALLER_FILE, KIB
 from multicall.errors import ConfigError
 
 VERSION = 2
+GROUP_VERSION = 3
 # One record: a config of at most INSTALLER_FILE bytes in base64, plus paths and digests.
 RECORD_LIMIT = INSTALLER_FILE * 4 // 3 + 64 * KIB
+# A group file's name: never a CNI config name (those end in .conf/.conflist), so never a
+# version 2 per-name record's; the number orders groups (a later group's record wins).
+GROUP_PREFIX = "group-"
+_GROUP_HEAD = b'{"records": ['
+_GROUP_TAIL = b'], "version": 3}\n'
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +125,69 @@ def encode_record(record: Record) -> bytes:
         "written": record.written,
     }
     return (json.dumps(doc, sort_keys=True) + "\n").encode()
+
+
+def encode_group_entry(record: Record) -> bytes:
+    """One record as it stands in a group (`encode_group`): the record without its version."""
+    doc = {
+        "path": record.path,
+        "original": None if record.original is None else _b64(record.original),
+        "mode": record.mode,
+        "written": record.written,
+    }
+    return json.dumps(doc, sort_keys=True).encode()
+
+
+def group_sizes(entries: list[bytes], limit: int = RECORD_LIMIT) -> list[int]:
+    """How many of `entries` (in order) each group file takes so that no group's bytes
+    exceed `limit`: a group closes before the entry that would overflow it; an entry alone
+    always fits (one 1 MiB config's record is below RECORD_LIMIT by its 64 KiB margin)."""
+    sizes: list[int] = []
+    room = limit - len(_GROUP_HEAD) - len(_GROUP_TAIL)
+    count = used = 0
+    for entry in entries:
+        need = len(entry) + (2 if count else 0)  # ", " between entries
+        if count and used + need > room:
+            sizes.append(count)
+            count = used = 0
+            need = len(entry)
+        count += 1
+        used += need
+    if count:
+        sizes.append(count)
+    return sizes
+
+
+def encode_group(entries: list[bytes]) -> bytes:
+    """A group file: many records (`encode_group_entry`), one line, sorted keys."""
+    return _GROUP_HEAD + b", ".join(entries) + _GROUP_TAIL
+
+
+def group_name(number: int) -> str:
+    return f"{GROUP_PREFIX}{number:09d}"
+
+
+def group_number(name: str) -> int | None:
+    """The number of the group file `name`; None when `name` is not a group file's."""
+    digits = name[len(GROUP_PREFIX) :]
+    if not name.startswith(GROUP_PREFIX) or not digits.isdigit() or not digits.isascii():
+        return None
+    return int(digits)
+
+
+def decode_group(data: bytes, *, net_dir: str) -> tuple[Record, ...]:
+    """The records of a group file, in order; ConfigError for anything rule 3 refuses."""
+    doc = _document(data, "undo record group")
+    if doc.get("version") != GROUP_VERSION:
+        raise ConfigError(f"the undo record group is not a version {GROUP_VERSION} group")
+    records: list[Record] = []
+    for item in _list(doc, "records"):
+        path = _text(item, "path")
+        if not _in_dir(path, net_dir):
+            raise ConfigError(f"the undo record group names {path!r}, which is not in {net_dir}")
+        original = None if _get(item, "original") is None else _unb64(item, "original", path)
+        records.append(Record(path, original, _mode(item, path), _text(item, "written")))
+    return tuple(records)
 
 
 def decode_record(data: bytes, *, net_dir: str, name: str) -> Record:
