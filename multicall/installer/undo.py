@@ -141,9 +141,22 @@ def _still_ours(installer: Installer, record: Record) -> bool:
             return False  # replaced by something that is not ours (a symlink, a FIFO, ...)
         return current is not None and sha256(current) == record.written
     if os.path.lexists(path):
-        installer.log.info(f"{path}: written again since cnibox converted it; kept as it is")
+        if not _already_restored(record):
+            installer.log.info(f"{path}: written again since cnibox converted it; kept as it is")
         return False
     return True
+
+
+def _already_restored(record: Record) -> bool:
+    """Whether `record`'s name holds its original again: an earlier undo restored it and
+    kept the group file for another record's sake (a group goes only when all of it is
+    undone), so saying the primary CNI wrote it again would mislead."""
+    if record.original is None:
+        return False
+    try:
+        return fs.read_file(record.path, CONFIG_LIMIT, follow=False) == record.original
+    except ConfigError:
+        return False
 
 
 def _commit(installer: Installer, tmp: str, record: Record) -> None:
