@@ -40,7 +40,7 @@ class Undo:
     def __init__(self) -> None:
         self.errors: list[str] = []
 
-    def attempt(self, step: Callable[[], None]) -> bool:
+    def attempt(self, step: Callable[[], object]) -> bool:
         try:
             step()
         except OSError as exc:
@@ -59,6 +59,15 @@ def undo(installer: Installer, unreadable: Sequence[str] = ()) -> list[str]:
     after the rest is undone (their originals stay where they are for the operator)."""
     steps = Undo()
     steps.errors.extend(f"{reason}: {UNREADABLE}" for reason in unreadable)
+    config = installer.config
+    for directory in (
+        config.host_net_dir,
+        config.host_bin_dir,
+        config.state_dir,
+        config.records_dir,
+    ):
+        # A killed installer's staged files (the host lock is held: no live writer's).
+        steps.attempt(functools.partial(fs.remove_stale_temps, directory))
     records = sorted(installer.state.records.values(), key=lambda r: r.path)
     for start in range(0, len(records), BATCH_FILES):
         _restore_batch(installer, records[start : start + BATCH_FILES], unreadable, steps)

@@ -6,6 +6,8 @@ import base64
 import io
 import json
 import os
+import random
+import signal
 import threading
 import time
 from pathlib import Path
@@ -397,3 +399,39 @@ def test_two_watching_installers_overlapping_leave_every_file_as_it_was(tmp_path
     assert configs(host) == before
     assert list(host.bin_dir.iterdir()) == []
     assert not (host.net_dir / STATE).exists()
+
+
+@pytest.mark.slow
+def test_sigkill_across_group_boundaries_loses_nothing(tmp_path: Path) -> None:
+    """Installers killed (SIGKILL) at random moments of a run whose records span several
+    group files (configs of 500 KB: about two conversions' records per group, with small
+    ones between): every later --uninstall puts back each name and byte, and leaves no
+    journal. The kill tests above use configs small enough to share one group."""
+    host = make_host(tmp_path)
+    originals = {f"{i:02d}-big.conf": big_conf(500_000, i) for i in range(4)}
+    originals.update({f"{i:02d}-small.conf": CONF for i in range(4, 10)})
+    originals["50-list.conflist"] = CONFLIST
+    rng = random.Random(30)
+    groups_seen = 0
+    for _ in range(25):
+        for name, data in originals.items():
+            (host.net_dir / name).write_bytes(data)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child never returns
+            try:
+                out = open(os.devnull, "wb")  # noqa: SIM115  # lives until os._exit
+                install_cni.main(["install-cni", "--once"], host.env(), io.BytesIO(), out, out)
+            finally:
+                os._exit(0)
+        time.sleep(rng.uniform(0.0, 0.12))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        patched = host.bin_dir / STATE / "patched"
+        if patched.is_dir():
+            groups_seen = max(groups_seen, sum(1 for p in patched.iterdir()))
+        code, err = run(host, "--uninstall")
+        assert code == 0, err
+        assert configs(host) == originals
+        left = sorted(str(p.relative_to(host.bin_dir)) for p in host.bin_dir.rglob("*"))
+        assert left == [], left
+    assert groups_seen >= 2  # the kills did land while records spanned groups
