@@ -173,13 +173,7 @@ class WatchApi:
             doc = copy.deepcopy(dict(pod))
             meta = doc.setdefault("metadata", {})
             kind = doc.get("kind")
-            store: dict[Any, dict[str, Any]] = (
-                self.namespaces
-                if kind == "Namespace"
-                else self.services
-                if kind == "Service"
-                else self.pods
-            )
+            store = self.store_of(kind if isinstance(kind, str) else "Pod")
             key = meta["name"] if store is self.namespaces else (meta["namespace"], meta["name"])
             old = store.get(key)
             meta["uid"] = old["metadata"]["uid"] if old else meta.get("uid") or str(uuid.uuid4())
@@ -278,17 +272,17 @@ class WatchApi:
 
     # -- request handling (called from the handler threads)
 
+    def store_of(self, kind: str) -> dict[Any, dict[str, Any]]:
+        """The objects of one kind: Namespace, Service, else Pod."""
+        if kind == "Namespace":
+            return self.namespaces
+        return self.services if kind == "Service" else self.pods
+
     def list_pods(
         self, query: Mapping[str, str], resource: str = "Pod"
     ) -> tuple[int, dict[str, Any]]:
         labels, fields = query.get("labelSelector", ""), query.get("fieldSelector", "")
-        objects: Mapping[Any, dict[str, Any]] = (
-            self.namespaces
-            if resource == "Namespace"
-            else self.services
-            if resource == "Service"
-            else self.pods
-        )
+        objects: Mapping[Any, dict[str, Any]] = self.store_of(resource)
         limit = int(query.get("limit", "0") or 0)
         with self._cond:
             if "continue" in query:
