@@ -150,26 +150,26 @@ class Installer:
         except FileNotFoundError:
             return
         net_dir = self.config.host_net_dir
-        groups: list[tuple[int, str]] = []
-        singles: list[str] = []
+        # (group number, file name); a version 2 per-name record is (-1, its name).
+        found: list[tuple[int, str]] = []
         for name in names:
             if fs.is_temp_name(name):
                 continue  # a record a killed run did not finish: its change was not made
             number = journal.group_number(name)
             if number is None:
-                singles.append(name)
+                found.append((-1, name))
             else:
-                groups.append((number, name))
+                found.append((number, name))
                 self.next_group = max(self.next_group, number + 1)
         # Version 2 per-name records first, then groups in order: a later record of the
         # same config (written after the earlier one was durable) wins.
-        for name in singles + [name for _, name in sorted(groups)]:
+        for number, name in sorted(found):
             path = os.path.join(directory, name)
             try:
                 data = fs.read_file(path, RECORD_LIMIT, what="undo record", follow=False)
                 if data is None:
                     continue
-                if name in singles:
+                if number < 0:
                     records: tuple[journal.Record, ...] = (
                         journal.decode_record(data, net_dir=net_dir, name=name),
                     )
@@ -186,7 +186,6 @@ class Installer:
         """Records for what a version 1 `undo.json` held, then `undo.json` without them."""
         if self.journaled and b'"patched"' in self.journaled:
             self.write_records(list(self.state.records.values()))
-            fs.sync_filesystem(self.records_dir)
             self.journaled = b""
             self.record()
 
@@ -199,17 +198,17 @@ class Installer:
         fs.write_atomic(self.config.journal_path, data, 0o600)
         self.journaled = data
 
-    def write_record(self, record: journal.Record) -> None:
-        """One config's record, durable before its change is made (a group of one)."""
-        superseded = self.write_records([record])
+    def write_records(self, records: Sequence[journal.Record]) -> None:
+        """A batch's records, durable before their changes are made (one sync of the
+        records dir for them all); then the files whose every record they replaced go."""
+        superseded = self._write_groups(records)
         fs.sync_filesystem(self.records_dir)
-        self.remove_superseded(superseded)
+        self._remove_superseded(superseded)
 
-    def write_records(self, records: Sequence[journal.Record]) -> list[str]:
-        """A batch's records, before their changes are made, in group files of at most
-        RECORD_LIMIT bytes (rule 1): one file creation per group, not per config. Not
-        durable: the caller syncs the records dir, then `remove_superseded` of the
-        returned names (files whose every record a new group replaced)."""
+    def _write_groups(self, records: Sequence[journal.Record]) -> list[str]:
+        """`records` in group files of at most RECORD_LIMIT bytes (rule 1): one file
+        creation per group, not per config; not synced. Returns the record files no
+        current record is in any more."""
         records_dir = self.records_dir
         if not self.records_ready:
             fs.private_dir(self.config.state_dir, create=True)
@@ -232,7 +231,7 @@ class Installer:
             start += size
         return superseded
 
-    def remove_superseded(self, names: Sequence[str]) -> None:
+    def _remove_superseded(self, names: Sequence[str]) -> None:
         """Record files no current record is in any more; only after the group replacing
         them is durable. Not synced: one coming back after a crash is read before the
         later group, which wins (rule 1)."""
@@ -521,10 +520,7 @@ class Installer:
         patches it again)."""
         if not batch:
             return
-        records = [record for patch in batch for record in self._records_of(patch)]
-        superseded = self.write_records(records)
-        fs.sync_filesystem(self.config.records_dir)
-        self.remove_superseded(superseded)
+        self.write_records([record for patch in batch for record in self._records_of(patch)])
         staged: list[tuple[str, Patch]] = []
         try:
             for patch in batch:

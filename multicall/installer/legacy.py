@@ -55,9 +55,7 @@ def take_over(installer: Installer) -> int:
                 taken.append(record)
         moved = len(taken)
         if taken:
-            superseded = new.write_records(taken)
-            fs.sync_filesystem(new.records_dir)
-            new.remove_superseded(superseded)
+            new.write_records(taken)
         for path, digest in old.state.copied.items():
             new.state.copied.setdefault(path, digest)
         new.state.kubeconfig = new.state.kubeconfig or old.state.kubeconfig
