@@ -50,6 +50,7 @@ from multicall.core.keeper import (
 )
 
 if TYPE_CHECKING:
+    from multicall.agent.pod_cache import Ask
     from multicall.core.repair.sandbox import CacheEntry
     from multicall.effects.inotify import Inotify
     from multicall.effects.kube.stream import Session
@@ -634,20 +635,20 @@ class CachedPods:
     not taken as "replaced": a cache a moment behind could hold the older pod."""
 
     api: ApiPods
-    ask: Callable[[dict[str, object]], dict[str, object] | None]
+    ask: Ask
     cluster: Callable[[], str]
 
     def gone(self, record: SandboxRecord) -> Refusal | None:
+        from multicall.agent.pod_cache import ask_cache
         from multicall.core.keeper import pod_gone
 
         if record.uid:
-            answer = self.ask({
-                "what": "pod", "ns": record.namespace, "name": record.pod, "uid": record.uid,
-                "cluster": self.cluster(),
-            })  # fmt: skip
-            doc = answer.get("doc") if answer is not None else None
-            if isinstance(doc, Mapping):
-                return pod_gone(doc, record.uid)
+            question: dict[str, object] = {
+                "what": "pod", "ns": record.namespace, "name": record.pod, "uid": record.uid
+            }  # fmt: skip
+            found = ask_cache(self.ask, question, self.cluster())
+            if not isinstance(found, str):
+                return pod_gone(found, record.uid)
         return self.api.gone(record)
 
 

@@ -123,9 +123,7 @@ class KeeperProcess:
                     data, fds, _flags, _addr = socket.recv_fds(
                         sock, MAX_SNAPSHOT + 1, 1, socket.MSG_CMSG_CLOEXEC
                     )
-                except (BlockingIOError, InterruptedError):
-                    return
-                except OSError:
+                except OSError:  # BlockingIOError among them: nothing more waits
                     return
                 if fds:
                     self._new_channel(data, fds)

@@ -230,6 +230,23 @@ class CachedKube:
         return CachedPodApi(client, self.ask, cluster, pod_uid(env.get("CNI_ARGS", "")), self.stats)
 
 
+def ask_cache(
+    ask: Ask | None, question: dict[str, object], cluster: str
+) -> Mapping[str, object] | str:
+    """The parent's cached record for `question` about `cluster` (a worker's or the
+    keeper's), or why the API is asked instead (a miss reason)."""
+    if ask is None:
+        return NO_CACHE
+    answer = ask({**question, "cluster": cluster})
+    if answer is None:
+        return NO_ANSWER
+    doc = answer.get("doc")
+    if isinstance(doc, Mapping):
+        return doc
+    miss = answer.get("miss")
+    return miss if isinstance(miss, str) and miss else NO_ANSWER
+
+
 class CachedPodApi:
     """`PodApi` over the parent's cache, then `client` (rule 3); every GET of `client`
     counted in `stats`."""
@@ -244,17 +261,7 @@ class CachedPodApi:
         self.stats = stats
 
     def _cached(self, question: dict[str, object]) -> Mapping[str, object] | str:
-        """The record, or why the API is asked."""
-        if self.ask is None:
-            return NO_CACHE
-        answer = self.ask({**question, "cluster": self.cluster})
-        if answer is None:
-            return NO_ANSWER
-        doc = answer.get("doc")
-        if isinstance(doc, Mapping):
-            return doc
-        miss = answer.get("miss")
-        return miss if isinstance(miss, str) and miss else NO_ANSWER
+        return ask_cache(self.ask, question, self.cluster)
 
     def get_pod(self, namespace: str, name: str) -> Pod:
         from multicall.core.kube.objects import parse_pod
